@@ -1,0 +1,1 @@
+//! The Ambit node proxy: carries pod traffic over HBONE and enforces L4 authorization.
