@@ -1,1 +1,3 @@
 //! The Ambit node proxy: carries pod traffic over HBONE and enforces L4 authorization.
+
+pub mod authz;

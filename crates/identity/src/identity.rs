@@ -1,0 +1,94 @@
+//! SPIFFE workload identities: `spiffe://<trust domain>/ns/<namespace>/sa/<service account>`.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// A workload's SPIFFE identity.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Identity {
+    /// Trust domain, e.g. `cluster.local`.
+    pub trust_domain: String,
+    /// Kubernetes namespace.
+    pub namespace: String,
+    /// Kubernetes service account.
+    pub service_account: String,
+}
+
+/// Why a string is not a SPIFFE workload identity.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum IdentityError {
+    /// The scheme is not `spiffe://`.
+    #[error("identity {0:?} does not start with spiffe://")]
+    Scheme(String),
+    /// The path is not `td/ns/<ns>/sa/<sa>`.
+    #[error(
+        "identity {0:?} is not of the form spiffe://<trust domain>/ns/<namespace>/sa/<service account>"
+    )]
+    Shape(String),
+}
+
+impl Identity {
+    /// Builds an identity from its three parts.
+    pub fn new(trust_domain: &str, namespace: &str, service_account: &str) -> Self {
+        Identity {
+            trust_domain: trust_domain.to_owned(),
+            namespace: namespace.to_owned(),
+            service_account: service_account.to_owned(),
+        }
+    }
+}
+
+impl FromStr for Identity {
+    type Err = IdentityError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let rest = s
+            .strip_prefix("spiffe://")
+            .ok_or_else(|| IdentityError::Scheme(s.to_owned()))?;
+        let parts: Vec<&str> = rest.split('/').collect();
+        match parts.as_slice() {
+            [td, "ns", ns, "sa", sa] if !td.is_empty() && !ns.is_empty() && !sa.is_empty() => {
+                Ok(Identity::new(td, ns, sa))
+            }
+            _ => Err(IdentityError::Shape(s.to_owned())),
+        }
+    }
+}
+
+impl fmt::Display for Identity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "spiffe://{}/ns/{}/sa/{}",
+            self.trust_domain, self.namespace, self.service_account
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip() {
+        let s = "spiffe://cluster.local/ns/default/sa/web";
+        let id: Identity = s.parse().expect("valid");
+        assert_eq!(id, Identity::new("cluster.local", "default", "web"));
+        assert_eq!(id.to_string(), s);
+    }
+
+    #[test]
+    fn rejects_bad_shapes() {
+        for bad in [
+            "http://cluster.local/ns/a/sa/b",
+            "spiffe://cluster.local/ns/a/sa",
+            "spiffe://cluster.local/ns/a/sa/b/c",
+            "spiffe://cluster.local/x/a/sa/b",
+            "spiffe:///ns/a/sa/b",
+            "spiffe://td/ns//sa/b",
+            "",
+        ] {
+            assert!(bad.parse::<Identity>().is_err(), "{bad} accepted");
+        }
+    }
+}

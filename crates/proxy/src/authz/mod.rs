@@ -1,0 +1,106 @@
+//! L4 authorization with Istio's semantics: policies, matching and evaluation.
+
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+/// One authorization policy, in the shape of ztunnel's local config (camelCase keys).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Authorization {
+    /// Policy name.
+    pub name: String,
+    /// Policy namespace.
+    pub namespace: String,
+    /// Which workloads the policy applies to.
+    #[serde(default)]
+    pub scope: Scope,
+    /// Allow or deny on match.
+    #[serde(default)]
+    pub action: Action,
+    /// OR of rules; a rule is an AND of clauses; a clause is an OR of matches.
+    #[serde(default)]
+    pub rules: Vec<Vec<Vec<Match>>>,
+    /// Log decisions without enforcing them.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+impl Authorization {
+    /// The policy key, `namespace/name`, used by workloads' `authorizationPolicies`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// Policy scope.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Scope {
+    /// Every workload.
+    #[default]
+    Global,
+    /// Workloads in the policy's namespace.
+    Namespace,
+    /// Workloads that list the policy key.
+    WorkloadSelector,
+}
+
+/// Policy action.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Action {
+    /// Allow on match (and deny when allow policies exist but none match).
+    #[default]
+    Allow,
+    /// Deny on match.
+    Deny,
+}
+
+/// One match: every present field family must pass.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Match {
+    pub namespaces: Vec<StringMatch>,
+    pub not_namespaces: Vec<StringMatch>,
+    pub service_accounts: Vec<ServiceAccountMatch>,
+    pub not_service_accounts: Vec<ServiceAccountMatch>,
+    pub principals: Vec<StringMatch>,
+    pub not_principals: Vec<StringMatch>,
+    pub source_ips: Vec<IpNet>,
+    pub not_source_ips: Vec<IpNet>,
+    pub destination_ips: Vec<IpNet>,
+    pub not_destination_ips: Vec<IpNet>,
+    pub destination_ports: Vec<u16>,
+    pub not_destination_ports: Vec<u16>,
+}
+
+/// A service account of a namespace.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceAccountMatch {
+    pub namespace: String,
+    pub service_account: String,
+}
+
+/// A string matcher (externally tagged: `{Exact: "x"}`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StringMatch {
+    Exact(String),
+    Prefix(String),
+    Suffix(String),
+    /// Any non-empty value.
+    Presence(),
+}
+
+/// The attributes of a connection that policies match on.
+#[derive(Clone, Debug)]
+pub struct Connection {
+    /// TCP peer address.
+    pub src_ip: IpAddr,
+    /// Peer SPIFFE identity (mTLS only).
+    pub src_identity: Option<ambit_identity::Identity>,
+    /// Destination pod IP.
+    pub dst_ip: IpAddr,
+    /// Destination target port (the port actually dialed on the pod).
+    pub dst_port: u16,
+}
