@@ -1,3 +1,18 @@
 //! The Ambit node proxy: carries pod traffic over HBONE and enforces L4 authorization.
 
+pub mod admin;
+pub mod app;
 pub mod authz;
+pub mod config;
+pub mod connections;
+pub mod copy;
+pub mod drain;
+pub mod hbone;
+pub mod inbound;
+pub mod inputs;
+pub mod listener;
+pub mod metrics;
+pub mod outbound;
+pub mod passthrough;
+pub mod socket;
+pub mod state;

@@ -1,0 +1,239 @@
+//! Mesh-level helpers for the proxy e2e tests: a cluster with a shared dev CA, pods described
+//! as workloads of a ztunnel-format local config, and proxy processes per pod.
+
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use super::common::*;
+
+/// A cluster plus what every proxy of the test shares: a dev CA root and the config file.
+pub struct Mesh {
+    /// The network.
+    pub cluster: Cluster,
+    dir: tempfile::TempDir,
+}
+
+/// A pod that is a mesh workload.
+#[derive(Clone)]
+pub struct MeshPod {
+    /// The pod.
+    pub pod: Pod,
+    /// Service account.
+    pub sa: String,
+    policies: Vec<String>,
+    services: Vec<(String, u16, u16)>,
+}
+
+/// A policy in ztunnel's local-config YAML (a list item).
+#[derive(Clone, Copy)]
+pub struct Policy {
+    /// The YAML list item.
+    pub yaml: &'static str,
+}
+
+/// Deny port 9090 (selected by B).
+pub const DENY_9090: Policy = Policy {
+    yaml: "- name: deny-9090\n  namespace: default\n  scope: WorkloadSelector\n  action: Deny\n  rules: [[[{destinationPorts: [9090]}]]]\n",
+};
+/// Allow only the `client` service account (selected by D).
+pub const ONLY_CLIENT: Policy = Policy {
+    yaml: "- name: only-client\n  namespace: default\n  scope: WorkloadSelector\n  action: Allow\n  rules: [[[{serviceAccounts: [{namespace: default, serviceAccount: client}]}]]]\n",
+};
+/// What istiod generates for STRICT PeerAuthentication: deny anything without a principal.
+pub const STATIC_STRICT: Policy = Policy {
+    yaml: "- name: istio_converted_static_strict\n  namespace: istio-system\n  scope: WorkloadSelector\n  action: Deny\n  rules: [[[{notPrincipals: [{Presence: []}]}]]]\n",
+};
+
+pub fn ambit() -> &'static str {
+    env!("CARGO_BIN_EXE_ambit")
+}
+
+impl Mesh {
+    /// A fresh cluster and a dev CA root.
+    pub fn new() -> Mesh {
+        let cluster = Cluster::new();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = Command::new(ambit())
+            .args(["dev-ca", "init"])
+            .arg(dir.path().join("ca"))
+            .output()
+            .expect("run ambit dev-ca init");
+        assert!(out.status.success(), "dev-ca init failed: {}", String::from_utf8_lossy(&out.stderr));
+        Mesh { cluster, dir }
+    }
+
+    /// A captured pod that is a mesh workload with service account `sa` in namespace default.
+    pub fn pod(&self, name: &str, sa: &str) -> MeshPod {
+        let pod = self.cluster.add_pod(name);
+        pod.capture();
+        MeshPod { pod, sa: sa.to_owned(), policies: Vec::new(), services: Vec::new() }
+    }
+
+    /// A pod outside the mesh (no capture, no proxy, not in the config).
+    pub fn outside_pod(&self, name: &str) -> Pod {
+        self.cluster.add_pod(name)
+    }
+
+    /// An IPv4 address in a made-up service range, routed via the pods' default route.
+    pub fn vip4(&self, host: u8) -> Ipv4Addr {
+        Ipv4Addr::new(10, 96, 77, host)
+    }
+
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.path().join("mesh.yaml")
+    }
+
+    /// Writes the local config (atomically, by rename) with these workloads, policies, services.
+    pub fn write_config(&self, pods: &[&MeshPod], policies: &[Policy], services: &[&str]) {
+        let mut y = String::from("workloads:\n");
+        for p in pods {
+            y.push_str(&p.yaml());
+        }
+        y.push_str("policies:\n");
+        if policies.is_empty() {
+            y.truncate(y.len() - 1);
+            y.push_str(" []\n");
+        }
+        for p in policies {
+            y.push_str(p.yaml);
+        }
+        y.push_str("services:\n");
+        if services.is_empty() {
+            y.truncate(y.len() - 1);
+            y.push_str(" []\n");
+        }
+        for s in services {
+            y.push_str(s);
+        }
+        self.write_raw(&y);
+    }
+
+    /// Replaces the config file with arbitrary text.
+    pub fn write_raw(&self, text: &str) {
+        let tmp = self.dir.path().join("mesh.yaml.tmp");
+        std::fs::write(&tmp, text).expect("write config");
+        std::fs::rename(&tmp, self.config_path()).expect("rename config");
+    }
+
+    /// Starts a dedicated proxy for `p` in its netns and waits until it is ready.
+    pub fn start_proxy(&self, p: &MeshPod) -> ChildGuard {
+        self.start_proxy_with(p, &[])
+    }
+
+    /// Like [`Mesh::start_proxy`] with extra environment variables.
+    pub fn start_proxy_with(&self, p: &MeshPod, env: &[(&str, &str)]) -> ChildGuard {
+        let mut cmd = p.pod.exec(ambit(), &["proxy"]);
+        cmd.env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("PROXY_MODE", "dedicated")
+            .env("PROXY_WORKLOAD_INFO", format!("default/{}/{}", p.pod.name, p.sa))
+            .env("LOCAL_XDS_PATH", self.config_path())
+            .env("FAKE_CA", "true")
+            .env("FAKE_CA_ROOT", self.dir.path().join("ca"))
+            .env("PACKET_MARK", "1337")
+            .env("RUST_LOG", "info")
+            .env("ZTUNNEL_WORKER_THREADS", "2");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = ChildGuard::spawn(&format!("proxy {}", p.pod.name), cmd);
+        let readiness = env
+            .iter()
+            .find(|(k, _)| *k == "AMBIT_READINESS_ADDR")
+            .and_then(|(_, v)| v.rsplit(':').next())
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(15021);
+        let ready = wait_for(Duration::from_secs(20), || {
+            child.try_wait().is_none()
+                && p.pod.http_get(p.pod.addr4(readiness), "/healthz/ready").is_ok_and(|(s, _)| s == 200)
+        });
+        assert!(ready, "proxy in {} did not become ready:\n{}", p.pod.name, child.logs());
+        child
+    }
+}
+
+impl MeshPod {
+    /// Lists policy keys in the workload's `authorizationPolicies`.
+    pub fn with_policies(mut self, keys: &[&str]) -> MeshPod {
+        self.policies = keys.iter().map(|k| (*k).to_owned()).collect();
+        self
+    }
+
+    /// Makes the workload an endpoint of `ns/hostname` mapping `port` to `target`.
+    pub fn in_service(mut self, key: &str, port: u16, target: u16) -> MeshPod {
+        self.services.push((key.to_owned(), port, target));
+        self
+    }
+
+    fn yaml(&self) -> String {
+        let mut y = format!(
+            "- uid: cluster1//v1/Pod/default/{name}\n  name: {name}\n  namespace: default\n  serviceAccount: {sa}\n  trustDomain: cluster.local\n  workloadIps: [\"{v4}\", \"{v6}\"]\n  protocol: HBONE\n",
+            name = self.pod.name,
+            sa = self.sa,
+            v4 = self.pod.ip4,
+            v6 = self.pod.ip6,
+        );
+        if !self.policies.is_empty() {
+            y.push_str("  authorizationPolicies:\n");
+            for k in &self.policies {
+                y.push_str(&format!("  - {k}\n"));
+            }
+        }
+        if !self.services.is_empty() {
+            y.push_str("  services:\n");
+            for (key, port, target) in &self.services {
+                y.push_str(&format!("    \"{key}\":\n      {port}: {target}\n"));
+            }
+        }
+        y
+    }
+}
+
+/// The proxy's metrics, scraped from inside its pod.
+pub fn metrics(p: &MeshPod) -> String {
+    http_body(p, 15020, "/metrics")
+}
+
+/// GET a path on one of the pod's proxy ports and return the body (panics unless 200).
+pub fn http_body(p: &MeshPod, port: u16, path: &str) -> String {
+    let (status, body) = p.pod.http_get(p.pod.addr4(port), path).expect("GET from the proxy");
+    assert_eq!(status, 200, "{path}: {body}");
+    body
+}
+
+/// Sum of a counter's samples with `reporter`.
+pub fn counter(body: &str, name: &str, reporter: &str) -> u64 {
+    body.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(&format!("reporter=\"{reporter}\"")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Connects from `from` to `dst` and checks a payload echoes back.
+pub fn assert_echo(from: &Pod, dst: SocketAddr, what: &str) {
+    let mut s = from.connect_tcp(dst).unwrap_or_else(|e| panic!("{what}: connect to {dst}: {e}"));
+    let reply = echo_roundtrip(&mut s, super::MARKER).unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert_eq!(reply, super::MARKER, "{what}: payload did not echo back");
+}
+
+/// Connects from `from` to `dst` and checks no payload comes back (closed or reset).
+pub fn assert_blocked(from: &Pod, dst: SocketAddr, what: &str) {
+    let Ok(mut s) = from.connect_tcp(dst) else { return };
+    match echo_roundtrip(&mut s, super::MARKER) {
+        Ok(reply) => assert!(reply.is_empty(), "{what}: got {} bytes back", reply.len()),
+        Err(_) => {}
+    }
+}
+
+/// Writes `data` and reads the same number of bytes back.
+pub fn roundtrip(s: &mut std::net::TcpStream, data: &[u8]) {
+    s.write_all(data).expect("write");
+    let mut buf = vec![0u8; data.len()];
+    s.read_exact(&mut buf).expect("read echo");
+    assert_eq!(buf, data);
+}

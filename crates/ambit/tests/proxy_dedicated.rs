@@ -1,0 +1,238 @@
+//! End-to-end tests of `ambit proxy` in dedicated mode: pods as network namespaces with the
+//! in-pod capture rules, one proxy process per pod, one local config file (ztunnel's format).
+//! Needs root; under `CI=true` a missing privilege fails the test instead of skipping it.
+
+mod common;
+mod mesh;
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use common::*;
+use mesh::*;
+
+const MARKER: &[u8] = b"AMBIT-PLAINTEXT-MARKER-7f3a";
+
+/// A → B over HBONE: payload arrives, the wire shows TLS on 15008 and never the plaintext, B's
+/// app sees A's IP, and metrics and access logs on both sides carry both identities.
+#[test]
+fn hbone_between_two_pods() {
+    if !require_root() {
+        return;
+    }
+    let mesh = Mesh::new();
+    let a = mesh.pod("a", "client");
+    let b = mesh.pod("b", "server");
+    mesh.write_config(&[&a, &b], &[], &[]);
+    let pa = mesh.start_proxy(&a);
+    let pb = mesh.start_proxy(&b);
+    let echo = b.pod.echo_server(8080);
+    let cap = mesh.cluster.node().tcpdump(None);
+
+    for dst in [b.pod.addr4(8080), b.pod.addr6(8080)] {
+        let mut s = a.pod.connect_tcp(dst).expect("connect through the proxy");
+        let reply = echo_roundtrip(&mut s, MARKER).expect("echo through HBONE");
+        assert_eq!(reply, MARKER, "payload to {dst} did not come back intact");
+    }
+    let pcap = cap.stop();
+    let segments = pcap_payloads(&pcap);
+    assert!(!segments.is_empty(), "the capture saw no traffic");
+    for (src, dst, payload) in &segments {
+        assert!(!contains(payload, MARKER), "plaintext seen on the wire: {src} -> {dst}");
+    }
+    let tls_to_15008 = segments
+        .iter()
+        .filter(|(_, dst, p)| dst.port() == 15008 && matches!(p.first(), Some(0x16 | 0x17)))
+        .count();
+    assert!(tls_to_15008 >= 2, "expected TLS records to port 15008, saw {tls_to_15008}");
+    assert!(
+        segments.iter().all(|(s, d, _)| s.port() == 15008 || d.port() == 15008),
+        "mesh traffic left the pod on a port other than 15008"
+    );
+
+    let peers = echo.peer_ips();
+    assert!(peers.contains(&IpAddr::V4(a.pod.ip4)), "B's app did not see A's IPv4: {peers:?}");
+    assert!(peers.contains(&IpAddr::V6(a.pod.ip6)), "B's app did not see A's IPv6: {peers:?}");
+
+    let client_id = "spiffe://cluster.local/ns/default/sa/client";
+    let server_id = "spiffe://cluster.local/ns/default/sa/server";
+    let src_metrics = metrics(&a);
+    let dst_metrics = metrics(&b);
+    for (side, body, reporter) in [("A", &src_metrics, "source"), ("B", &dst_metrics, "destination")] {
+        let line = body
+            .lines()
+            .find(|l| l.starts_with("istio_tcp_connections_opened_total{") && l.contains(&format!("reporter=\"{reporter}\"")))
+            .unwrap_or_else(|| panic!("{side}: no opened counter with reporter={reporter}:\n{body}"));
+        assert!(line.contains(&format!("source_principal=\"{client_id}\"")), "{side}: {line}");
+        assert!(line.contains(&format!("destination_principal=\"{server_id}\"")), "{side}: {line}");
+        assert!(line.contains("connection_security_policy=\"mutual_tls\""), "{side}: {line}");
+        assert!(line.ends_with(" 2"), "{side}: expected 2 connections: {line}");
+        let sent = counter(body, "istio_tcp_received_bytes_total", reporter);
+        assert_eq!(sent, 2 * MARKER.len() as u64, "{side}: client->server bytes");
+    }
+    assert!(
+        wait_for(Duration::from_secs(5), || {
+            let la = pa.logs();
+            let lb = pb.logs();
+            la.contains("connection complete") && lb.contains("connection complete")
+        }),
+        "no access log line:\nA:\n{}\nB:\n{}",
+        pa.logs(),
+        pb.logs()
+    );
+    for logs in [pa.logs(), pb.logs()] {
+        let line = logs.lines().find(|l| l.contains("connection complete")).unwrap_or_default();
+        assert!(line.contains(client_id) && line.contains(server_id), "access log lacks identities: {line}");
+    }
+}
+
+/// Policies: a Deny on one port, an Allow-only-from-one-service-account, a policy added while a
+/// connection is open, and plaintext refused where mTLS is required.
+#[test]
+fn authorization_policies() {
+    if !require_root() {
+        return;
+    }
+    let mesh = Mesh::new();
+    let a = mesh.pod("a", "client");
+    let c = mesh.pod("c", "other");
+    let b = mesh.pod("b", "server").with_policies(&["default/deny-9090"]);
+    let d = mesh.pod("d", "strict").with_policies(&["default/only-client", "istio-system/istio_converted_static_strict"]);
+    let outside = mesh.outside_pod("e");
+    let policies = [DENY_9090, ONLY_CLIENT, STATIC_STRICT];
+    mesh.write_config(&[&a, &b, &c, &d], &policies, &[]);
+    let _proxies = [mesh.start_proxy(&a), mesh.start_proxy(&b), mesh.start_proxy(&c), mesh.start_proxy(&d)];
+    let _e8080 = b.pod.echo_server(8080);
+    let _e9090 = b.pod.echo_server(9090);
+    let ed = d.pod.echo_server(8080);
+
+    assert_echo(&a.pod, b.pod.addr4(8080), "deny-9090 must not block 8080");
+    assert_blocked(&a.pod, b.pod.addr4(9090), "deny-9090 must block 9090");
+    assert_echo(&c.pod, b.pod.addr4(8080), "any identity may reach B:8080");
+    assert_echo(&a.pod, d.pod.addr4(8080), "only-client allows A");
+    assert_blocked(&c.pod, d.pod.addr4(8080), "only-client must block C");
+    let before = ed.peers().len();
+    assert_blocked(&outside, d.pod.addr4(8080), "plaintext to a STRICT pod must be refused on 15006");
+    assert_eq!(ed.peers().len(), before, "the refused plaintext connection reached D's app");
+    assert_echo(&outside, b.pod.addr4(8080), "plaintext to a non-strict pod is allowed");
+
+    // A live connection that a new policy denies is closed.
+    let mut live = a.pod.connect_tcp(d.pod.addr4(8080)).expect("connect");
+    live.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    live.write_all(b"ping").expect("write");
+    let mut buf = [0u8; 4];
+    live.read_exact(&mut buf).expect("echo before the policy change");
+    let deny_client = Policy {
+        yaml: "- name: deny-client\n  namespace: default\n  scope: Namespace\n  action: Deny\n  rules: [[[{principals: [{Exact: \"cluster.local/ns/default/sa/client\"}]}]]]\n",
+    };
+    mesh.write_config(&[&a, &b, &c, &d], &[DENY_9090, ONLY_CLIENT, STATIC_STRICT, deny_client], &[]);
+    let t0 = Instant::now();
+    let mut rest = Vec::new();
+    let r = live.read_to_end(&mut rest);
+    assert!(r.is_ok() || r.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset), "{r:?}");
+    assert!(t0.elapsed() < Duration::from_secs(5), "live connection not closed after the policy change");
+    assert_blocked(&a.pod, d.pod.addr4(8080), "new connections are denied too");
+}
+
+/// A service VIP with two endpoints spreads connections over both; an unknown destination
+/// passes through unchanged (plaintext on the wire).
+#[test]
+fn service_vip_and_passthrough() {
+    if !require_root() {
+        return;
+    }
+    let mesh = Mesh::new();
+    let a = mesh.pod("a", "client");
+    let b = mesh.pod("b", "server").in_service("default/echo.default.svc.cluster.local", 80, 8080);
+    let c = mesh.pod("c", "server").in_service("default/echo.default.svc.cluster.local", 80, 8080);
+    let outside = mesh.outside_pod("e");
+    let vip = mesh.vip4(10);
+    let service = format!(
+        "- name: echo\n  namespace: default\n  hostname: echo.default.svc.cluster.local\n  vips: [\"/{vip}\"]\n  ports: {{80: 8080}}\n"
+    );
+    mesh.write_config(&[&a, &b, &c], &[], &[&service]);
+    let _proxies = [mesh.start_proxy(&a), mesh.start_proxy(&b), mesh.start_proxy(&c)];
+    let eb = b.pod.echo_server(8080);
+    let ec = c.pod.echo_server(8080);
+    for i in 0..20 {
+        assert_echo(&a.pod, SocketAddr::new(vip.into(), 80), &format!("VIP connection {i}"));
+    }
+    let (nb, nc) = (eb.peers().len(), ec.peers().len());
+    assert_eq!(nb + nc, 20);
+    assert!(nb > 0 && nc > 0, "connections not spread over both endpoints: b={nb} c={nc}");
+
+    let eo = outside.echo_server(7070);
+    let cap = mesh.cluster.node().tcpdump(None);
+    assert_echo(&a.pod, outside.addr4(7070), "passthrough to an unknown destination");
+    let segments = pcap_payloads(&cap.stop());
+    assert!(
+        segments.iter().any(|(_, d, p)| d.port() == 7070 && contains(p, MARKER)),
+        "passthrough traffic should be the unchanged plaintext"
+    );
+    assert_eq!(eo.peer_ips(), vec![IpAddr::V4(a.pod.ip4)]);
+}
+
+/// Graceful drain: listeners close at once, an open connection keeps working until the
+/// deadline, and a second proxy started beside the first takes every new connection.
+#[test]
+fn drain_and_handoff() {
+    if !require_root() {
+        return;
+    }
+    let mesh = Mesh::new();
+    let a = mesh.pod("a", "client");
+    let b = mesh.pod("b", "server");
+    mesh.write_config(&[&a, &b], &[], &[]);
+    let _pa = mesh.start_proxy(&a);
+    let mut old = mesh.start_proxy_with(&b, &[("CONNECTION_TERMINATION_DEADLINE", "8s")]);
+    let _echo = b.pod.echo_server(8080);
+
+    let mut held = a.pod.connect_tcp(b.pod.addr4(8080)).expect("connect");
+    held.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    roundtrip(&mut held, b"before");
+
+    let new = mesh.start_proxy_with(
+        &b,
+        &[("AMBIT_ADMIN_ADDR", "127.0.0.1:16000"), ("AMBIT_STATS_ADDR", "[::]:16020"), ("AMBIT_READINESS_ADDR", "[::]:16021")],
+    );
+    // A client opening connections continuously while the old proxy is told to drain.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let client = {
+        let (pod, dst, stop) = (a.pod.clone(), b.pod.addr4(8080), stop.clone());
+        std::thread::spawn(move || {
+            let (mut ok, mut failed) = (0u32, Vec::new());
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                match pod.connect_tcp(dst).and_then(|mut s| echo_roundtrip(&mut s, b"x")) {
+                    Ok(r) if r == b"x" => ok += 1,
+                    other => failed.push(format!("{other:?}")),
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            (ok, failed)
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    old.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(
+        wait_for(Duration::from_secs(2), || old.logs().contains("listener closed for drain")),
+        "old proxy did not close its listeners at once:\n{}",
+        old.logs()
+    );
+    let opened_old = counter(&metrics(&b), "istio_tcp_connections_opened_total", "destination");
+    std::thread::sleep(Duration::from_secs(2));
+    // The held connection still works during the drain.
+    roundtrip(&mut held, b"during drain");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (ok, failed) = client.join().expect("client thread");
+    let opened_old_after = counter(&metrics(&b), "istio_tcp_connections_opened_total", "destination");
+    assert_eq!(opened_old_after, opened_old, "the draining proxy accepted new connections");
+    assert!(failed.is_empty(), "{} of {} connections failed during the handoff: {failed:?}", failed.len(), ok as usize + failed.len());
+    assert!(ok > 20, "too few connections during the handoff: {ok}");
+    let new_opened = counter(&http_body(&b, 16020, "/metrics"), "istio_tcp_connections_opened_total", "destination");
+    assert!(new_opened > 0, "the new proxy took no connection");
+    assert!(old.try_wait().is_none(), "old proxy exited before its deadline with a connection open");
+    drop(held);
+    assert!(old.wait_timeout(Duration::from_secs(10)).is_some(), "old proxy did not exit after draining");
+    drop(new);
+}

@@ -1,0 +1,541 @@
+//! The proxy's configuration: ztunnel's environment variables (and flags), parsed once at start
+//! into one typed [`Config`].
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::socket::{Keepalive, SocketOptions};
+
+/// Command line and environment of `ambit proxy`. Every setting is an environment variable with
+/// ztunnel's name and default; flags override the environment.
+#[derive(Clone, Debug, clap::Args)]
+pub struct ProxyArgs {
+    /// `shared` (one proxy for every pod of the node, pods handed over ZDS) or `dedicated` (one proxy
+    /// for the workload of the network namespace it runs in).
+    #[arg(long, env = "PROXY_MODE", default_value = "shared")]
+    pub proxy_mode: String,
+    /// Dedicated mode: the served workload as `namespace/name/service-account`.
+    #[arg(long, env = "PROXY_WORKLOAD_INFO")]
+    pub proxy_workload_info: Option<String>,
+    /// Local config file (ztunnel's local-config YAML), reloaded when it changes.
+    #[arg(long, env = "LOCAL_XDS_PATH")]
+    pub local_xds_path: Option<PathBuf>,
+    /// xDS server address. Not supported yet: leave empty and use LOCAL_XDS_PATH.
+    #[arg(long, env = "XDS_ADDRESS", default_value = "")]
+    pub xds_address: String,
+    /// Istio CA API address (gRPC); `https://` is assumed when no scheme is given.
+    #[arg(long, env = "CA_ADDRESS", default_value = "https://localhost:15012")]
+    pub ca_address: String,
+    /// Root certificate (PEM file) to verify the CA's TLS certificate.
+    #[arg(long, env = "CA_ROOT_CA", default_value = "./var/run/secrets/istio/root-cert.pem")]
+    pub ca_root_ca: PathBuf,
+    /// Bearer token file sent to the CA (re-read per request); unused when the file is absent.
+    #[arg(long, env = "AUTH_TOKEN", default_value = "./var/run/secrets/tokens/istio-token")]
+    pub auth_token: PathBuf,
+    /// Development: sign workload certificates in-process instead of calling a CA.
+    #[arg(long, env = "FAKE_CA", default_value_t = false, action = clap::ArgAction::Set)]
+    pub fake_ca: bool,
+    /// Development: directory with root-cert.pem and root-key.pem for FAKE_CA (see `ambit dev-ca init`);
+    /// without it, a fresh in-memory root that only this process trusts.
+    #[arg(long, env = "FAKE_CA_ROOT")]
+    pub fake_ca_root: Option<PathBuf>,
+    /// Requested certificate lifetime.
+    #[arg(long, env = "SECRET_TTL", default_value = "24h", value_parser = parse_duration)]
+    pub secret_ttl: Duration,
+    /// SO_MARK on proxy sockets (decimal or 0x hex). Default: 1337 in shared mode, none in dedicated.
+    #[arg(long, env = "PACKET_MARK", value_parser = parse_u32)]
+    pub packet_mark: Option<u32>,
+    /// Node name: workloads on other nodes are not candidates for the local workload.
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+    /// Cluster id (`ISTIO_META_CLUSTER_ID` wins when set).
+    #[arg(long, env = "CLUSTER_ID", default_value = "Kubernetes")]
+    pub cluster_id: String,
+    /// Cluster DNS domain.
+    #[arg(long, env = "CLUSTER_DOMAIN", default_value = "cluster.local")]
+    pub cluster_domain: String,
+    /// Trust domain used when a workload does not name one.
+    #[arg(long, env = "TRUST_DOMAIN", default_value = "cluster.local")]
+    pub trust_domain: String,
+    /// This node's network.
+    #[arg(long, env = "NETWORK", default_value = "")]
+    pub network: String,
+    /// Bind listeners dual-stack (`[::]`) and answer IPv6.
+    #[arg(long, env = "IPV6_ENABLED", default_value_t = true, action = clap::ArgAction::Set)]
+    pub ipv6_enabled: bool,
+    /// Data-plane worker threads: `N`, `N%` of the cores, or `0` for all cores.
+    /// Default: max(ceil(25% of cores), 2).
+    #[arg(long, env = "ZTUNNEL_WORKER_THREADS")]
+    pub worker_threads: Option<String>,
+    /// Core count override for the worker-thread computation.
+    #[arg(long, env = "ZTUNNEL_CPU_LIMIT")]
+    pub cpu_limit: Option<usize>,
+    /// Most streams per pooled HBONE connection.
+    #[arg(long, env = "POOL_MAX_STREAMS_PER_CONNECTION", default_value_t = 100)]
+    pub pool_max_streams: u32,
+    /// Pooled HBONE connections unused this long are released.
+    #[arg(long, env = "POOL_UNUSED_RELEASE_TIMEOUT", default_value = "5m", value_parser = parse_duration)]
+    pub pool_unused_release_timeout: Duration,
+    /// HTTP/2 initial stream window.
+    #[arg(long, env = "HTTP2_STREAM_WINDOW_SIZE", default_value_t = 4_194_304)]
+    pub window_size: u32,
+    /// HTTP/2 initial connection window.
+    #[arg(long, env = "HTTP2_CONNECTION_WINDOW_SIZE", default_value_t = 16_777_216)]
+    pub connection_window_size: u32,
+    /// HTTP/2 max frame size.
+    #[arg(long, env = "HTTP2_FRAME_SIZE", default_value_t = 1_048_576)]
+    pub frame_size: u32,
+    /// TCP keepalive idle time.
+    #[arg(long, env = "KEEPALIVE_TIME", default_value = "180s", value_parser = parse_duration)]
+    pub keepalive_time: Duration,
+    /// TCP keepalive probe interval.
+    #[arg(long, env = "KEEPALIVE_INTERVAL", default_value = "180s", value_parser = parse_duration)]
+    pub keepalive_interval: Duration,
+    /// TCP keepalive probes before dropping.
+    #[arg(long, env = "KEEPALIVE_RETRIES", default_value_t = 9)]
+    pub keepalive_retries: u32,
+    /// Enable TCP keepalive.
+    #[arg(long, env = "KEEPALIVE_ENABLED", default_value_t = true, action = clap::ArgAction::Set)]
+    pub keepalive_enabled: bool,
+    /// Set TCP_USER_TIMEOUT from the keepalive settings.
+    #[arg(long, env = "USER_TIMEOUT_ENABLED", default_value_t = false, action = clap::ArgAction::Set)]
+    pub user_timeout_enabled: bool,
+    /// How long open connections may finish after a drain starts (SIGTERM, /quitquitquit).
+    #[arg(long, env = "CONNECTION_TERMINATION_DEADLINE", value_parser = parse_duration)]
+    pub connection_termination_deadline: Option<Duration>,
+    /// Derives the drain deadline when CONNECTION_TERMINATION_DEADLINE is unset: T-5s if T>10, else T-1s (min 1s).
+    #[arg(long, env = "TERMINATION_GRACE_PERIOD_SECONDS")]
+    pub termination_grace_period_seconds: Option<u64>,
+    /// Force (`true`) or disable (`false`) spoofing the client's source IP towards the app;
+    /// default: on when the process may (CAP_NET_ADMIN).
+    #[arg(long, env = "ENABLE_ORIG_SRC", action = clap::ArgAction::Set)]
+    pub enable_orig_src: Option<bool>,
+    /// Log format: `plain` or `json`.
+    #[arg(long, env = "LOG_FORMAT", default_value = "plain")]
+    pub log_format: String,
+    /// Log filter (tracing EnvFilter syntax).
+    #[arg(long, env = "RUST_LOG", default_value = "info")]
+    pub rust_log: String,
+    /// Ambit extension: admin server address (config dump, quitquitquit; keep it on localhost).
+    #[arg(long, env = "AMBIT_ADMIN_ADDR", default_value = "127.0.0.1:15000")]
+    pub admin_addr: SocketAddr,
+    /// Ambit extension: metrics server address.
+    #[arg(long, env = "AMBIT_STATS_ADDR", default_value = "[::]:15020")]
+    pub stats_addr: SocketAddr,
+    /// Ambit extension: readiness server address.
+    #[arg(long, env = "AMBIT_READINESS_ADDR", default_value = "[::]:15021")]
+    pub readiness_addr: SocketAddr,
+}
+
+/// Proxy mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum ProxyMode {
+    /// One proxy for every pod of the node.
+    Shared,
+    /// One proxy for one workload.
+    Dedicated,
+}
+
+/// The workload a dedicated proxy serves.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadInfo {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Service account.
+    pub service_account: String,
+}
+
+/// Where workload certificates come from.
+#[derive(Clone, Debug, Serialize)]
+pub enum CaSource {
+    /// In-process signer (development).
+    Fake {
+        /// Root directory, or a fresh in-memory root.
+        root: Option<PathBuf>,
+    },
+    /// Istio CA API over gRPC.
+    Remote {
+        /// `https://` or `http://` URL.
+        address: String,
+        /// Root certificate file for TLS to the CA.
+        root_cert: Option<PathBuf>,
+        /// Bearer token file.
+        token: Option<PathBuf>,
+    },
+}
+
+/// The resolved configuration, shown by `/config_dump`.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Config {
+    /// Proxy mode.
+    pub proxy_mode: ProxyMode,
+    /// Dedicated mode: the served workload.
+    pub proxy_workload_information: Option<WorkloadInfo>,
+    /// Local config file.
+    pub local_xds_path: Option<PathBuf>,
+    /// CA source.
+    pub ca: CaSource,
+    /// Requested certificate lifetime.
+    pub secret_ttl: Duration,
+    /// SO_MARK for proxy sockets.
+    pub packet_mark: Option<u32>,
+    /// Node name.
+    pub local_node: Option<String>,
+    /// Cluster id.
+    pub cluster_id: String,
+    /// Cluster domain.
+    pub cluster_domain: String,
+    /// Default trust domain.
+    pub trust_domain: String,
+    /// Network.
+    pub network: String,
+    /// Dual-stack.
+    pub ipv6_enabled: bool,
+    /// Worker threads.
+    pub num_worker_threads: usize,
+    /// Pool stream cap.
+    pub pool_max_streams_per_conn: u32,
+    /// Pool idle release.
+    pub pool_unused_release_timeout: Duration,
+    /// HTTP/2 stream window.
+    pub window_size: u32,
+    /// HTTP/2 connection window.
+    pub connection_window_size: u32,
+    /// HTTP/2 frame size.
+    pub frame_size: u32,
+    /// TCP keepalive (None = off).
+    pub keepalive: Option<KeepaliveDump>,
+    /// TCP_USER_TIMEOUT.
+    pub user_timeout_enabled: bool,
+    /// Drain deadline.
+    pub self_termination_deadline: Duration,
+    /// Spoof client source IPs towards apps (None = when possible).
+    pub require_original_source: Option<bool>,
+    /// Outbound capture listener.
+    pub outbound_addr: SocketAddr,
+    /// Inbound HBONE listener.
+    pub inbound_addr: SocketAddr,
+    /// Inbound plaintext listener.
+    pub inbound_plaintext_addr: SocketAddr,
+    /// Admin.
+    pub admin_addr: SocketAddr,
+    /// Metrics.
+    pub stats_addr: SocketAddr,
+    /// Readiness.
+    pub readiness_addr: SocketAddr,
+    /// Log format is JSON.
+    pub log_json: bool,
+}
+
+/// Keepalive settings as shown in the config dump.
+#[derive(Clone, Copy, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KeepaliveDump {
+    /// Idle time.
+    pub keepalive_time: Duration,
+    /// Interval.
+    pub keepalive_interval: Duration,
+    /// Retries.
+    pub keepalive_retries: u32,
+}
+
+/// A setting that cannot be used, with what to do about it.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    /// Unknown PROXY_MODE.
+    #[error("PROXY_MODE={0:?} is not valid: use `shared` or `dedicated`")]
+    Mode(String),
+    /// Shared mode is not available yet.
+    #[error("PROXY_MODE=shared needs the ZDS client, which this build does not have yet: set PROXY_MODE=dedicated")]
+    SharedUnsupported,
+    /// Dedicated mode without the workload.
+    #[error("PROXY_MODE=dedicated needs PROXY_WORKLOAD_INFO=<namespace>/<name>/<service account>")]
+    MissingWorkloadInfo,
+    /// Malformed PROXY_WORKLOAD_INFO.
+    #[error("PROXY_WORKLOAD_INFO={0:?} is not <namespace>/<name>/<service account>")]
+    WorkloadInfo(String),
+    /// xDS requested.
+    #[error("XDS_ADDRESS={0:?}: the xDS client is not available yet; unset XDS_ADDRESS and use LOCAL_XDS_PATH")]
+    XdsUnsupported(String),
+    /// No source of state at all.
+    #[error("no configuration source: set LOCAL_XDS_PATH to a local config file")]
+    NoStateSource,
+    /// Bad worker thread setting.
+    #[error("ZTUNNEL_WORKER_THREADS={0:?} is not N, N% or 0")]
+    WorkerThreads(String),
+    /// Bad log format.
+    #[error("LOG_FORMAT={0:?} is not `plain` or `json`")]
+    LogFormat(String),
+}
+
+impl Config {
+    /// Resolves the arguments into a configuration, or says what is wrong.
+    pub fn from_args(a: &ProxyArgs) -> Result<Config, ConfigError> {
+        let proxy_mode = match a.proxy_mode.to_ascii_lowercase().as_str() {
+            "shared" => return Err(ConfigError::SharedUnsupported),
+            "dedicated" => ProxyMode::Dedicated,
+            _ => return Err(ConfigError::Mode(a.proxy_mode.clone())),
+        };
+        let info = match &a.proxy_workload_info {
+            Some(s) => Some(parse_workload_info(s)?),
+            None => None,
+        };
+        if proxy_mode == ProxyMode::Dedicated && info.is_none() {
+            return Err(ConfigError::MissingWorkloadInfo);
+        }
+        if !a.xds_address.is_empty() {
+            return Err(ConfigError::XdsUnsupported(a.xds_address.clone()));
+        }
+        if a.local_xds_path.is_none() {
+            return Err(ConfigError::NoStateSource);
+        }
+        let ca = if a.fake_ca {
+            CaSource::Fake { root: a.fake_ca_root.clone() }
+        } else {
+            let address = if a.ca_address.contains("://") {
+                a.ca_address.clone()
+            } else {
+                format!("https://{}", a.ca_address)
+            };
+            CaSource::Remote {
+                address,
+                root_cert: a.ca_root_ca.exists().then(|| a.ca_root_ca.clone()),
+                token: a.auth_token.exists().then(|| a.auth_token.clone()),
+            }
+        };
+        let log_json = match a.log_format.as_str() {
+            "json" => true,
+            "plain" | "" => false,
+            other => return Err(ConfigError::LogFormat(other.to_owned())),
+        };
+        let cores = a.cpu_limit.unwrap_or_else(|| {
+            std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+        });
+        let num_worker_threads = worker_threads(a.worker_threads.as_deref(), cores)?;
+        let cluster_id = std::env::var("ISTIO_META_CLUSTER_ID").unwrap_or_else(|_| a.cluster_id.clone());
+        let any = crate::socket::unspecified(a.ipv6_enabled);
+        let packet_mark = match (a.packet_mark, proxy_mode) {
+            (Some(m), _) => Some(m),
+            (None, ProxyMode::Shared) => Some(1337),
+            (None, ProxyMode::Dedicated) => None,
+        };
+        Ok(Config {
+            proxy_mode,
+            proxy_workload_information: info,
+            local_xds_path: a.local_xds_path.clone(),
+            ca,
+            secret_ttl: a.secret_ttl,
+            packet_mark,
+            local_node: a.node_name.clone().filter(|n| !n.is_empty()),
+            cluster_id,
+            cluster_domain: a.cluster_domain.clone(),
+            trust_domain: a.trust_domain.clone(),
+            network: a.network.clone(),
+            ipv6_enabled: a.ipv6_enabled,
+            num_worker_threads,
+            pool_max_streams_per_conn: a.pool_max_streams.max(1),
+            pool_unused_release_timeout: a.pool_unused_release_timeout,
+            window_size: a.window_size,
+            connection_window_size: a.connection_window_size,
+            frame_size: a.frame_size.clamp(16_384, 16_777_215),
+            keepalive: a.keepalive_enabled.then_some(KeepaliveDump {
+                keepalive_time: a.keepalive_time,
+                keepalive_interval: a.keepalive_interval,
+                keepalive_retries: a.keepalive_retries,
+            }),
+            user_timeout_enabled: a.user_timeout_enabled,
+            self_termination_deadline: drain_deadline(
+                a.connection_termination_deadline,
+                a.termination_grace_period_seconds,
+            ),
+            require_original_source: a.enable_orig_src,
+            outbound_addr: SocketAddr::new(any, 15001),
+            inbound_addr: SocketAddr::new(any, 15008),
+            inbound_plaintext_addr: SocketAddr::new(any, 15006),
+            admin_addr: a.admin_addr,
+            stats_addr: a.stats_addr,
+            readiness_addr: a.readiness_addr,
+            log_json,
+        })
+    }
+
+    /// Socket options for every proxy socket.
+    pub fn socket_options(&self) -> SocketOptions {
+        SocketOptions {
+            mark: self.packet_mark,
+            keepalive: self.keepalive.map(|k| Keepalive {
+                time: k.keepalive_time,
+                interval: k.keepalive_interval,
+                retries: k.keepalive_retries,
+            }),
+            user_timeout: self.user_timeout_enabled,
+        }
+    }
+}
+
+fn parse_workload_info(s: &str) -> Result<WorkloadInfo, ConfigError> {
+    match s.split('/').collect::<Vec<_>>().as_slice() {
+        [ns, name, sa] if !ns.is_empty() && !name.is_empty() && !sa.is_empty() => Ok(WorkloadInfo {
+            namespace: (*ns).to_owned(),
+            name: (*name).to_owned(),
+            service_account: (*sa).to_owned(),
+        }),
+        _ => Err(ConfigError::WorkloadInfo(s.to_owned())),
+    }
+}
+
+fn worker_threads(setting: Option<&str>, cores: usize) -> Result<usize, ConfigError> {
+    let cores = cores.max(1);
+    let n = match setting.map(str::trim) {
+        None | Some("") => cores.div_ceil(4).max(2),
+        Some(s) => {
+            let bad = || ConfigError::WorkerThreads(s.to_owned());
+            if let Some(p) = s.strip_suffix('%') {
+                let p: usize = p.parse().map_err(|_| bad())?;
+                if p == 0 || p > 100 {
+                    return Err(bad());
+                }
+                (cores * p).div_ceil(100)
+            } else {
+                match s.parse::<usize>().map_err(|_| bad())? {
+                    0 => cores,
+                    n => n,
+                }
+            }
+        }
+    };
+    Ok(n.max(1))
+}
+
+fn drain_deadline(explicit: Option<Duration>, grace: Option<u64>) -> Duration {
+    if let Some(d) = explicit {
+        return d;
+    }
+    match grace {
+        Some(t) if t > 10 => Duration::from_secs(t - 5),
+        Some(t) => Duration::from_secs(t.saturating_sub(1).max(1)),
+        None => Duration::from_secs(5),
+    }
+}
+
+/// Parses a Go-style duration: `500ms`, `10s`, `5m`, `24h`, `1h30m`; a bare number is seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    if let Ok(secs) = s.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
+    }
+    let err = || format!("{s:?} is not a duration like 500ms, 10s, 5m or 24h");
+    let mut total = Duration::ZERO;
+    let mut rest = s;
+    if rest.is_empty() {
+        return Err(err());
+    }
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(err)?;
+        let (num, tail) = rest.split_at(digits);
+        let value: f64 = num.parse().map_err(|_| err())?;
+        let unit_len = tail.find(|c: char| c.is_ascii_digit()).unwrap_or(tail.len());
+        let (unit, tail) = tail.split_at(unit_len);
+        let scale = match unit {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return Err(err()),
+        };
+        let secs = value * scale;
+        if !secs.is_finite() || secs < 0.0 || secs > 1e12 {
+            return Err(err());
+        }
+        total += Duration::from_secs_f64(secs);
+        rest = tail;
+    }
+    Ok(total)
+}
+
+fn parse_u32(s: &str) -> Result<u32, String> {
+    let s = s.trim();
+    let r = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(hex) => u32::from_str_radix(hex, 16),
+        None => s.parse(),
+    };
+    r.map_err(|_| format!("{s:?} is not a number (decimal or 0x hex)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ProxyArgs,
+    }
+
+    fn args(extra: &[&str]) -> ProxyArgs {
+        let mut v = vec!["proxy"];
+        v.extend_from_slice(extra);
+        Cli::try_parse_from(v).expect("parse").args
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("24h"), Ok(Duration::from_secs(86400)));
+        assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
+        for bad in ["", "h", "10x", "-1s", "1e999s"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn worker_thread_rules() {
+        assert_eq!(worker_threads(None, 2), Ok(2));
+        assert_eq!(worker_threads(None, 16), Ok(4));
+        assert_eq!(worker_threads(Some("0"), 8), Ok(8));
+        assert_eq!(worker_threads(Some("3"), 8), Ok(3));
+        assert_eq!(worker_threads(Some("50%"), 3), Ok(2));
+        assert!(worker_threads(Some("x"), 3).is_err());
+        assert!(worker_threads(Some("0%"), 3).is_err());
+    }
+
+    #[test]
+    fn drain_deadlines() {
+        assert_eq!(drain_deadline(None, None), Duration::from_secs(5));
+        assert_eq!(drain_deadline(None, Some(30)), Duration::from_secs(25));
+        assert_eq!(drain_deadline(None, Some(5)), Duration::from_secs(4));
+        assert_eq!(drain_deadline(None, Some(0)), Duration::from_secs(1));
+        assert_eq!(drain_deadline(Some(Duration::from_secs(2)), Some(30)), Duration::from_secs(2));
+    }
+
+    #[test]
+    fn modes_and_errors() {
+        let base = ["--local-xds-path", "/x.yaml", "--xds-address", ""];
+        let mut a = args(&base);
+        a.proxy_mode = "dedicated".into();
+        assert_eq!(Config::from_args(&a).err(), Some(ConfigError::MissingWorkloadInfo));
+        a.proxy_workload_info = Some("ns/name".into());
+        assert!(matches!(Config::from_args(&a), Err(ConfigError::WorkloadInfo(_))));
+        a.proxy_workload_info = Some("ns/name/sa".into());
+        let c = Config::from_args(&a).expect("valid");
+        assert_eq!(c.packet_mark, None);
+        a.packet_mark = Some(0x539);
+        assert_eq!(Config::from_args(&a).expect("valid").packet_mark, Some(1337));
+        a.proxy_mode = "bogus".into();
+        assert!(matches!(Config::from_args(&a), Err(ConfigError::Mode(_))));
+        a.proxy_mode = "shared".into();
+        assert_eq!(Config::from_args(&a).err(), Some(ConfigError::SharedUnsupported));
+        assert_eq!(parse_u32("0x539"), Ok(1337));
+    }
+}

@@ -1,0 +1,87 @@
+//! Graceful drain: stop accepting at once, let open connections finish until a deadline,
+//! then force them closed.
+
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// Drain signals shared by listeners and connections.
+#[derive(Clone, Debug, Default)]
+pub struct Drain {
+    start: CancellationToken,
+    force: CancellationToken,
+    tracker: TaskTracker,
+}
+
+impl Drain {
+    /// A fresh, not-draining signal.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Resolves when a drain starts (listeners stop accepting, HTTP/2 servers send GOAWAY).
+    pub async fn started(&self) {
+        self.start.cancelled().await
+    }
+
+    /// Whether a drain has started.
+    pub fn is_draining(&self) -> bool {
+        self.start.is_cancelled()
+    }
+
+    /// Resolves when connections must close now.
+    pub async fn forced(&self) {
+        self.force.cancelled().await
+    }
+
+    /// Tracks a connection task, so the drain can wait for it.
+    pub fn spawn<F>(&self, fut: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.tracker.spawn(fut)
+    }
+
+    /// Number of tracked tasks still running.
+    pub fn active(&self) -> usize {
+        self.tracker.len()
+    }
+
+    /// Starts the drain and waits until every tracked task has finished or `deadline` passed;
+    /// then forces the rest closed. Returns how many tasks were still open at the deadline.
+    pub async fn run(&self, deadline: Duration) -> usize {
+        self.start.cancel();
+        self.tracker.close();
+        let left = match tokio::time::timeout(deadline, self.tracker.wait()).await {
+            Ok(()) => 0,
+            Err(_) => self.tracker.len(),
+        };
+        self.force.cancel();
+        // Give forced tasks a moment to unwind (close sockets, write logs).
+        let _ = tokio::time::timeout(Duration::from_millis(500), self.tracker.wait()).await;
+        left
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn waits_for_tasks_then_forces() {
+        let d = Drain::new();
+        let d2 = d.clone();
+        d.spawn(async move {
+            d2.forced().await;
+        });
+        let quick = d.clone();
+        d.spawn(async move {
+            quick.started().await;
+        });
+        let left = d.run(Duration::from_secs(3)).await;
+        assert_eq!(left, 1);
+        assert_eq!(d.active(), 0);
+    }
+}

@@ -1,0 +1,37 @@
+//! HBONE: HTTP/2 CONNECT over mutual TLS, port 15008.
+
+pub mod pool;
+pub mod server;
+
+use std::time::Duration;
+
+/// HTTP/2 settings of the tunnel (ztunnel's defaults, configurable).
+#[derive(Clone, Copy, Debug)]
+pub struct H2Settings {
+    /// Initial stream window.
+    pub window_size: u32,
+    /// Initial connection window.
+    pub connection_window_size: u32,
+    /// Max frame size.
+    pub frame_size: u32,
+    /// Client: streams per pooled connection.
+    pub max_streams: u32,
+}
+
+/// First keepalive PING this long after the connection starts, and again after each PONG.
+pub const PING_INTERVAL: Duration = Duration::from_secs(10);
+/// No PONG within this long drops the connection.
+pub const PING_TIMEOUT: Duration = Duration::from_secs(20);
+/// Port of the HBONE listener.
+pub const HBONE_PORT: u16 = 15008;
+
+/// Sends PINGs until the peer stops answering; returns when it does (or PINGs are unavailable).
+pub(crate) async fn keepalive(mut pp: h2::PingPong) {
+    loop {
+        tokio::time::sleep(PING_INTERVAL).await;
+        match tokio::time::timeout(PING_TIMEOUT, pp.ping(h2::Ping::opaque())).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(_)) | Err(_) => return,
+        }
+    }
+}

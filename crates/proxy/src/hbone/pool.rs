@@ -1,0 +1,300 @@
+//! Outbound HBONE connection pool: one set of HTTP/2 connections per
+//! (source identity, expected server identities, destination, source IP), at most one dial per key at
+//! a time, a stream cap per connection, idle release, and a retry on a fresh connection for
+//! streams the peer never processed (GOAWAY races during a peer's drain).
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ambit_identity::{CertManager, Identity};
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, StatusCode};
+use rustls_pki_types::ServerName;
+
+use super::{H2Settings, keepalive};
+use crate::socket::SocketOptions;
+
+/// Identifies a reusable set of HBONE connections.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PoolKey {
+    /// Our identity (client certificate).
+    pub src_identity: Identity,
+    /// Identities the server may present.
+    pub dst_identities: Vec<Identity>,
+    /// The peer's HBONE address.
+    pub dst: SocketAddr,
+    /// Source IP of the downstream connection.
+    pub src_ip: IpAddr,
+}
+
+/// Why a tunnel could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum TunnelError {
+    /// TCP connect timed out.
+    #[error("connection timed out, maybe a NetworkPolicy is blocking HBONE port 15008: {0}")]
+    ConnectTimeout(SocketAddr),
+    /// TCP connect failed.
+    #[error("connection to {0} failed: {1}")]
+    Connect(SocketAddr, std::io::Error),
+    /// Our certificate is not available.
+    #[error("identity error: {0}")]
+    Identity(#[from] ambit_identity::CertError),
+    /// TLS handshake failed (including identity verification of the server).
+    #[error("tls error: {0}")]
+    Tls(std::io::Error),
+    /// HTTP/2 handshake failed.
+    #[error("http2 handshake failed: {0}")]
+    H2Handshake(h2::Error),
+    /// The CONNECT stream failed.
+    #[error("http2 error: {0}")]
+    H2(h2::Error),
+    /// The server answered with a non-200 status.
+    #[error("http status: {0}")]
+    Status(StatusCode),
+}
+
+struct PooledConn {
+    sender: h2::client::SendRequest<Bytes>,
+    streams: Arc<AtomicU32>,
+    cap: u32,
+    closed: Arc<AtomicBool>,
+    last_used: Mutex<Instant>,
+}
+
+/// The pool.
+pub struct Pool {
+    certs: Arc<CertManager>,
+    sockets: SocketOptions,
+    settings: H2Settings,
+    idle_timeout: Duration,
+    entries: Mutex<HashMap<PoolKey, Arc<Entry>>>,
+}
+
+#[derive(Default)]
+struct Entry {
+    conns: Mutex<Vec<Arc<PooledConn>>>,
+    dial: tokio::sync::Mutex<()>,
+}
+
+/// An open CONNECT stream; dropping it releases its slot in the pooled connection.
+pub struct Tunnel {
+    /// Bytes towards the peer.
+    pub send: h2::SendStream<Bytes>,
+    /// Bytes from the peer.
+    pub recv: h2::RecvStream,
+    /// Response headers of the peer (e.g. its baggage).
+    pub headers: HeaderMap,
+    _slot: Slot,
+}
+
+struct Slot(Arc<AtomicU32>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Pool {
+    /// An empty pool.
+    pub fn new(
+        certs: Arc<CertManager>,
+        sockets: SocketOptions,
+        settings: H2Settings,
+        idle_timeout: Duration,
+    ) -> Arc<Pool> {
+        Arc::new(Pool { certs, sockets, settings, idle_timeout, entries: Mutex::new(HashMap::new()) })
+    }
+
+    /// Opens a CONNECT stream to `key.dst` with `:authority` = `authority` and extra headers.
+    pub async fn connect(
+        &self,
+        key: &PoolKey,
+        authority: SocketAddr,
+        headers: &HeaderMap,
+    ) -> Result<Tunnel, TunnelError> {
+        // Streams refused by a draining peer (GOAWAY, REFUSED_STREAM) were never processed and
+        // carried no application bytes yet: retry them once on a fresh connection.
+        let mut last = None;
+        for attempt in 0..3 {
+            let conn = self.checkout(key, attempt > 0).await?;
+            match self.open_stream(&conn, authority, headers).await {
+                Ok(t) => return Ok(t),
+                Err((e, retryable)) => {
+                    conn.closed.store(true, Ordering::Relaxed);
+                    if !retryable {
+                        return Err(e);
+                    }
+                    tracing::debug!(dst = %key.dst, error = %e, "retrying CONNECT on a fresh connection");
+                    last = Some(e);
+                }
+            }
+        }
+        Err(last.unwrap_or(TunnelError::Status(StatusCode::SERVICE_UNAVAILABLE)))
+    }
+
+    async fn open_stream(
+        &self,
+        conn: &PooledConn,
+        authority: SocketAddr,
+        headers: &HeaderMap,
+    ) -> Result<Tunnel, (TunnelError, bool)> {
+        let slot = Slot(conn.streams.clone());
+        let mut req = Request::builder()
+            .method(Method::CONNECT)
+            .uri(authority.to_string())
+            .version(http::Version::HTTP_2)
+            .body(())
+            .map_err(|e| (TunnelError::H2(h2::Error::from(std::io::Error::other(e))), false))?;
+        req.headers_mut().extend(headers.clone());
+        let mut sender = conn.sender.clone().ready().await.map_err(|e| {
+            let r = refused(&e);
+            (TunnelError::H2(e), r)
+        })?;
+        let (resp, send) = sender.send_request(req, false).map_err(|e| {
+            let r = refused(&e);
+            (TunnelError::H2(e), r)
+        })?;
+        let resp = resp.await.map_err(|e| {
+            let r = refused(&e);
+            (TunnelError::H2(e), r)
+        })?;
+        if resp.status() != StatusCode::OK {
+            return Err((TunnelError::Status(resp.status()), false));
+        }
+        let (parts, recv) = resp.into_parts();
+        Ok(Tunnel { send, recv, headers: parts.headers, _slot: slot })
+    }
+
+    /// A connection with a free stream slot (reserved), dialing a new one if needed.
+    async fn checkout(&self, key: &PoolKey, fresh: bool) -> Result<Arc<PooledConn>, TunnelError> {
+        let entry = {
+            let mut map = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+            map.entry(key.clone()).or_default().clone()
+        };
+        if !fresh && let Some(c) = entry.reserve() {
+            return Ok(c);
+        }
+        // One dial per key at a time; others wait here, then reuse what it made.
+        let _dialing = entry.dial.lock().await;
+        if !fresh && let Some(c) = entry.reserve() {
+            return Ok(c);
+        }
+        let conn = Arc::new(self.dial(key).await?);
+        conn.streams.fetch_add(1, Ordering::Relaxed);
+        *conn.last_used.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+        let mut conns = entry.conns.lock().unwrap_or_else(|p| p.into_inner());
+        conns.retain(|c| !c.closed.load(Ordering::Relaxed));
+        conns.push(conn.clone());
+        Ok(conn)
+    }
+
+    async fn dial(&self, key: &PoolKey) -> Result<PooledConn, TunnelError> {
+        let cert = self.certs.fetch(&key.src_identity).await?;
+        let tcp = match tokio::time::timeout(CONNECT_TIMEOUT, self.sockets.connect(key.dst, None)).await {
+            Err(_) => return Err(TunnelError::ConnectTimeout(key.dst)),
+            Ok(Err(e)) => return Err(TunnelError::Connect(key.dst, e)),
+            Ok(Ok(s)) => s,
+        };
+        let tls_config = cert.client_config(&key.dst_identities);
+        let connector = tokio_rustls::TlsConnector::from(tls_config);
+        let name = ServerName::IpAddress(key.dst.ip().into());
+        let tls = connector.connect(name, tcp).await.map_err(TunnelError::Tls)?;
+        let (sender, mut conn) = h2::client::Builder::new()
+            .initial_window_size(self.settings.window_size)
+            .initial_connection_window_size(self.settings.connection_window_size)
+            .max_frame_size(self.settings.frame_size)
+            .initial_max_send_streams(self.settings.max_streams as usize)
+            .max_header_list_size(16 * 1024)
+            .max_send_buffer_size(self.settings.window_size as usize)
+            .enable_push(false)
+            .handshake::<_, Bytes>(tls)
+            .await
+            .map_err(TunnelError::H2Handshake)?;
+        let closed = Arc::new(AtomicBool::new(false));
+        let pp = conn.ping_pong();
+        let done = closed.clone();
+        let dst = key.dst;
+        tokio::spawn(async move {
+            let driver = async {
+                if let Err(e) = (&mut conn).await {
+                    tracing::debug!(%dst, error = %e, "pooled HBONE connection ended");
+                }
+            };
+            match pp {
+                Some(pp) => {
+                    tokio::select! {
+                        _ = driver => {}
+                        _ = keepalive(pp) => tracing::debug!(%dst, "HBONE peer stopped answering pings"),
+                    }
+                }
+                None => driver.await,
+            }
+            done.store(true, Ordering::Relaxed);
+        });
+        let peer_max = conn_max_streams(&sender);
+        Ok(PooledConn {
+            sender,
+            streams: Arc::new(AtomicU32::new(0)),
+            cap: self.settings.max_streams.min(peer_max).max(1),
+            closed,
+            last_used: Mutex::new(Instant::now()),
+        })
+    }
+
+    /// Drops connections nobody checked out for the idle timeout (they close once their
+    /// last stream ends). Call periodically.
+    pub fn release_idle(&self) {
+        let now = Instant::now();
+        let mut map = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        map.retain(|_, entry| {
+            let mut conns = entry.conns.lock().unwrap_or_else(|p| p.into_inner());
+            conns.retain(|c| {
+                let last = *c.last_used.lock().unwrap_or_else(|p| p.into_inner());
+                !c.closed.load(Ordering::Relaxed)
+                    && (c.streams.load(Ordering::Relaxed) > 0 || now.duration_since(last) < self.idle_timeout)
+            });
+            !conns.is_empty()
+        });
+    }
+
+    /// Number of pooled connections (for tests and the config dump).
+    pub fn connections(&self) -> usize {
+        let map = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        map.values().map(|e| e.conns.lock().unwrap_or_else(|p| p.into_inner()).len()).sum()
+    }
+}
+
+impl Entry {
+    fn reserve(&self) -> Option<Arc<PooledConn>> {
+        let conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
+        for c in conns.iter() {
+            if c.closed.load(Ordering::Relaxed) {
+                continue;
+            }
+            let n = c.streams.fetch_add(1, Ordering::Relaxed);
+            if n < c.cap {
+                *c.last_used.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+                return Some(c.clone());
+            }
+            c.streams.fetch_sub(1, Ordering::Relaxed);
+        }
+        None
+    }
+}
+
+fn conn_max_streams(_sender: &h2::client::SendRequest<Bytes>) -> u32 {
+    // The peer's SETTINGS_MAX_CONCURRENT_STREAMS is enforced by h2 itself (requests wait for a
+    // free stream); our own cap keeps new streams on fresh connections before that happens.
+    u32::MAX
+}
+
+/// Whether the peer never processed the stream, so a retry elsewhere is safe.
+fn refused(e: &h2::Error) -> bool {
+    e.is_go_away() || e.reason() == Some(h2::Reason::REFUSED_STREAM)
+}

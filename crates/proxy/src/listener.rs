@@ -1,0 +1,42 @@
+//! The accept loop shared by every listener: stops (and closes the socket) when a drain starts.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::drain::Drain;
+
+/// Accepts until a drain starts, spawning `handle` for each connection as a tracked task.
+pub async fn accept_loop<F, Fut>(name: &'static str, listener: TcpListener, drain: Drain, handle: F)
+where
+    F: Fn(TcpStream, SocketAddr) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let handle = Arc::new(handle);
+    let local = listener.local_addr().ok();
+    loop {
+        tokio::select! {
+            biased;
+            _ = drain.started() => break,
+            r = listener.accept() => match r {
+                Ok((stream, peer)) => {
+                    let h = handle.clone();
+                    drain.spawn(async move { h(stream, peer).await });
+                }
+                Err(e) => {
+                    // EMFILE and friends: back off briefly instead of spinning.
+                    tracing::warn!(listener = name, error = %e, "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+    drop(listener);
+    tracing::info!(listener = name, addr = ?local, "listener closed for drain");
+}
+
+/// Ports a connection must never be forwarded to (they would loop back into the proxy).
+pub fn is_illegal_port(port: u16) -> bool {
+    matches!(port, 15001 | 15006 | 15008)
+}

@@ -1,0 +1,319 @@
+//! Istio-standard metrics (`istio_tcp_*`, `istio_build`) and the access log.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::state::{Service, Workload};
+
+/// Who reports a connection.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum Reporter {
+    /// The client side (outbound).
+    source,
+    /// The server side (inbound, passthrough).
+    destination,
+}
+
+/// Istio's CommonTrafficLabels, in Istio's order. Empty values render as `unknown`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TrafficLabels {
+    reporter: Reporter,
+    source_workload: Label,
+    source_canonical_service: Label,
+    source_canonical_revision: Label,
+    source_workload_namespace: Label,
+    source_principal: Label,
+    source_app: Label,
+    source_version: Label,
+    source_cluster: Label,
+    destination_service: Label,
+    destination_service_namespace: Label,
+    destination_service_name: Label,
+    destination_workload: Label,
+    destination_canonical_service: Label,
+    destination_canonical_revision: Label,
+    destination_workload_namespace: Label,
+    destination_principal: Label,
+    destination_app: Label,
+    destination_version: Label,
+    destination_cluster: Label,
+    request_protocol: Label,
+    response_flags: Label,
+    connection_security_policy: Label,
+}
+
+/// A label value that renders `unknown` when empty.
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq)]
+pub struct Label(pub String);
+
+impl EncodeLabelValue for Label {
+    fn encode(
+        &self,
+        encoder: &mut prometheus_client::encoding::LabelValueEncoder<'_>,
+    ) -> Result<(), std::fmt::Error> {
+        use std::fmt::Write;
+        if self.0.is_empty() {
+            encoder.write_str("unknown")
+        } else {
+            encoder.write_str(&self.0)
+        }
+    }
+}
+
+/// Response flags (`-` when none).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flag {
+    /// No failure.
+    None,
+    /// Denied by policy.
+    Deny,
+    /// Upstream connect or other failure.
+    Connect,
+    /// TLS handshake failure.
+    TlsFailure,
+    /// HTTP/2 handshake failure.
+    H2HandshakeFailure,
+    /// HBONE dial timed out.
+    NetworkPolicy,
+    /// Certificate or identity error.
+    IdentityError,
+}
+
+impl Flag {
+    fn as_str(self) -> &'static str {
+        match self {
+            Flag::None => "-",
+            Flag::Deny => "DENY",
+            Flag::Connect => "CONNECT",
+            Flag::TlsFailure => "TLS_FAILURE",
+            Flag::H2HandshakeFailure => "H2_HANDSHAKE_FAILURE",
+            Flag::NetworkPolicy => "NETWORK_POLICY",
+            Flag::IdentityError => "IDENTITY_ERROR",
+        }
+    }
+}
+
+/// The proxy's metric families.
+#[derive(Clone)]
+pub struct Metrics {
+    opened: Family<TrafficLabels, Counter>,
+    closed: Family<TrafficLabels, Counter>,
+    received: Family<TrafficLabels, Counter>,
+    sent: Family<TrafficLabels, Counter>,
+    failed: Family<TrafficLabels, Counter>,
+    sockets_open: Family<ReporterLabel, Gauge>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReporterLabel {
+    reporter: Reporter,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    component: String,
+    tag: String,
+}
+
+impl Metrics {
+    /// Registers the families (names as scraped get `istio_` and `_total` added).
+    pub fn register(registry: &mut Registry) -> Metrics {
+        let m = Metrics {
+            opened: Family::default(),
+            closed: Family::default(),
+            received: Family::default(),
+            sent: Family::default(),
+            failed: Family::default(),
+            sockets_open: Family::default(),
+        };
+        let istio = registry.sub_registry_with_prefix("istio");
+        let build = Family::<BuildLabels, Gauge>::default();
+        build
+            .get_or_create(&BuildLabels {
+                component: "ztunnel".into(),
+                tag: std::env::var("ISTIO_META_ISTIO_VERSION").unwrap_or_else(|_| "unknown".into()),
+            })
+            .set(1);
+        istio.register("build", "Istio component build info", build);
+        istio.register("tcp_connections_opened", "The total number of TCP connections opened", m.opened.clone());
+        istio.register("tcp_connections_closed", "The total number of TCP connections closed", m.closed.clone());
+        istio.register(
+            "tcp_received_bytes",
+            "The size of total bytes received during request in case of a TCP connection",
+            m.received.clone(),
+        );
+        istio.register(
+            "tcp_sent_bytes",
+            "The size of total bytes sent during response in case of a TCP connection",
+            m.sent.clone(),
+        );
+        istio.register(
+            "tcp_connections_failed",
+            "The total number of TCP connections that failed to establish (unstable)",
+            m.failed.clone(),
+        );
+        istio.register(
+            "tcp_sockets_open",
+            "The current number of open TCP sockets (unstable)",
+            m.sockets_open.clone(),
+        );
+        m
+    }
+}
+
+/// What is known about one connection, for metrics and the access log.
+#[derive(Clone, Debug)]
+pub struct ConnectionInfo {
+    /// Reporting side.
+    pub reporter: Reporter,
+    /// Client socket address.
+    pub src_addr: std::net::SocketAddr,
+    /// Source workload, if known.
+    pub src_workload: Option<Arc<Workload>>,
+    /// Source identity (mTLS only).
+    pub src_identity: Option<ambit_identity::Identity>,
+    /// L4 peer: pod IP:15008, the app, or the passthrough target.
+    pub dst_addr: std::net::SocketAddr,
+    /// CONNECT authority (HBONE only).
+    pub hbone_addr: Option<std::net::SocketAddr>,
+    /// Destination service, if known.
+    pub dst_service: Option<Arc<Service>>,
+    /// Destination workload, if known.
+    pub dst_workload: Option<Arc<Workload>>,
+    /// Destination identity (mTLS only).
+    pub dst_identity: Option<ambit_identity::Identity>,
+    /// mTLS was used.
+    pub mtls: bool,
+}
+
+/// Live per-connection accounting: opened at creation, closed (with a log line) at `finish`.
+pub struct ConnectionRecord {
+    metrics: Metrics,
+    info: ConnectionInfo,
+    labels: TrafficLabels,
+    start: std::time::Instant,
+    /// Counters for the copy loop (client→server, server→client).
+    pub counters: crate::copy::LiveCounters,
+}
+
+impl ConnectionRecord {
+    /// Records a newly established connection.
+    pub fn open(metrics: &Metrics, info: ConnectionInfo) -> ConnectionRecord {
+        let labels = labels(&info, Flag::None);
+        metrics.opened.get_or_create(&labels).inc();
+        metrics.sockets_open.get_or_create(&ReporterLabel { reporter: info.reporter }).inc();
+        let counters = crate::copy::LiveCounters {
+            sent: vec![metrics.received.get_or_create(&labels).clone()],
+            received: vec![metrics.sent.get_or_create(&labels).clone()],
+        };
+        tracing::debug!(target: "access", src.addr = %info.src_addr, dst.addr = %info.dst_addr,
+            direction = direction(info.reporter), "connection opened");
+        ConnectionRecord { metrics: metrics.clone(), info, labels, start: std::time::Instant::now(), counters }
+    }
+
+    /// Records the end of the connection and writes its access-log line.
+    pub fn finish(self, transferred: crate::copy::Transferred, error: Option<&dyn std::fmt::Display>) {
+        self.metrics.closed.get_or_create(&self.labels).inc();
+        self.metrics.sockets_open.get_or_create(&ReporterLabel { reporter: self.info.reporter }).dec();
+        let error = error.map(|e| e.to_string());
+        access_log(&self.info, transferred, self.start.elapsed(), error.as_deref());
+    }
+}
+
+/// Records a connection that failed before it was established (no bytes, flag set).
+pub fn record_failure(metrics: &Metrics, info: &ConnectionInfo, flag: Flag, error: &dyn std::fmt::Display) {
+    let labels = labels(info, flag);
+    metrics.failed.get_or_create(&labels).inc();
+    let e = error.to_string();
+    tracing::warn!(target: "access",
+        src.addr = %info.src_addr,
+        src.workload = info.src_workload.as_deref().map(|w| w.name.as_str()).unwrap_or_default(),
+        src.identity = info.src_identity.as_ref().map(|i| i.to_string()).unwrap_or_default(),
+        dst.addr = %info.dst_addr,
+        dst.workload = info.dst_workload.as_deref().map(|w| w.name.as_str()).unwrap_or_default(),
+        direction = direction(info.reporter),
+        error = %e,
+        "connection failed");
+}
+
+fn direction(r: Reporter) -> &'static str {
+    match r {
+        Reporter::source => "outbound",
+        Reporter::destination => "inbound",
+    }
+}
+
+fn access_log(info: &ConnectionInfo, t: crate::copy::Transferred, elapsed: Duration, error: Option<&str>) {
+    let src_w = info.src_workload.as_deref();
+    let dst_w = info.dst_workload.as_deref();
+    let src_id = info.src_identity.as_ref().map(ToString::to_string);
+    let dst_id = info.dst_identity.as_ref().map(ToString::to_string);
+    let hbone = info.hbone_addr.map(|a| a.to_string());
+    let duration = format!("{}ms", elapsed.as_millis());
+    macro_rules! line {
+        ($lvl:ident, $msg:literal) => {
+            tracing::$lvl!(target: "access",
+                src.addr = %info.src_addr,
+                src.workload = src_w.map(|w| w.name.as_str()),
+                src.namespace = src_w.map(|w| w.namespace.as_str()),
+                src.identity = src_id.as_deref(),
+                dst.addr = %info.dst_addr,
+                dst.hbone_addr = hbone.as_deref(),
+                dst.service = info.dst_service.as_deref().map(|s| s.hostname.as_str()),
+                dst.workload = dst_w.map(|w| w.name.as_str()),
+                dst.namespace = dst_w.map(|w| w.namespace.as_str()),
+                dst.identity = dst_id.as_deref(),
+                direction = direction(info.reporter),
+                bytes_sent = if info.reporter == Reporter::source { t.sent } else { t.received },
+                bytes_recv = if info.reporter == Reporter::source { t.received } else { t.sent },
+                duration = %duration,
+                error = error,
+                $msg)
+        };
+    }
+    if error.is_some() {
+        line!(error, "connection complete");
+    } else {
+        line!(info, "connection complete");
+    }
+}
+
+fn labels(info: &ConnectionInfo, flag: Flag) -> TrafficLabels {
+    let s = info.src_workload.as_deref();
+    let d = info.dst_workload.as_deref();
+    let w = |w: Option<&Workload>, f: fn(&Workload) -> &str| Label(w.map(f).unwrap_or_default().to_owned());
+    let principal = |id: &Option<ambit_identity::Identity>| Label(id.as_ref().map(|i| i.to_string()).unwrap_or_default());
+    let svc = info.dst_service.as_deref();
+    TrafficLabels {
+        reporter: info.reporter,
+        source_workload: w(s, |w| if w.workload_name.is_empty() { &w.name } else { &w.workload_name }),
+        source_canonical_service: w(s, |w| &w.canonical_name),
+        source_canonical_revision: w(s, |w| &w.canonical_revision),
+        source_workload_namespace: w(s, |w| &w.namespace),
+        source_principal: principal(&info.src_identity),
+        source_app: w(s, |w| &w.canonical_name),
+        source_version: w(s, |w| &w.canonical_revision),
+        source_cluster: w(s, |w| &w.cluster_id),
+        destination_service: Label(svc.map(|s| s.hostname.clone()).unwrap_or_default()),
+        destination_service_namespace: Label(svc.map(|s| s.namespace.clone()).unwrap_or_default()),
+        destination_service_name: Label(svc.map(|s| s.name.clone()).unwrap_or_default()),
+        destination_workload: w(d, |w| if w.workload_name.is_empty() { &w.name } else { &w.workload_name }),
+        destination_canonical_service: w(d, |w| &w.canonical_name),
+        destination_canonical_revision: w(d, |w| &w.canonical_revision),
+        destination_workload_namespace: w(d, |w| &w.namespace),
+        destination_principal: principal(&info.dst_identity),
+        destination_app: w(d, |w| &w.canonical_name),
+        destination_version: w(d, |w| &w.canonical_revision),
+        destination_cluster: w(d, |w| &w.cluster_id),
+        request_protocol: Label("tcp".into()),
+        response_flags: Label(flag.as_str().into()),
+        connection_security_policy: Label(if info.mtls { "mutual_tls" } else { "unknown" }.into()),
+    }
+}

@@ -1,0 +1,183 @@
+//! Outbound (15001): captured app connections, routed by original destination to HBONE,
+//! plain TCP, or passthrough.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use http::{HeaderMap, HeaderValue};
+use tokio::net::TcpStream;
+
+use crate::copy::{self, H2Sink, H2Source, TcpSink, TcpSource};
+use crate::hbone::pool::{PoolKey, TunnelError};
+use crate::inputs::Inputs;
+use crate::listener::is_illegal_port;
+use crate::metrics::{self, ConnectionInfo, ConnectionRecord, Flag, Reporter};
+use crate::state::{RouteKind, Workload};
+
+/// Serves one captured outbound connection.
+pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: SocketAddr) {
+    let peer = crate::socket::canonical(peer);
+    let orig = match crate::socket::original_dst(&stream) {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::warn!(src.addr = %peer, error = %e, "no original destination");
+            return;
+        }
+    };
+    let mut info = ConnectionInfo {
+        reporter: Reporter::source,
+        src_addr: peer,
+        src_workload: None,
+        src_identity: None,
+        dst_addr: orig,
+        hbone_addr: None,
+        dst_service: None,
+        dst_workload: None,
+        dst_identity: None,
+        mtls: false,
+    };
+    let local_addr = stream.local_addr().ok().map(crate::socket::canonical);
+    if (crate::socket::is_loopback(orig.ip()) && is_illegal_port(orig.port())) || Some(orig) == local_addr {
+        return metrics::record_failure(&inputs.metrics, &info, Flag::Connect, &"attempted recursive call to ourselves");
+    }
+    if let Err(e) = inputs.sockets.tune(&stream) {
+        tracing::debug!(error = %e, "could not tune downstream socket");
+    }
+    let local = match inputs.local_workload().await {
+        Ok(w) => w,
+        Err(e) => return metrics::record_failure(&inputs.metrics, &info, Flag::Connect, &e),
+    };
+    info.src_workload = Some(local.clone());
+    let state = inputs.state.current();
+    let route = match state.route_outbound(&local, &inputs.cfg.network, orig) {
+        Ok(r) => r,
+        Err(e) => return metrics::record_failure(&inputs.metrics, &info, Flag::Connect, &e),
+    };
+    info.dst_service = route.destination_service.clone();
+    info.dst_workload = route.destination_workload.clone();
+    drop(state);
+    match route.kind {
+        RouteKind::Hbone { target, authority, expected } => {
+            let src_identity = inputs.identity_of(&local);
+            info.mtls = true;
+            info.src_identity = Some(src_identity.clone());
+            info.dst_addr = target;
+            info.hbone_addr = Some(authority);
+            info.dst_identity = info
+                .dst_workload
+                .as_deref()
+                .map(|w| inputs.identity_of(w))
+                .or_else(|| expected.first().cloned());
+            let key = PoolKey { src_identity, dst_identities: expected, dst: target, src_ip: peer.ip() };
+            let headers = request_headers(&local, peer, route.destination_service.as_deref().map(|s| s.hostname.as_str()));
+            let tunnel = match inputs.pool.connect(&key, authority, &headers).await {
+                Ok(t) => t,
+                Err(e) => return metrics::record_failure(&inputs.metrics, &info, flag_of(&e), &e),
+            };
+            let record = ConnectionRecord::open(&inputs.metrics, info);
+            let (dr, dw) = stream.into_split();
+            let copy = copy::bidirectional(
+                (TcpSource::new(dr), TcpSink(dw)),
+                (H2Source(tunnel.recv), H2Sink(tunnel.send)),
+                &record.counters,
+            );
+            finish(&inputs, record, copy).await;
+        }
+        RouteKind::Tcp { target } | RouteKind::Passthrough { target } => {
+            info.dst_addr = target;
+            let up = match tokio::time::timeout(
+                std::time::Duration::from_secs(10),
+                inputs.sockets.connect(target, None),
+            )
+            .await
+            {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    return metrics::record_failure(&inputs.metrics, &info, Flag::Connect, &format!("connection failed: {e}"));
+                }
+                Err(_) => {
+                    return metrics::record_failure(&inputs.metrics, &info, Flag::Connect, &"connection failed: timed out");
+                }
+            };
+            let record = ConnectionRecord::open(&inputs.metrics, info);
+            let (dr, dw) = stream.into_split();
+            let (ur, uw) = up.into_split();
+            let copy = copy::bidirectional(
+                (TcpSource::new(dr), TcpSink(dw)),
+                (TcpSource::new(ur), TcpSink(uw)),
+                &record.counters,
+            );
+            finish(&inputs, record, copy).await;
+        }
+    }
+}
+
+async fn finish(
+    inputs: &Inputs,
+    record: ConnectionRecord,
+    copy: impl Future<Output = (copy::Transferred, std::io::Result<()>)>,
+) {
+    tokio::select! {
+        (t, res) = copy => {
+            let err = res.err().map(|e| e.to_string());
+            record.finish(t, err.as_ref().map(|e| e as &dyn std::fmt::Display));
+        }
+        _ = inputs.drain.forced() => {
+            record.finish(Default::default(), Some(&"connection failed to drain within the timeout"));
+        }
+    }
+}
+
+fn flag_of(e: &TunnelError) -> Flag {
+    match e {
+        TunnelError::ConnectTimeout(_) => Flag::NetworkPolicy,
+        TunnelError::Tls(_) => Flag::TlsFailure,
+        TunnelError::H2Handshake(_) => Flag::H2HandshakeFailure,
+        TunnelError::Identity(_) => Flag::IdentityError,
+        TunnelError::Status(s) if *s == http::StatusCode::UNAUTHORIZED => Flag::Deny,
+        _ => Flag::Connect,
+    }
+}
+
+/// Request headers of a CONNECT: baggage, forwarded, traceparent.
+fn request_headers(src: &Workload, client: SocketAddr, service_host: Option<&str>) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    if let Ok(v) = HeaderValue::from_str(&baggage(src)) {
+        h.insert("baggage", v);
+    }
+    let mut fwd = format!("for=\"{client}\"");
+    if let Some(host) = service_host {
+        fwd.push_str(";host=");
+        fwd.push_str(host);
+    }
+    if let Ok(v) = HeaderValue::from_str(&fwd) {
+        h.insert("forwarded", v);
+    }
+    let trace: u128 = rand::random();
+    let span: u64 = rand::random();
+    if let Ok(v) = HeaderValue::from_str(&format!("00-{trace:032x}-{span:016x}-00")) {
+        h.insert("traceparent", v);
+    }
+    h
+}
+
+/// The W3C baggage describing a workload (empty items omitted).
+pub fn baggage(w: &Workload) -> String {
+    let mut parts: Vec<String> = Vec::with_capacity(7);
+    let mut push = |k: &str, v: &str| {
+        if !v.is_empty() {
+            parts.push(format!("{k}={v}"));
+        }
+    };
+    push("k8s.cluster.name", &w.cluster_id);
+    push("k8s.namespace.name", &w.namespace);
+    if !w.workload_name.is_empty() {
+        let kind = if w.workload_type.is_empty() { "deployment".to_owned() } else { w.workload_type.to_ascii_lowercase() };
+        push(&format!("k8s.{kind}.name"), &w.workload_name);
+    }
+    push("service.name", &w.canonical_name);
+    push("service.version", &w.canonical_revision);
+    push("cloud.region", &w.locality.region);
+    push("cloud.availability_zone", &w.locality.zone);
+    parts.join(",")
+}

@@ -1,0 +1,78 @@
+//! Inbound plaintext (15006): captured connections to the pod that did not come over HBONE;
+//! authorized without a peer identity (so policies requiring mTLS refuse them).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpStream;
+
+use crate::authz::{self, Connection, Decision};
+use crate::copy::{self, TcpSink, TcpSource};
+use crate::inputs::Inputs;
+use crate::listener::is_illegal_port;
+use crate::metrics::{self, ConnectionInfo, ConnectionRecord, Flag, Reporter};
+
+/// Serves one captured plaintext inbound connection.
+pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: SocketAddr) {
+    let peer = crate::socket::canonical(peer);
+    let orig = match crate::socket::original_dst(&stream) {
+        Ok(a) => a,
+        Err(_) => return,
+    };
+    let state = inputs.state.current();
+    let mut info = ConnectionInfo {
+        reporter: Reporter::destination,
+        src_addr: peer,
+        src_workload: state.workload_by_addr(&inputs.cfg.network, peer.ip()),
+        src_identity: None,
+        dst_addr: orig,
+        hbone_addr: None,
+        dst_service: None,
+        dst_workload: None,
+        dst_identity: None,
+        mtls: false,
+    };
+    let local_addr = stream.local_addr().ok().map(crate::socket::canonical);
+    if is_illegal_port(orig.port()) || Some(orig) == local_addr {
+        return metrics::record_failure(&inputs.metrics, &info, Flag::Connect, &"attempted recursive call to ourselves");
+    }
+    let _ = inputs.sockets.tune(&stream);
+    let local = match inputs.local_workload().await {
+        Ok(w) => w,
+        Err(e) => return metrics::record_failure(&inputs.metrics, &info, Flag::Connect, &e),
+    };
+    info.dst_workload = Some(local.clone());
+    info.dst_service = state.guess_service(&local, orig.port());
+    let conn = Connection { src_ip: peer.ip(), src_identity: None, dst_ip: orig.ip(), dst_port: orig.port() };
+    let policies = state.policies_for(&local);
+    if let Decision::Deny(reason) = authz::evaluate(policies.iter().map(|p| p.as_ref()), &conn) {
+        let e = format!("connection closed due to policy rejection: {reason}");
+        return metrics::record_failure(&inputs.metrics, &info, Flag::Deny, &e);
+    }
+    drop(state);
+    let spoof = (inputs.transparent && peer.ip() != orig.ip()).then_some(peer.ip());
+    let app = match tokio::time::timeout(std::time::Duration::from_secs(10), inputs.sockets.connect(orig, spoof)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            return metrics::record_failure(&inputs.metrics, &info, Flag::Connect, &format!("connection failed: {e}"));
+        }
+        Err(_) => return metrics::record_failure(&inputs.metrics, &info, Flag::Connect, &"connection failed: timed out"),
+    };
+    let registration = inputs.connections.register(conn, local);
+    let record = ConnectionRecord::open(&inputs.metrics, info);
+    let (dr, dw) = stream.into_split();
+    let (ur, uw) = app.into_split();
+    let copy = copy::bidirectional((TcpSource::new(dr), TcpSink(dw)), (TcpSource::new(ur), TcpSink(uw)), &record.counters);
+    tokio::select! {
+        (t, res) = copy => {
+            let err = res.err().map(|e| e.to_string());
+            record.finish(t, err.as_ref().map(|e| e as &dyn std::fmt::Display));
+        }
+        _ = registration.closed.cancelled() => {
+            record.finish(Default::default(), Some(&"connection closed due to policy change"));
+        }
+        _ = inputs.drain.forced() => {
+            record.finish(Default::default(), Some(&"connection failed to drain within the timeout"));
+        }
+    }
+}

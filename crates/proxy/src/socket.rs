@@ -1,0 +1,174 @@
+//! Socket plumbing: listeners, marks, original destination, transparent (spoofed-source) dials.
+
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::time::Duration;
+
+use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+
+/// Options applied to every socket the proxy creates or accepts.
+#[derive(Clone, Debug)]
+pub struct SocketOptions {
+    /// `SO_MARK` on proxy sockets (`PACKET_MARK`), so capture rules let them through.
+    pub mark: Option<u32>,
+    /// TCP keepalive settings; `None` disables keepalive.
+    pub keepalive: Option<Keepalive>,
+    /// Also set `TCP_USER_TIMEOUT` = time + retries × interval.
+    pub user_timeout: bool,
+}
+
+/// TCP keepalive probe timing.
+#[derive(Clone, Copy, Debug)]
+pub struct Keepalive {
+    /// Idle time before the first probe.
+    pub time: Duration,
+    /// Interval between probes.
+    pub interval: Duration,
+    /// Probes before the connection is dropped.
+    pub retries: u32,
+}
+
+/// Why a listener could not be opened.
+#[derive(Debug, thiserror::Error)]
+#[error("failed to bind to address {addr}: {source}")]
+pub struct BindError {
+    /// The address that could not be bound.
+    pub addr: SocketAddr,
+    /// The OS error.
+    #[source]
+    pub source: io::Error,
+}
+
+impl SocketOptions {
+    /// Applies `SO_MARK` to a socket, if configured.
+    pub fn mark(&self, sock: SockRef<'_>) -> io::Result<()> {
+        match self.mark {
+            Some(m) => sock.set_mark(m),
+            None => Ok(()),
+        }
+    }
+
+    /// Applies per-connection options (nodelay, keepalive, user timeout) to a connected socket.
+    pub fn tune(&self, stream: &TcpStream) -> io::Result<()> {
+        stream.set_nodelay(true)?;
+        let sock = SockRef::from(stream);
+        if let Some(ka) = self.keepalive {
+            let params = TcpKeepalive::new()
+                .with_time(ka.time)
+                .with_interval(ka.interval)
+                .with_retries(ka.retries);
+            sock.set_tcp_keepalive(&params)?;
+            if self.user_timeout {
+                sock.set_tcp_user_timeout(Some(ka.time + ka.interval * ka.retries))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Binds a listener with `SO_REUSEADDR`, optionally `SO_REUSEPORT`, and the mark.
+    ///
+    /// A `[::]` address is bound dual-stack.
+    pub fn listen(&self, addr: SocketAddr, reuse_port: bool) -> Result<TcpListener, BindError> {
+        let bind = || -> io::Result<TcpListener> {
+            let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+            if addr.is_ipv6() {
+                sock.set_only_v6(false)?;
+            }
+            sock.set_reuse_address(true)?;
+            if reuse_port {
+                sock.set_reuse_port(true)?;
+            }
+            sock.set_nonblocking(true)?;
+            self.mark(SockRef::from(&sock))?;
+            sock.bind(&addr.into())?;
+            sock.listen(1024)?;
+            TcpListener::from_std(sock.into())
+        };
+        bind().map_err(|source| BindError { addr, source })
+    }
+
+    /// Dials `dst`, marked, optionally from a spoofed source address (`IP_TRANSPARENT`).
+    pub async fn connect(&self, dst: SocketAddr, src: Option<IpAddr>) -> io::Result<TcpStream> {
+        let sock = match dst {
+            SocketAddr::V4(_) => TcpSocket::new_v4()?,
+            SocketAddr::V6(_) => TcpSocket::new_v6()?,
+        };
+        self.mark(SockRef::from(&sock))?;
+        if let Some(src) = src {
+            let src = canonical_ip(src);
+            if src.is_ipv4() == dst.is_ipv4() {
+                let s = SockRef::from(&sock);
+                if dst.is_ipv4() {
+                    s.set_ip_transparent_v4(true)?;
+                    s.set_freebind_v4(true)?;
+                } else {
+                    s.set_ip_transparent_v6(true)?;
+                    s.set_freebind_v6(true)?;
+                }
+                sock.bind(SocketAddr::new(src, 0))?;
+            }
+        }
+        let stream = sock.connect(dst).await?;
+        self.tune(&stream)?;
+        Ok(stream)
+    }
+}
+
+/// Reads the pre-redirect destination of a captured connection (`SO_ORIGINAL_DST`), falling
+/// back to the local address (TPROXY, or no redirect).
+pub fn original_dst(stream: &TcpStream) -> io::Result<SocketAddr> {
+    let sock = SockRef::from(stream);
+    let local = stream.local_addr()?;
+    let orig = if local.is_ipv4() || is_v4_mapped(local.ip()) {
+        sock.original_dst_v4()
+    } else {
+        sock.original_dst_v6()
+    };
+    let addr = match orig.ok().and_then(|a| a.as_socket()) {
+        Some(a) => a,
+        None => local,
+    };
+    Ok(canonical(addr))
+}
+
+/// Whether the proxy can spoof source addresses here (`IP_TRANSPARENT` needs CAP_NET_ADMIN).
+pub fn transparent_available() -> bool {
+    Socket::new(Domain::IPV4, Type::STREAM, None)
+        .and_then(|s| s.set_ip_transparent_v4(true))
+        .is_ok()
+}
+
+/// Unmaps v4-mapped IPv6 addresses, so `::ffff:10.0.0.1` and `10.0.0.1` compare equal.
+pub fn canonical(addr: SocketAddr) -> SocketAddr {
+    SocketAddr::new(canonical_ip(addr.ip()), addr.port())
+}
+
+/// See [`canonical`].
+pub fn canonical_ip(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(v6),
+        },
+        v4 => v4,
+    }
+}
+
+fn is_v4_mapped(ip: IpAddr) -> bool {
+    matches!(ip, IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some())
+}
+
+/// The unspecified address to bind "all interfaces" with, per IPv6 setting.
+pub fn unspecified(ipv6: bool) -> IpAddr {
+    if ipv6 {
+        IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+    } else {
+        IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+    }
+}
+
+/// Whether an address is a loopback address (after unmapping).
+pub fn is_loopback(ip: IpAddr) -> bool {
+    canonical_ip(ip).is_loopback()
+}
