@@ -200,10 +200,10 @@ fn net_contains(net: &IpNet, ip: IpAddr) -> bool {
     match (net, ip) {
         (IpNet::V4(net), IpAddr::V4(ip)) => net.contains(&ip),
         (IpNet::V6(net), IpAddr::V6(ip)) => net.contains(&ip),
+        // A prefix shorter than /96 masks part of the `ffff` marker, so the network address
+        // of such a range is not IPv4-mapped.
         (IpNet::V6(net), IpAddr::V4(ip)) => {
-            net.prefix_len() >= 96
-                && net.network().to_ipv4_mapped().is_some()
-                && net.contains(&ip.to_ipv6_mapped())
+            net.network().to_ipv4_mapped().is_some() && net.contains(&ip.to_ipv6_mapped())
         }
         (IpNet::V4(_), IpAddr::V6(_)) => false,
     }
@@ -263,4 +263,4 @@ impl fmt::Display for Key<'_> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;

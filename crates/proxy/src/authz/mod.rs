@@ -116,8 +116,49 @@ pub enum StringMatch {
     Prefix(String),
     /// A suffix of the value.
     Suffix(String),
-    /// Any non-empty value.
+    /// Any non-empty value; written `{Presence: []}` (an empty list, null or `{}` are read).
+    #[serde(deserialize_with = "presence_payload")]
     Presence(),
+}
+
+/// Reads the payload of `Presence`: nothing, however it is spelled.
+///
+/// Needed because serde_json's `Value` deserializer hands an empty list to a tuple variant as
+/// unit, so the derived impl would refuse the `{"Presence":[]}` it writes itself.
+fn presence_payload<'de, D: serde::Deserializer<'de>>(d: D) -> Result<(), D::Error> {
+    struct Empty;
+
+    impl<'de> serde::de::Visitor<'de> for Empty {
+        type Value = ();
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an empty list, null or an empty map")
+        }
+
+        fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
+            Ok(())
+        }
+
+        fn visit_none<E: serde::de::Error>(self) -> Result<(), E> {
+            Ok(())
+        }
+
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+            match seq.next_element::<serde::de::IgnoredAny>()? {
+                None => Ok(()),
+                Some(_) => Err(serde::de::Error::invalid_length(1, &self)),
+            }
+        }
+
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+            match map.next_key::<serde::de::IgnoredAny>()? {
+                None => Ok(()),
+                Some(_) => Err(serde::de::Error::invalid_length(1, &self)),
+            }
+        }
+    }
+
+    d.deserialize_any(Empty)
 }
 
 /// The attributes of a connection that policies match on.
@@ -132,3 +173,6 @@ pub struct Connection {
     /// Destination target port (the port actually dialed on the pod).
     pub dst_port: u16,
 }
+
+#[cfg(test)]
+mod tests;

@@ -15,6 +15,9 @@ use crate::authz::{
 
 // ---- helpers -------------------------------------------------------------------------------
 
+/// Rules of a policy: OR of rules, each an AND of clauses, each an OR of matches.
+type Rules = Vec<Vec<Vec<Match>>>;
+
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap_or_else(|e| panic!("bad test IP {s}: {e}"))
 }
@@ -67,7 +70,7 @@ fn sa(ns: &str, sa: &str) -> ServiceAccountMatch {
     }
 }
 
-fn policy(name: &str, action: Action, rules: Vec<Vec<Vec<Match>>>) -> Authorization {
+fn policy(name: &str, action: Action, rules: Rules) -> Authorization {
     Authorization {
         name: name.into(),
         namespace: "ns".into(),
@@ -79,7 +82,7 @@ fn policy(name: &str, action: Action, rules: Vec<Vec<Vec<Match>>>) -> Authorizat
 }
 
 /// One rule of one clause of one match.
-fn single(m: Match) -> Vec<Vec<Vec<Match>>> {
+fn single(m: Match) -> Rules {
     vec![vec![vec![m]]]
 }
 
@@ -198,6 +201,8 @@ fn net_contains_is_family_aware() {
     assert!(!net_contains(&net("::ffff:10.0.0.0/120"), ip("10.0.1.1")));
     // A range that only partly overlaps the mapped space does not match IPv4 peers.
     assert!(!net_contains(&net("::/64"), ip("1.2.3.4")));
+    assert!(!net_contains(&net("::ffff:0:0/95"), ip("1.2.3.4")));
+    assert!(!net_contains(&net("::/0"), ip("1.2.3.4")));
     assert!(!net_contains(&net("10.0.0.0/8"), ip("::1")));
 }
 
@@ -209,7 +214,7 @@ fn rule_and_clause_structure() {
     let hit = || ports(&[80]);
     let miss = || ports(&[81]);
     #[rustfmt::skip]
-    let table: Vec<(&str, Vec<Vec<Vec<Match>>>, bool)> = vec![
+    let table: Vec<(&str, Rules, bool)> = vec![
         ("zero rules never match", vec![], false),
         ("rule with zero clauses matches", vec![vec![]], true),
         ("clause with zero matches counts as matched", vec![vec![vec![], vec![hit()]]], true),
