@@ -236,3 +236,98 @@ fn drain_and_handoff() {
     assert!(old.wait_timeout(Duration::from_secs(10)).is_some(), "old proxy did not exit after draining");
     drop(new);
 }
+
+/// Bad input on 15008 and in the config file, each answered as the spec says while the proxy
+/// keeps serving everyone else.
+#[test]
+fn bad_input_is_rejected_and_service_continues() {
+    if !require_root() {
+        return;
+    }
+    let mesh = Mesh::new();
+    let a = mesh.pod("a", "client");
+    let b = mesh.pod("b", "server");
+    let outside = mesh.outside_pod("e");
+    mesh.write_config(&[&a, &b], &[], &[]);
+    let _pa = mesh.start_proxy(&a);
+    let pb = mesh.start_proxy(&b);
+    let _echo = b.pod.echo_server(8080);
+    let hbone = b.pod.addr4(15008);
+    let ca = ambit_identity::FakeCa::from_dir(&mesh.ca_dir()).expect("shared dev CA");
+    let client = ambit_identity::Identity::new("cluster.local", "default", "client");
+    let server = ambit_identity::Identity::new("cluster.local", "default", "server");
+    let good = ca.issue(&client, Duration::from_secs(3600)).expect("issue");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+
+    // A well-formed CONNECT from a hand-built client works (the checks below are not vacuous).
+    let status = rt.block_on(raw::connect(&outside, hbone, &good, &server, "CONNECT", &b.pod.addr4(8080).to_string()));
+    assert_eq!(status.expect("valid CONNECT"), 200);
+    // Not CONNECT: 400.
+    let status = rt.block_on(raw::connect(&outside, hbone, &good, &server, "GET", &b.pod.addr4(8080).to_string()));
+    assert_eq!(status.expect("GET answered"), 400);
+    // CONNECT to an address the pod does not own: 400.
+    let status = rt.block_on(raw::connect(&outside, hbone, &good, &server, "CONNECT", &a.pod.addr4(8080).to_string()));
+    assert_eq!(status.expect("foreign authority answered"), 400);
+    // A client certificate from another trust domain (same root): the handshake is refused.
+    let foreign = ca
+        .issue(&ambit_identity::Identity::new("evil.example", "default", "client"), Duration::from_secs(3600))
+        .expect("issue");
+    let r = rt.block_on(raw::connect(&outside, hbone, &foreign, &server, "CONNECT", &b.pod.addr4(8080).to_string()));
+    assert!(r.is_err(), "a foreign trust domain was accepted: {r:?}");
+    // Garbage instead of a TLS ClientHello: the proxy closes the connection.
+    let mut g = outside.connect_tcp(hbone).expect("tcp to 15008");
+    g.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    g.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n\x00\x01garbage").expect("write garbage");
+    let mut buf = Vec::new();
+    let _ = g.read_to_end(&mut buf);
+    assert!(!contains(&buf, b"HTTP/1.1 200"), "garbage got an HTTP answer");
+    // A malformed config on reload: rejected with an error, previous state kept.
+    mesh.write_raw("workloads: [ {uid: broken, workloadIps: [\"not-an-ip\"\n");
+    assert!(
+        wait_for(Duration::from_secs(5), || pb.logs().contains("rejected")),
+        "no error logged for the broken config:\n{}",
+        pb.logs()
+    );
+    assert_echo(&a.pod, b.pod.addr4(8080), "after all of the above, A still reaches B");
+    mesh.write_config(&[&a, &b], &[], &[]);
+    assert_echo(&a.pod, b.pod.addr4(8080), "after the config is repaired");
+}
+
+/// A hand-built HBONE client, to send what a well-behaved proxy never would.
+mod raw {
+    use super::*;
+    use ambit_identity::{Identity, WorkloadCertificate};
+
+    /// TLS + HTTP/2 to `hbone` from inside `from`, one request; returns the response status.
+    pub async fn connect(
+        from: &Pod,
+        hbone: SocketAddr,
+        cert: &WorkloadCertificate,
+        server: &Identity,
+        method: &str,
+        authority: &str,
+    ) -> Result<u16, String> {
+        let std = from.connect_tcp(hbone).map_err(|e| format!("tcp: {e}"))?;
+        std.set_nonblocking(true).map_err(|e| e.to_string())?;
+        let tcp = tokio::net::TcpStream::from_std(std).map_err(|e| e.to_string())?;
+        let tls = tokio_rustls::TlsConnector::from(cert.client_config(std::slice::from_ref(server)))
+            .connect(rustls_pki_types::ServerName::IpAddress(hbone.ip().into()), tcp)
+            .await
+            .map_err(|e| format!("tls: {e}"))?;
+        let (mut send, conn) = h2::client::handshake(tls).await.map_err(|e| format!("h2: {e}"))?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let req = http::Request::builder()
+            .method(method)
+            .uri(if method == "CONNECT" { authority.to_owned() } else { format!("https://{authority}/") })
+            .body(())
+            .map_err(|e| e.to_string())?;
+        let (resp, _body) = send.send_request(req, false).map_err(|e| format!("send: {e}"))?;
+        let resp = tokio::time::timeout(Duration::from_secs(10), resp)
+            .await
+            .map_err(|_| "no response".to_owned())?
+            .map_err(|e| format!("response: {e}"))?;
+        Ok(resp.status().as_u16())
+    }
+}

@@ -237,3 +237,10 @@ pub fn roundtrip(s: &mut std::net::TcpStream, data: &[u8]) {
     s.read_exact(&mut buf).expect("read echo");
     assert_eq!(buf, data);
 }
+
+impl Mesh {
+    /// The shared dev CA directory (root-cert.pem, root-key.pem).
+    pub fn ca_dir(&self) -> PathBuf {
+        self.dir.path().join("ca")
+    }
+}
