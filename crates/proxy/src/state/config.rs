@@ -34,7 +34,8 @@ pub enum LocalConfigError {
         source: std::io::Error,
     },
     /// The YAML is malformed or does not match the expected shape.
-    #[error("invalid local config YAML{}: {source}", location_suffix(*.line, *.column))]
+    // The parser's report already names the line and column and shows the offending snippet.
+    #[error("invalid local config YAML: {source}")]
     Yaml {
         /// 1-based line of the problem, when known.
         line: Option<u64>,
@@ -44,9 +45,7 @@ pub enum LocalConfigError {
         source: Box<serde_saphyr::Error>,
     },
     /// A workload's `services` key is not `<namespace>/<hostname>`.
-    #[error(
-        "workload {uid:?}: services key {key:?} is not of the form \"<namespace>/<hostname>\""
-    )]
+    #[error("workload {uid:?}: services key {key:?} is not of the form \"<namespace>/<hostname>\"")]
     ServiceKey {
         /// The workload.
         uid: String,
@@ -90,13 +89,5 @@ impl LocalConfig {
             source,
         })?;
         Self::parse(&text)
-    }
-}
-
-fn location_suffix(line: Option<u64>, column: Option<u64>) -> String {
-    match (line, column) {
-        (Some(l), Some(c)) => format!(" at line {l}, column {c}"),
-        (Some(l), None) => format!(" at line {l}"),
-        _ => String::new(),
     }
 }

@@ -68,7 +68,10 @@ pub struct State {
 impl State {
     /// Builds a snapshot from a configuration; `node_name` restricts the node-local index
     /// (`None` = every workload is node-local).
-    pub fn from_config(cfg: LocalConfig, node_name: Option<&str>) -> Result<State, LocalConfigError> {
+    pub fn from_config(
+        cfg: LocalConfig,
+        node_name: Option<&str>,
+    ) -> Result<State, LocalConfigError> {
         let mut state = State::default();
 
         // Services first, keyed by ns/hostname; a later duplicate replaces an earlier one.
@@ -134,7 +137,11 @@ impl State {
         state
             .services
             .sort_by(|a, b| (&a.hostname, &a.namespace).cmp(&(&b.hostname, &b.namespace)));
-        for list in state.local_identities.values_mut().flat_map(|m| m.values_mut()) {
+        for list in state
+            .local_identities
+            .values_mut()
+            .flat_map(|m| m.values_mut())
+        {
             list.sort_by(|a, b| a.uid.cmp(&b.uid));
         }
 
@@ -220,10 +227,9 @@ impl State {
 
     /// Best service with `hostname`, preferring `namespace`, then canonical, then the first.
     pub fn service_by_hostname(&self, hostname: &str, namespace: &str) -> Option<Arc<Service>> {
-        best(
-            self.services_by_hostname.get(hostname)?.iter(),
-            |s| (s.namespace == namespace, s.canonical),
-        )
+        best(self.services_by_hostname.get(hostname)?.iter(), |s| {
+            (s.namespace == namespace, s.canonical)
+        })
         .cloned()
     }
 
@@ -299,8 +305,11 @@ impl State {
         let mut workloads: Vec<&Workload> = self.workloads.values().map(|w| &**w).collect();
         workloads.sort_by(|a, b| a.uid.cmp(&b.uid));
         let services: Vec<&Service> = self.services.iter().map(|s| &**s).collect();
-        let mut policies: Vec<(String, &Authorization)> =
-            self.policies.iter().map(|(k, p)| (k.clone(), &**p)).collect();
+        let mut policies: Vec<(String, &Authorization)> = self
+            .policies
+            .iter()
+            .map(|(k, p)| (k.clone(), &**p))
+            .collect();
         policies.sort_by(|a, b| a.0.cmp(&b.0));
         let policies: Vec<&Authorization> = policies.into_iter().map(|(_, p)| p).collect();
         serde_json::json!({

@@ -14,6 +14,8 @@ use super::model::{
 };
 
 /// A converted `istio.workload.Address` resource.
+// Short-lived (converted, then moved into the store), so the size difference does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Address {
     /// A workload.
@@ -212,13 +214,13 @@ impl TryFrom<pb::Service> for Service {
             match a.length {
                 Some(len) if len != full => {
                     let prefix = u8::try_from(len).ok().filter(|l| u32::from(*l) <= full);
-                    let cidr = prefix
-                        .and_then(|p| IpNet::new(address, p).ok())
-                        .ok_or(ProtoError::PrefixLength {
+                    let cidr = prefix.and_then(|p| IpNet::new(address, p).ok()).ok_or(
+                        ProtoError::PrefixLength {
                             field: "Service.addresses",
                             address,
                             len,
-                        })?;
+                        },
+                    )?;
                     cidr_vips.push(CidrVip {
                         network: a.network,
                         cidr,
@@ -348,7 +350,12 @@ fn gateway(field: &'static str, g: pb::GatewayAddress) -> Result<GatewayAddress,
 fn port_map(field: &'static str, ports: &[pb::Port]) -> Result<BTreeMap<u16, u16>, ProtoError> {
     ports
         .iter()
-        .map(|p| Ok((port16(field, p.service_port)?, port16(field, p.target_port)?)))
+        .map(|p| {
+            Ok((
+                port16(field, p.service_port)?,
+                port16(field, p.target_port)?,
+            ))
+        })
         .collect()
 }
 

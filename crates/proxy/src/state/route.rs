@@ -293,7 +293,10 @@ impl State {
     /// Whether `source` is the waypoint `gw` (same identity and a shared address).
     fn is_from_waypoint(&self, source: &Workload, gw: &GatewayAddress) -> bool {
         let is_source = |w: &Workload| {
-            same_identity(w, source) && w.workload_ips.iter().any(|ip| source.workload_ips.contains(ip))
+            same_identity(w, source)
+                && w.workload_ips
+                    .iter()
+                    .any(|ip| source.workload_ips.contains(ip))
         };
         let svc_has_source = |svc: &Service| {
             svc.endpoints
@@ -351,7 +354,14 @@ fn reachable(w: &Workload, source: &Workload, svc: &Service) -> bool {
 /// Locality rank of `w` for `source` (§4.5); `None` drops the endpoint (STRICT mismatch).
 fn rank(lb: Option<&LoadBalancer>, source: &Workload, w: &Workload) -> Option<usize> {
     let lb = match lb {
-        Some(lb) if matches!(lb.mode, LoadBalancerMode::Strict | LoadBalancerMode::Failover) => lb,
+        Some(lb)
+            if matches!(
+                lb.mode,
+                LoadBalancerMode::Strict | LoadBalancerMode::Failover
+            ) =>
+        {
+            lb
+        }
         _ => return Some(0),
     };
     let prefs = &lb.routing_preferences;

@@ -101,9 +101,15 @@ pub async fn watch_local_file(
         };
         reported_missing = false;
         let (mtime, len) = (meta.modified().ok(), meta.len());
-        if seen
-            .as_ref()
-            .is_some_and(|s| s.mtime == mtime && s.len == len)
+        // Metadata alone is trusted only once the mtime is old enough that a same-size rewrite
+        // could not share it (coarse filesystem timestamps); otherwise compare content.
+        let settled = mtime
+            .and_then(|m| SystemTime::now().duration_since(m).ok())
+            .is_some_and(|age| age > MTIME_GRANULARITY);
+        if settled
+            && seen
+                .as_ref()
+                .is_some_and(|s| s.mtime == mtime && s.len == len)
         {
             continue;
         }
@@ -141,6 +147,9 @@ pub async fn watch_local_file(
         }
     }
 }
+
+/// Upper bound on filesystem timestamp granularity.
+const MTIME_GRANULARITY: Duration = Duration::from_secs(2);
 
 fn build(text: &str, node_name: Option<&str>) -> Result<State, LocalConfigError> {
     State::from_config(LocalConfig::parse(text)?, node_name)
