@@ -361,3 +361,16 @@ fn gateway_destination_forms() {
     assert!("no-slash".parse::<Destination>().is_err());
     assert!("ns/".parse::<Destination>().is_err());
 }
+
+#[test]
+fn string_match_tag_form() {
+    let yaml = "policies:\n- name: p\n  namespace: n\n  rules: [[[{principals: [!Exact x, !Suffix y]}]]]\n";
+    let cfg = LocalConfig::parse(yaml).unwrap();
+    assert_eq!(
+        cfg.policies[0].rules[0][0][0].principals,
+        vec![
+            StringMatch::Exact("x".into()),
+            StringMatch::Suffix("y".into())
+        ]
+    );
+}
