@@ -1,0 +1,199 @@
+//! Property tests: parsing and conversion never panic on arbitrary input.
+
+use proptest::prelude::*;
+
+use super::*;
+use ambit_api::workload as pb;
+
+fn bytes() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        prop::collection::vec(any::<u8>(), 4),
+        prop::collection::vec(any::<u8>(), 16),
+        prop::collection::vec(any::<u8>(), 0..20),
+    ]
+}
+
+fn gateway() -> impl Strategy<Value = Option<pb::GatewayAddress>> {
+    prop::option::of(
+        (
+            any::<u32>(),
+            prop::option::of((any::<bool>(), bytes(), ".{0,8}")),
+        )
+            .prop_map(|(port, dest)| pb::GatewayAddress {
+                hbone_mtls_port: port,
+                destination: dest.map(|(addr, b, s)| {
+                    if addr {
+                        pb::gateway_address::Destination::Address(pb::NetworkAddress {
+                            network: s,
+                            address: b,
+                            length: None,
+                        })
+                    } else {
+                        pb::gateway_address::Destination::Hostname(pb::NamespacedHostname {
+                            namespace: s.clone(),
+                            hostname: s,
+                        })
+                    }
+                }),
+            }),
+    )
+}
+
+fn ports() -> impl Strategy<Value = Vec<pb::Port>> {
+    prop::collection::vec(
+        (any::<u32>(), any::<u32>(), any::<i32>()).prop_map(|(s, t, a)| pb::Port {
+            service_port: s,
+            target_port: t,
+            app_protocol: a,
+        }),
+        0..3,
+    )
+}
+
+fn small_enum() -> impl Strategy<Value = i32> {
+    prop_oneof![0..4i32, any::<i32>()]
+}
+
+fn workload() -> impl Strategy<Value = pb::Workload> {
+    (
+        ".{0,12}",
+        prop::collection::vec(bytes(), 0..3),
+        small_enum(),
+        small_enum(),
+        gateway(),
+        prop::collection::hash_map(".{0,10}", ports(), 0..3),
+        prop::option::of(any::<u32>()),
+        prop::option::of((small_enum(), any::<u32>())),
+        (small_enum(), small_enum()),
+    )
+        .prop_map(
+            |(uid, addresses, tp, status, waypoint, services, capacity, tunnel, (wt, nm))| {
+                pb::Workload {
+                    uid,
+                    addresses,
+                    tunnel_protocol: tp,
+                    status,
+                    waypoint,
+                    services: services
+                        .into_iter()
+                        .map(|(k, p)| (k, pb::PortList { ports: p }))
+                        .collect(),
+                    capacity,
+                    application_tunnel: tunnel
+                        .map(|(protocol, port)| pb::ApplicationTunnel { protocol, port }),
+                    workload_type: wt,
+                    network_mode: nm,
+                    ..Default::default()
+                }
+            },
+        )
+}
+
+fn service() -> impl Strategy<Value = pb::Service> {
+    (
+        prop::collection::vec((bytes(), prop::option::of(any::<u32>())), 0..3),
+        ports(),
+        gateway(),
+        prop::option::of((
+            prop::collection::vec(small_enum(), 0..3),
+            small_enum(),
+            small_enum(),
+        )),
+        (small_enum(), small_enum()),
+        prop::collection::vec((gateway(), any::<u32>()), 0..2),
+    )
+        .prop_map(|(addrs, ports, waypoint, lb, (fam, vis), ww)| pb::Service {
+            hostname: "h".into(),
+            addresses: addrs
+                .into_iter()
+                .map(|(address, length)| pb::NetworkAddress {
+                    network: String::new(),
+                    address,
+                    length,
+                })
+                .collect(),
+            ports,
+            waypoint,
+            load_balancing: lb.map(
+                |(routing_preference, mode, health_policy)| pb::LoadBalancing {
+                    routing_preference,
+                    mode,
+                    health_policy,
+                },
+            ),
+            ip_families: fam,
+            visibility: vis,
+            weighted_waypoints: ww
+                .into_iter()
+                .map(|(destination, weight)| pb::WeightedWaypoint {
+                    destination,
+                    weight,
+                })
+                .collect(),
+            ..Default::default()
+        })
+}
+
+/// YAML-ish noise built from the tokens the format uses.
+fn yamlish() -> impl Strategy<Value = String> {
+    let token = prop_oneof![
+        Just("workloads:".to_owned()),
+        Just("services:".to_owned()),
+        Just("policies:".to_owned()),
+        Just("\n- ".to_owned()),
+        Just("\n  ".to_owned()),
+        Just("uid: a".to_owned()),
+        Just("namespace: d".to_owned()),
+        Just("workloadIps: [\"10.0.0.1\"]".to_owned()),
+        Just("vips: [\"/1.2.3.4\"]".to_owned()),
+        Just("hostname: h".to_owned()),
+        Just("rules: [[[{principals: [{Exact: x}]}]]]".to_owned()),
+        Just("services: {\"d/h\": {80: 8080}}".to_owned()),
+        Just("waypoint: {destination: \"/1.2.3.4\"}".to_owned()),
+        Just("&a ".to_owned()),
+        Just("*a".to_owned()),
+        Just("{".to_owned()),
+        Just("[".to_owned()),
+        Just("!Exact ".to_owned()),
+        ".{0,6}",
+    ];
+    prop::collection::vec(token, 0..24).prop_map(|v| v.concat())
+}
+
+proptest! {
+    #[test]
+    fn local_config_parse_never_panics(s in yamlish()) {
+        if let Ok(cfg) = LocalConfig::parse(&s) {
+            let _ = State::from_config(cfg, None);
+        }
+    }
+
+    #[test]
+    fn local_config_parse_never_panics_on_any_string(s in ".{0,200}") {
+        let _ = LocalConfig::parse(&s);
+    }
+
+    #[test]
+    fn proto_conversion_never_panics(w in workload(), s in service()) {
+        let converted = (Workload::try_from(w), Service::try_from(s));
+        // Whatever converts must also index and route without panicking.
+        if let (Ok(w), Ok(s)) = converted {
+            let st = State::from_config(
+                LocalConfig { workloads: vec![w.clone()], services: vec![s], policies: vec![] },
+                None,
+            );
+            if let Ok(st) = st {
+                for ip_ in w.workload_ips.iter().take(1) {
+                    let _ = st.route_outbound(&w, "", SocketAddr::new(*ip_, 80));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn authority_parse_never_panics(s in ".{0,40}") {
+        if let Ok(a) = s.parse::<Authority>() {
+            prop_assert_eq!(a.to_string().parse::<Authority>(), Ok(a));
+        }
+    }
+}

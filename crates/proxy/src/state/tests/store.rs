@@ -1,0 +1,89 @@
+//! Snapshot publication, notification and the local-file watcher.
+
+use std::time::Duration;
+
+use super::*;
+use crate::authz::Scope;
+
+const ONE_POLICY: &str = r#"
+workloads:
+- uid: u1
+  namespace: default
+  workloadIps: ["10.0.0.1"]
+policies:
+- {name: p, namespace: default, scope: Namespace}
+"#;
+
+fn parse(yaml: &str) -> State {
+    State::from_config(LocalConfig::parse(yaml).unwrap(), None).unwrap()
+}
+
+#[test]
+fn publish_notifies_and_tracks_policy_changes() {
+    let store = StateStore::new(State::default());
+    let mut any = store.subscribe();
+    let mut pol = store.subscribe_policies();
+    store.publish(parse(ONE_POLICY));
+    assert!(any.has_changed().unwrap() && pol.has_changed().unwrap());
+    any.mark_unchanged();
+    pol.mark_unchanged();
+    assert!(store.current().workload_by_uid("u1").is_some());
+
+    // Same policies, different workloads: only the general watcher fires.
+    store.publish(parse(&ONE_POLICY.replace("10.0.0.1", "10.0.0.2")));
+    assert!(any.has_changed().unwrap());
+    assert!(!pol.has_changed().unwrap());
+    any.mark_unchanged();
+
+    // Changed policy content fires the policy watcher.
+    store.publish(parse(
+        &ONE_POLICY.replace("scope: Namespace", "scope: Global"),
+    ));
+    assert!(any.has_changed().unwrap() && pol.has_changed().unwrap());
+    let cur = store.current();
+    assert_eq!(cur.policies().next().unwrap().scope, Scope::Global);
+}
+
+async fn wait_for(store: &StateStore, pred: impl Fn(&State) -> bool) -> bool {
+    for _ in 0..200 {
+        if pred(&store.current()) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
+#[tokio::test]
+async fn watcher_reloads_and_keeps_state_on_bad_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("local.yaml");
+    std::fs::write(&path, ONE_POLICY).unwrap();
+    let store =
+        StateStore::new(State::from_config(LocalConfig::load(&path).unwrap(), None).unwrap());
+    let pol = store.subscribe_policies();
+    let task = tokio::spawn(watch_local_file(
+        store.clone(),
+        path.clone(),
+        None,
+        Duration::from_millis(20),
+    ));
+
+    // Let the watcher take its initial fingerprint.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    // A valid change is picked up.
+    std::fs::write(&path, ONE_POLICY.replace("uid: u1", "uid: u2")).unwrap();
+    assert!(wait_for(&store, |s| s.workload_by_uid("u2").is_some()).await);
+    assert!(!pol.has_changed().unwrap(), "policies did not change");
+
+    // A broken file is rejected; the previous state stays.
+    std::fs::write(&path, "workloads: [[[").unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert!(store.current().workload_by_uid("u2").is_some());
+
+    // Recovery.
+    std::fs::write(&path, ONE_POLICY.replace("uid: u1", "uid: u3")).unwrap();
+    assert!(wait_for(&store, |s| s.workload_by_uid("u3").is_some()).await);
+    task.abort();
+}
