@@ -176,6 +176,54 @@ fn proxy_marked_socket_is_not_redirected() {
 }
 
 #[test]
+fn proxy_style_spoofed_connection_replies_return_through_table_100() {
+    if !require_root() {
+        return;
+    }
+    let cluster = Cluster::new();
+    let a = cluster.add_pod("a");
+    let b = cluster.add_pod("b");
+    let app = a.echo_server(8080);
+    // Something listening at b's address proves replies did not leak out to the real b.
+    let real_b = b.echo_server(40000);
+    a.capture();
+
+    for (source, target) in [
+        (IpAddr::V4(b.ip4), app.addr4()),
+        (IpAddr::V6(b.ip6), app.addr6()),
+    ] {
+        let mut stream = a
+            .connect_tcp_spoofed(source, target, PROXY_MARK)
+            .unwrap_or_else(|e| panic!("spoofed connect {source} -> {target}: {e}"));
+        assert_eq!(
+            echo_roundtrip(&mut stream, b"spoofed").expect("echo"),
+            b"spoofed"
+        );
+    }
+    assert_eq!(app.peer_ips(), vec![IpAddr::V4(b.ip4), IpAddr::V6(b.ip6)]);
+    assert!(real_b.peers().is_empty());
+
+    // Without the policy route the app's replies would go to the real b and the handshake fails.
+    a.run_cmd(
+        "ip",
+        &[
+            "-4",
+            "rule",
+            "del",
+            "fwmark",
+            "0x111/0xfff",
+            "lookup",
+            "100",
+        ],
+    );
+    let broken = a.connect_tcp_spoofed(IpAddr::V4(b.ip4), app.addr4(), PROXY_MARK);
+    assert!(
+        broken.is_err(),
+        "handshake must fail without the fwmark rule"
+    );
+}
+
+#[test]
 fn capture_redirects_dns_to_15053() {
     if !require_root() {
         return;

@@ -4,6 +4,21 @@
 //! Include it from an integration test with `mod common;`. Every helper panics with a clear
 //! message when the *test setup* fails (that is a broken test environment, not a finding);
 //! helpers that exercise the system under test return `io::Result` instead.
+//!
+//! ```text
+//! if !common::require_root() { return; }
+//! let cluster = Cluster::new();                 // node netns + bridge, random 10.x/24 + fdxx::/64
+//! let (client, server) = (cluster.add_pod("client"), cluster.add_pod("server"));
+//! let echo = server.echo_server(8080);          // records the source address of each connection
+//! client.capture();                             // §2.8.1 rules + table 100 policy routing
+//! let mut cmd = client.exec(env!("CARGO_BIN_EXE_ambit"), &["proxy"]);
+//! cmd.env("SOME_SETTING", "value");
+//! let _proxy = ChildGuard::spawn("client proxy", cmd);   // killed on drop, logs shown on panic
+//! let pcap = cluster.node().tcpdump(None);      // on the bridge: sees all pod-to-pod frames
+//! let mut s = client.connect_tcp(echo.addr4())?; // captured by the rules, goes via the proxy
+//! let reply = echo_roundtrip(&mut s, b"marker")?;
+//! let segments = pcap_payloads(&pcap.stop());
+//! ```
 
 // Each integration test binary uses a different subset of the harness.
 #![allow(dead_code, unused_imports)]

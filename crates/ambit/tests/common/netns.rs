@@ -3,7 +3,7 @@
 
 use std::fs::File;
 use std::io;
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -13,7 +13,7 @@ use std::time::Duration;
 use nix::sched::{CloneFlags, setns};
 use nix::sys::socket::{
     AddressFamily, SockFlag, SockProtocol, SockType, SockaddrIn, SockaddrIn6, SockaddrStorage,
-    connect, setsockopt, socket, sockopt,
+    bind, connect, setsockopt, socket, sockopt,
 };
 
 use super::pcap::Capture;
@@ -423,6 +423,17 @@ impl Pod {
         connect_tcp_in(&self.netns, addr, Some(mark))
     }
 
+    /// Connects from inside the pod like the proxy's inbound side: `SO_MARK` `mark` and a
+    /// transparent bind to `source` (an address the pod does not own, e.g. the client's IP).
+    pub fn connect_tcp_spoofed(
+        &self,
+        source: IpAddr,
+        addr: SocketAddr,
+        mark: u32,
+    ) -> io::Result<TcpStream> {
+        run_in(&self.netns, || connect_with(addr, mark, Some(source)))
+    }
+
     /// Starts an echo server on `[::]:port` (dual-stack) inside the pod namespace.
     pub fn echo_server(&self, port: u16) -> EchoServer {
         let listener = self.listen_tcp(SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port));
@@ -506,7 +517,7 @@ pub fn listen_tcp_in(netns: &str, addr: SocketAddr) -> io::Result<TcpListener> {
 pub fn connect_tcp_in(netns: &str, addr: SocketAddr, mark: Option<u32>) -> io::Result<TcpStream> {
     run_in(netns, || match mark {
         None => TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT),
-        Some(mark) => connect_marked(addr, mark),
+        Some(mark) => connect_with(addr, mark, None),
     })
 }
 
@@ -530,7 +541,9 @@ pub fn original_dst(stream: &TcpStream) -> io::Result<SocketAddr> {
     }
 }
 
-fn connect_marked(addr: SocketAddr, mark: u32) -> io::Result<TcpStream> {
+/// Connects with `SO_MARK` set; with `source`, first binds it with `IP_TRANSPARENT` (which lets
+/// a proxy use another host's address as its source, as in-pod inbound proxying does).
+fn connect_with(addr: SocketAddr, mark: u32, source: Option<IpAddr>) -> io::Result<TcpStream> {
     let family = match addr {
         SocketAddr::V4(_) => AddressFamily::Inet,
         SocketAddr::V6(_) => AddressFamily::Inet6,
@@ -542,18 +555,26 @@ fn connect_marked(addr: SocketAddr, mark: u32) -> io::Result<TcpStream> {
         SockProtocol::Tcp,
     )?;
     setsockopt(&fd, sockopt::Mark, &mark)?;
+    if let Some(source) = source {
+        // IP_TRANSPARENT sets the inet socket flag shared by both families.
+        setsockopt(&fd, sockopt::IpTransparent, &true)?;
+        bind(fd.as_raw_fd(), &storage(SocketAddr::new(source, 0)))?;
+    }
     // A blocking connect honours SO_SNDTIMEO; cleared again once connected.
     let timeout =
         nix::sys::time::TimeVal::new(i64::try_from(CONNECT_TIMEOUT.as_secs()).unwrap_or(5), 0);
     setsockopt(&fd, sockopt::SendTimeout, &timeout)?;
-    let target: SockaddrStorage = match addr {
-        SocketAddr::V4(v4) => SockaddrStorage::from(v4),
-        SocketAddr::V6(v6) => SockaddrStorage::from(v6),
-    };
-    connect(fd.as_raw_fd(), &target)?;
+    connect(fd.as_raw_fd(), &storage(addr))?;
     let stream = TcpStream::from(fd);
     stream.set_write_timeout(None)?;
     Ok(stream)
+}
+
+fn storage(addr: SocketAddr) -> SockaddrStorage {
+    match addr {
+        SocketAddr::V4(v4) => SockaddrStorage::from(v4),
+        SocketAddr::V6(v6) => SockaddrStorage::from(v6),
+    }
 }
 
 /// `ip netns exec <netns> program args...`
