@@ -508,3 +508,39 @@ fn tcp_frame_v6(src: Ipv6Addr, dst: Ipv6Addr, sport: u16, dport: u16, data: &[u8
     frame.extend_from_slice(data);
     frame
 }
+
+#[test]
+fn pod_processes_and_http_get_run_inside_the_pod() {
+    if !require_root() {
+        return;
+    }
+    let cluster = Cluster::new();
+    let a = cluster.add_pod("a");
+    a.capture();
+
+    // A process started with `pod.spawn` sees the pod's interfaces.
+    let mut shell = a.spawn("ip", &["-brief", "addr", "show", "dev", "eth0"]);
+    let status = shell.wait_timeout(WAIT).expect("ip exits");
+    assert!(status.success());
+    assert!(common::wait_for(WAIT, || shell
+        .logs()
+        .contains(&a.ip4.to_string())));
+    let mut sleeper = a.spawn("sleep", &["60"]);
+    assert!(sleeper.try_wait().is_none());
+    let status = sleeper.stop(WAIT);
+    assert!(!status.success(), "sleep was terminated by SIGTERM");
+
+    // Loopback admin-style endpoints are reachable from the test even with capture applied.
+    let listener = a.listen_tcp("127.0.0.1:15000".parse().expect("addr"));
+    let server = std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().expect("accept");
+        let mut request = [0u8; 1024];
+        let _ = stream.read(&mut request).expect("read");
+        stream
+            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            .expect("respond");
+    });
+    let response = a.http_get("127.0.0.1:15000".parse().expect("addr"), "/ready");
+    assert_eq!(response.expect("http get in pod"), (200, "ok".to_owned()));
+    server.join().expect("server");
+}

@@ -28,6 +28,7 @@ mod echo;
 mod netns;
 mod pcap;
 mod process;
+mod sockets;
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -40,9 +41,10 @@ pub use capture::{
     PROBE_SNAT_V6, PROXY_MARK, TPROXY_MARK, iptables_v4_rules, iptables_v6_rules, nft_rules,
 };
 pub use echo::{EchoServer, echo_roundtrip};
-pub use netns::{Cluster, Node, Pod, connect_tcp_in, listen_tcp_in, original_dst, run_in};
+pub use netns::{Cluster, Node, Pod};
 pub use pcap::{Capture, Segment, contains, pcap_payloads};
 pub use process::ChildGuard;
+pub use sockets::{connect_tcp_in, listen_tcp_in, original_dst, run_in};
 
 /// Timeout applied to every connect made by the harness.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
