@@ -522,9 +522,8 @@ fn pod_processes_and_http_get_run_inside_the_pod() {
     let mut shell = a.spawn("ip", &["-brief", "addr", "show", "dev", "eth0"]);
     let status = shell.wait_timeout(WAIT).expect("ip exits");
     assert!(status.success());
-    assert!(common::wait_for(WAIT, || shell
-        .logs()
-        .contains(&a.ip4.to_string())));
+    let ip4 = a.ip4.to_string();
+    assert!(common::wait_for(|| shell.logs().contains(&ip4), WAIT));
     let mut sleeper = a.spawn("sleep", &["60"]);
     assert!(sleeper.try_wait().is_none());
     let status = sleeper.stop(WAIT);

@@ -66,7 +66,7 @@ pub fn require_root() -> bool {
 }
 
 /// Polls `cond` every 20 ms until it holds (true) or `timeout` passes (false).
-pub fn wait_for(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+pub fn wait_for(mut cond: impl FnMut() -> bool, timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
     loop {
         if cond() {
@@ -205,13 +205,16 @@ pub fn accept_timeout(
         .set_nonblocking(true)
         .unwrap_or_else(|e| panic!("cannot make listener non-blocking: {e}"));
     let mut accepted = None;
-    wait_for(timeout, || match listener.accept() {
-        Ok(conn) => {
-            accepted = Some(conn);
-            true
-        }
-        Err(_) => false,
-    });
+    wait_for(
+        || match listener.accept() {
+            Ok(conn) => {
+                accepted = Some(conn);
+                true
+            }
+            Err(_) => false,
+        },
+        timeout,
+    );
     let (stream, peer) = accepted?;
     stream
         .set_nonblocking(false)
