@@ -1,0 +1,156 @@
+//! A child process that is killed when its guard drops, with its output kept for failure reports.
+
+use std::io::Read;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+/// A spawned process that is killed (SIGKILL) and reaped on drop; prints its output if the
+/// test is panicking.
+pub struct ChildGuard {
+    label: String,
+    child: Child,
+    output: Arc<Mutex<Vec<u8>>>,
+    readers: Vec<JoinHandle<()>>,
+    exited: Option<ExitStatus>,
+}
+
+impl ChildGuard {
+    /// Spawns `cmd` with stdout and stderr collected (stdin closed); panics if it cannot start.
+    pub fn spawn(label: &str, mut cmd: Command) -> ChildGuard {
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot spawn {label} ({cmd:?}): {e}"));
+        let output = Arc::new(Mutex::new(Vec::new()));
+        let mut readers = Vec::new();
+        if let Some(out) = child.stdout.take() {
+            readers.push(collect(out, Arc::clone(&output)));
+        }
+        if let Some(err) = child.stderr.take() {
+            readers.push(collect(err, Arc::clone(&output)));
+        }
+        ChildGuard {
+            label: label.to_owned(),
+            child,
+            output,
+            readers,
+            exited: None,
+        }
+    }
+
+    /// The process id (with `ip netns exec` this is the program itself: it execs in place).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Everything the process wrote to stdout and stderr so far (interleaved as it arrived).
+    pub fn logs(&self) -> String {
+        let out = self.output.lock().unwrap_or_else(PoisonError::into_inner);
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    /// Sends `signal` to the process (no-op once it has been reaped).
+    pub fn signal(&mut self, signal: Signal) {
+        if self.exited.is_none() {
+            let _ = kill(pid_of(&self.child), signal);
+        }
+    }
+
+    /// The exit status if the process has exited (reaping it), `None` while it runs.
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        if self.exited.is_none() {
+            self.exited = self.child.try_wait().ok().flatten();
+        }
+        self.exited
+    }
+
+    /// Waits up to `timeout` for the process to exit.
+    pub fn wait_timeout(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// SIGTERM, then SIGKILL after `grace`; returns the exit status and waits for output to drain.
+    pub fn stop(&mut self, grace: Duration) -> ExitStatus {
+        self.signal(Signal::SIGTERM);
+        let status = match self.wait_timeout(grace) {
+            Some(status) => status,
+            None => self.kill(),
+        };
+        self.drain();
+        status
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(&mut self) -> ExitStatus {
+        if let Some(status) = self.exited {
+            return status;
+        }
+        let _ = self.child.kill();
+        let status = self
+            .child
+            .wait()
+            .unwrap_or_else(|e| panic!("cannot reap {}: {e}", self.label));
+        self.exited = Some(status);
+        status
+    }
+
+    fn drain(&mut self) {
+        for reader in self.readers.drain(..) {
+            let _ = reader.join();
+        }
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if self.exited.is_none() {
+            let _ = self.child.kill();
+            self.exited = self.child.wait().ok();
+        }
+        self.drain();
+        if std::thread::panicking() {
+            eprintln!(
+                "----- output of {} (pid {}) -----\n{}\n----- end of {} -----",
+                self.label,
+                self.child.id(),
+                self.logs(),
+                self.label
+            );
+        }
+    }
+}
+
+fn pid_of(child: &Child) -> Pid {
+    Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX))
+}
+
+fn collect(mut from: impl Read + Send + 'static, into: Arc<Mutex<Vec<u8>>>) -> JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 8192];
+        loop {
+            match from.read(&mut buf) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => into
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+}
