@@ -72,11 +72,11 @@ fn hbone_between_two_pods() {
         assert_eq!(sent, 2 * MARKER.len() as u64, "{side}: client->server bytes");
     }
     assert!(
-        wait_for(Duration::from_secs(5), || {
+        wait_for(|| {
             let la = pa.logs();
             let lb = pb.logs();
             la.contains("connection complete") && lb.contains("connection complete")
-        }),
+        }, Duration::from_secs(5)),
         "no access log line:\nA:\n{}\nB:\n{}",
         pa.logs(),
         pb.logs()
@@ -215,7 +215,7 @@ fn drain_and_handoff() {
     std::thread::sleep(Duration::from_millis(500));
     old.signal(nix::sys::signal::Signal::SIGTERM);
     assert!(
-        wait_for(Duration::from_secs(2), || old.logs().contains("listener closed for drain")),
+        wait_for(|| old.logs().contains("listener closed for drain"), Duration::from_secs(2)),
         "old proxy did not close its listeners at once:\n{}",
         old.logs()
     );
@@ -284,7 +284,7 @@ fn bad_input_is_rejected_and_service_continues() {
     // A malformed config on reload: rejected with an error, previous state kept.
     mesh.write_raw("workloads: [ {uid: broken, workloadIps: [\"not-an-ip\"\n");
     assert!(
-        wait_for(Duration::from_secs(5), || pb.logs().contains("rejected")),
+        wait_for(|| pb.logs().contains("rejected"), Duration::from_secs(5)),
         "no error logged for the broken config:\n{}",
         pb.logs()
     );

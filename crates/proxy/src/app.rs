@@ -69,6 +69,7 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
         .and_then(|c| State::from_config(c, node.as_deref()))
         .map_err(|error| StartError::LocalConfig { path: path.display().to_string(), error })?;
     let store = StateStore::new(initial);
+    let data_rt = data.handle().clone();
 
     control.block_on(async move {
         let signer: Arc<dyn CertSigner> = match &cfg.ca {
@@ -115,21 +116,21 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
         });
 
         // Data-plane listeners: bound now (failure is fatal), accepting on the data runtime.
-        let _guard = data.enter();
+        let _guard = data_rt.enter();
         let outbound = sockets.listen(cfg.outbound_addr, true)?;
         let inbound = sockets.listen(cfg.inbound_addr, true)?;
         let plaintext = sockets.listen(cfg.inbound_plaintext_addr, true)?;
         drop(_guard);
         let i = inputs.clone();
-        data.spawn(crate::listener::accept_loop("outbound", outbound, drain.clone(), move |s, p| {
+        data_rt.spawn(crate::listener::accept_loop("outbound", outbound, drain.clone(), move |s, p| {
             crate::outbound::serve_connection(i.clone(), s, p)
         }));
         let i = inputs.clone();
-        data.spawn(crate::listener::accept_loop("inbound", inbound, drain.clone(), move |s, p| {
+        data_rt.spawn(crate::listener::accept_loop("inbound", inbound, drain.clone(), move |s, p| {
             crate::inbound::serve_connection(i.clone(), s, p)
         }));
         let i = inputs.clone();
-        data.spawn(crate::listener::accept_loop("inbound_plaintext", plaintext, drain.clone(), move |s, p| {
+        data_rt.spawn(crate::listener::accept_loop("inbound_plaintext", plaintext, drain.clone(), move |s, p| {
             crate::passthrough::serve_connection(i.clone(), s, p)
         }));
 

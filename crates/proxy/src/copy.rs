@@ -8,6 +8,7 @@
 
 use std::future::poll_fn;
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::{Bytes, BytesMut};
 use prometheus_client::metrics::counter::Counter;
@@ -38,12 +39,29 @@ pub struct Transferred {
 }
 
 /// Live counters updated after every chunk (so metrics move while a connection is open).
-#[derive(Clone, Debug, Default)]
+#[derive(Debug, Default)]
 pub struct LiveCounters {
-    /// Downstream → upstream bytes.
+    /// Metric counters of downstream → upstream bytes.
     pub sent: Vec<Counter>,
-    /// Upstream → downstream bytes.
+    /// Metric counters of upstream → downstream bytes.
     pub received: Vec<Counter>,
+    sent_bytes: AtomicU64,
+    received_bytes: AtomicU64,
+}
+
+impl LiveCounters {
+    /// Counters feeding these metric counters.
+    pub fn new(sent: Vec<Counter>, received: Vec<Counter>) -> Self {
+        LiveCounters { sent, received, ..Default::default() }
+    }
+
+    /// Bytes moved so far by this connection.
+    pub fn transferred(&self) -> Transferred {
+        Transferred {
+            sent: self.sent_bytes.load(Ordering::Relaxed),
+            received: self.received_bytes.load(Ordering::Relaxed),
+        }
+    }
 }
 
 /// Copies downstream → upstream and upstream → downstream until both directions end.
@@ -64,19 +82,17 @@ where
 {
     let (mut dr, mut dw) = down;
     let (mut ur, mut uw) = up;
-    let mut sent = 0u64;
-    let mut received = 0u64;
-    let a = one_way(&mut dr, &mut uw, &counters.sent, &mut sent);
-    let b = one_way(&mut ur, &mut dw, &counters.received, &mut received);
+    let a = one_way(&mut dr, &mut uw, &counters.sent, &counters.sent_bytes);
+    let b = one_way(&mut ur, &mut dw, &counters.received, &counters.received_bytes);
     let res = tokio::try_join!(a, b).map(|_| ());
-    (Transferred { sent, received }, res)
+    (counters.transferred(), res)
 }
 
 async fn one_way<S: Source, W: Sink>(
     src: &mut S,
     dst: &mut W,
     counters: &[Counter],
-    total: &mut u64,
+    total: &AtomicU64,
 ) -> io::Result<()> {
     loop {
         let chunk = match src.read_chunk().await {
@@ -91,7 +107,7 @@ async fn one_way<S: Source, W: Sink>(
             Err(e) if is_benign(&e) => return Ok(()),
             Err(e) => return Err(e),
         }
-        *total += n;
+        total.fetch_add(n, Ordering::Relaxed);
         for c in counters {
             c.inc_by(n);
         }
@@ -256,12 +272,12 @@ mod tests {
     async fn tcp_to_tcp_half_close_and_counts() {
         let (mut client, down) = pair().await;
         let (up, mut server) = pair().await;
-        let counters = LiveCounters { sent: vec![Counter::default()], received: vec![Counter::default()] };
-        let c2 = counters.clone();
+        let (sent, received) = (Counter::default(), Counter::default());
+        let counters = LiveCounters::new(vec![sent.clone()], vec![received.clone()]);
         let proxy = tokio::spawn(async move {
             let (dr, dw) = down.into_split();
             let (ur, uw) = up.into_split();
-            bidirectional((TcpSource::new(dr), TcpSink(dw)), (TcpSource::new(ur), TcpSink(uw)), &c2).await
+            bidirectional((TcpSource::new(dr), TcpSink(dw)), (TcpSource::new(ur), TcpSink(uw)), &counters).await
         });
         let payload: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
         client.write_all(&payload).await.expect("write");
@@ -278,7 +294,7 @@ mod tests {
         let (t, res) = proxy.await.expect("join");
         res.expect("copy ok");
         assert_eq!(t, Transferred { sent: payload.len() as u64, received: 5 });
-        assert_eq!(counters.sent[0].get(), payload.len() as u64);
-        assert_eq!(counters.received[0].get(), 5);
+        assert_eq!(sent.get(), payload.len() as u64);
+        assert_eq!(received.get(), 5);
     }
 }

@@ -30,8 +30,8 @@ pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: Sock
     };
     let _ = stream.set_nodelay(true);
     let fail = |e: &dyn std::fmt::Display| {
-        tracing::warn!(target: "access", src.addr = %peer, dst.addr = %dst, direction = "inbound",
-            error = %e, "connection failed");
+        tracing::warn!(target: "access",
+            { src.addr = %peer, dst.addr = %dst, direction = "inbound", error = %e }, "connection failed");
     };
     let local = match inputs.local_workload().await {
         Ok(w) => w,
@@ -180,17 +180,15 @@ impl StreamCtx {
             (TcpSource::new(ar), TcpSink(aw)),
             &record.counters,
         );
-        tokio::select! {
-            (t, res) = copy => {
-                let err = res.err().map(|e| format!("{e}"));
-                record.finish(t, err.as_ref().map(|e| e as &dyn std::fmt::Display));
-            }
+        let (t, err) = tokio::select! {
+            (t, res) = copy => (t, res.err().map(|e| e.to_string())),
             _ = registration.closed.cancelled() => {
-                record.finish(Default::default(), Some(&"connection closed due to policy change"));
+                (record.snapshot(), Some("connection closed due to policy change".to_owned()))
             }
             _ = inputs.drain.forced() => {
-                record.finish(Default::default(), Some(&"connection failed to drain within the timeout"));
+                (record.snapshot(), Some("connection failed to drain within the timeout".to_owned()))
             }
-        }
+        };
+        record.finish(t, err.as_ref().map(|e| e as &dyn std::fmt::Display));
     }
 }

@@ -209,13 +209,19 @@ impl ConnectionRecord {
         let labels = labels(&info, Flag::None);
         metrics.opened.get_or_create(&labels).inc();
         metrics.sockets_open.get_or_create(&ReporterLabel { reporter: info.reporter }).inc();
-        let counters = crate::copy::LiveCounters {
-            sent: vec![metrics.received.get_or_create(&labels).clone()],
-            received: vec![metrics.sent.get_or_create(&labels).clone()],
-        };
-        tracing::debug!(target: "access", src.addr = %info.src_addr, dst.addr = %info.dst_addr,
-            direction = direction(info.reporter), "connection opened");
+        let counters = crate::copy::LiveCounters::new(
+            vec![metrics.received.get_or_create(&labels).clone()],
+            vec![metrics.sent.get_or_create(&labels).clone()],
+        );
+        tracing::debug!(target: "access",
+            { src.addr = %info.src_addr, dst.addr = %info.dst_addr, direction = direction(info.reporter) },
+            "connection opened");
         ConnectionRecord { metrics: metrics.clone(), info, labels, start: std::time::Instant::now(), counters }
+    }
+
+    /// Bytes moved so far.
+    pub fn snapshot(&self) -> crate::copy::Transferred {
+        self.counters.transferred()
     }
 
     /// Records the end of the connection and writes its access-log line.
@@ -232,14 +238,14 @@ pub fn record_failure(metrics: &Metrics, info: &ConnectionInfo, flag: Flag, erro
     let labels = labels(info, flag);
     metrics.failed.get_or_create(&labels).inc();
     let e = error.to_string();
-    tracing::warn!(target: "access",
+    tracing::warn!(target: "access", {
         src.addr = %info.src_addr,
         src.workload = info.src_workload.as_deref().map(|w| w.name.as_str()).unwrap_or_default(),
         src.identity = info.src_identity.as_ref().map(|i| i.to_string()).unwrap_or_default(),
         dst.addr = %info.dst_addr,
         dst.workload = info.dst_workload.as_deref().map(|w| w.name.as_str()).unwrap_or_default(),
         direction = direction(info.reporter),
-        error = %e,
+        error = %e },
         "connection failed");
 }
 
@@ -259,7 +265,7 @@ fn access_log(info: &ConnectionInfo, t: crate::copy::Transferred, elapsed: Durat
     let duration = format!("{}ms", elapsed.as_millis());
     macro_rules! line {
         ($lvl:ident, $msg:literal) => {
-            tracing::$lvl!(target: "access",
+            tracing::$lvl!(target: "access", {
                 src.addr = %info.src_addr,
                 src.workload = src_w.map(|w| w.name.as_str()),
                 src.namespace = src_w.map(|w| w.namespace.as_str()),
@@ -274,7 +280,7 @@ fn access_log(info: &ConnectionInfo, t: crate::copy::Transferred, elapsed: Durat
                 bytes_sent = if info.reporter == Reporter::source { t.sent } else { t.received },
                 bytes_recv = if info.reporter == Reporter::source { t.received } else { t.sent },
                 duration = %duration,
-                error = error,
+                error = error },
                 $msg)
         };
     }

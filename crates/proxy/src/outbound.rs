@@ -81,7 +81,8 @@ pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: Sock
                 (H2Source(tunnel.recv), H2Sink(tunnel.send)),
                 &record.counters,
             );
-            finish(&inputs, record, copy).await;
+            let (t, err) = finish(&inputs, &record, copy).await;
+            record.finish(t, err.as_ref().map(|e| e as &dyn std::fmt::Display));
         }
         RouteKind::Tcp { target } | RouteKind::Passthrough { target } => {
             info.dst_addr = target;
@@ -107,23 +108,21 @@ pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: Sock
                 (TcpSource::new(ur), TcpSink(uw)),
                 &record.counters,
             );
-            finish(&inputs, record, copy).await;
+            let (t, err) = finish(&inputs, &record, copy).await;
+            record.finish(t, err.as_ref().map(|e| e as &dyn std::fmt::Display));
         }
     }
 }
 
-async fn finish(
+async fn finish<F: Future<Output = (copy::Transferred, std::io::Result<()>)>>(
     inputs: &Inputs,
-    record: ConnectionRecord,
-    copy: impl Future<Output = (copy::Transferred, std::io::Result<()>)>,
-) {
+    record: &ConnectionRecord,
+    copy: F,
+) -> (copy::Transferred, Option<String>) {
     tokio::select! {
-        (t, res) = copy => {
-            let err = res.err().map(|e| e.to_string());
-            record.finish(t, err.as_ref().map(|e| e as &dyn std::fmt::Display));
-        }
+        (t, res) = copy => (t, res.err().map(|e| e.to_string())),
         _ = inputs.drain.forced() => {
-            record.finish(Default::default(), Some(&"connection failed to drain within the timeout"));
+            (record.snapshot(), Some("connection failed to drain within the timeout".to_owned()))
         }
     }
 }

@@ -63,16 +63,14 @@ pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: Sock
     let (dr, dw) = stream.into_split();
     let (ur, uw) = app.into_split();
     let copy = copy::bidirectional((TcpSource::new(dr), TcpSink(dw)), (TcpSource::new(ur), TcpSink(uw)), &record.counters);
-    tokio::select! {
-        (t, res) = copy => {
-            let err = res.err().map(|e| e.to_string());
-            record.finish(t, err.as_ref().map(|e| e as &dyn std::fmt::Display));
-        }
+    let (t, err) = tokio::select! {
+        (t, res) = copy => (t, res.err().map(|e| e.to_string())),
         _ = registration.closed.cancelled() => {
-            record.finish(Default::default(), Some(&"connection closed due to policy change"));
+            (record.snapshot(), Some("connection closed due to policy change".to_owned()))
         }
         _ = inputs.drain.forced() => {
-            record.finish(Default::default(), Some(&"connection failed to drain within the timeout"));
+            (record.snapshot(), Some("connection failed to drain within the timeout".to_owned()))
         }
-    }
+    };
+    record.finish(t, err.as_ref().map(|e| e as &dyn std::fmt::Display));
 }

@@ -148,10 +148,10 @@ impl Mesh {
             .and_then(|(_, v)| v.rsplit(':').next())
             .and_then(|p| p.parse().ok())
             .unwrap_or(15021);
-        let ready = wait_for(Duration::from_secs(20), || {
+        let ready = wait_for(|| {
             child.try_wait().is_none()
                 && p.pod.http_get(p.pod.addr4(readiness), "/healthz/ready").is_ok_and(|(s, _)| s == 200)
-        });
+        }, Duration::from_secs(20));
         assert!(ready, "proxy in {} did not become ready:\n{}", p.pod.name, child.logs());
         child
     }

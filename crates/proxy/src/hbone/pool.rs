@@ -51,6 +51,9 @@ pub enum TunnelError {
     /// The CONNECT stream failed.
     #[error("http2 error: {0}")]
     H2(h2::Error),
+    /// The CONNECT request could not be built (an invalid authority).
+    #[error("invalid CONNECT request: {0}")]
+    Request(http::Error),
     /// The server answered with a non-200 status.
     #[error("http status: {0}")]
     Status(StatusCode),
@@ -150,7 +153,7 @@ impl Pool {
             .uri(authority.to_string())
             .version(http::Version::HTTP_2)
             .body(())
-            .map_err(|e| (TunnelError::H2(h2::Error::from(std::io::Error::other(e))), false))?;
+            .map_err(|e| (TunnelError::Request(e), false))?;
         req.headers_mut().extend(headers.clone());
         let mut sender = conn.sender.clone().ready().await.map_err(|e| {
             let r = refused(&e);
