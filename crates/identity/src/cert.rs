@@ -337,6 +337,19 @@ mod tests {
         ));
     }
 
+    proptest::proptest! {
+        #[test]
+        fn untrusted_bytes_never_panic(der in proptest::collection::vec(proptest::num::u8::ANY, 0..512)) {
+            proptest::prop_assert_eq!(peer_identity(&[CertificateDer::from(der)]), None);
+        }
+
+        #[test]
+        fn untrusted_chains_never_panic(chain in proptest::collection::vec("\\PC{0,64}", 0..4)) {
+            let key = PrivateKeyDer::Pkcs8(Vec::new().into());
+            proptest::prop_assert!(WorkloadCertificate::new(key, &chain).is_err());
+        }
+    }
+
     #[test]
     fn peer_identity_of_garbage_is_none() {
         assert_eq!(peer_identity(&[]), None);

@@ -91,4 +91,31 @@ mod tests {
             assert!(bad.parse::<Identity>().is_err(), "{bad} accepted");
         }
     }
+
+    proptest::proptest! {
+        #[test]
+        fn parsing_never_panics_and_accepted_ids_round_trip(s in "\\PC*") {
+            if let Ok(id) = s.parse::<Identity>() {
+                proptest::prop_assert_eq!(id.to_string(), s);
+            }
+        }
+
+        #[test]
+        fn spiffe_shaped_strings_parse(s in "spiffe://[a-z./-]{0,6}/ns/[a-z/]{0,4}/sa/[a-z/]{0,4}") {
+            if let Ok(id) = s.parse::<Identity>() {
+                proptest::prop_assert_eq!(id.to_string(), s);
+            }
+        }
+
+        #[test]
+        fn built_ids_round_trip(
+            td in "[a-z0-9.-]{1,20}",
+            ns in "[a-z0-9-]{1,20}",
+            sa in "[a-z0-9.-]{1,20}",
+        ) {
+            let id = Identity::new(&td, &ns, &sa);
+            let parsed: Identity = id.to_string().parse().expect("valid");
+            proptest::prop_assert_eq!(parsed, id);
+        }
+    }
 }

@@ -130,3 +130,6 @@ pub enum CaError {
         got: String,
     },
 }
+
+#[cfg(test)]
+mod tests;
