@@ -52,7 +52,11 @@ fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
 }
 
 /// Readiness (`/healthz/ready` on 15021).
-pub async fn readiness(req: Request<Incoming>, ready: Arc<AtomicBool>, draining: bool) -> Response<Full<Bytes>> {
+pub async fn readiness(
+    req: Request<Incoming>,
+    ready: Arc<AtomicBool>,
+    draining: bool,
+) -> Response<Full<Bytes>> {
     if req.uri().path() != "/healthz/ready" {
         return text(StatusCode::NOT_FOUND, "not found\n");
     }
@@ -60,12 +64,18 @@ pub async fn readiness(req: Request<Incoming>, ready: Arc<AtomicBool>, draining:
         return text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
     }
     if draining {
-        return text(StatusCode::INTERNAL_SERVER_ERROR, "not ready, pending: draining\n");
+        return text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "not ready, pending: draining\n",
+        );
     }
     if ready.load(Ordering::Relaxed) {
         text(StatusCode::OK, "ready\n")
     } else {
-        text(StatusCode::INTERNAL_SERVER_ERROR, "not ready, pending: proxy, state manager\n")
+        text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "not ready, pending: proxy, state manager\n",
+        )
     }
 }
 
@@ -77,7 +87,10 @@ pub async fn metrics(req: Request<Incoming>, registry: Arc<Registry>) -> Respons
     }
     let mut body = String::new();
     if let Err(e) = prometheus_client::encoding::text::encode(&mut body, &registry) {
-        return text(StatusCode::INTERNAL_SERVER_ERROR, format!("encoding metrics failed: {e}\n"));
+        return text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("encoding metrics failed: {e}\n"),
+        );
     }
     let openmetrics = req
         .headers()
@@ -98,7 +111,11 @@ pub async fn metrics(req: Request<Incoming>, registry: Arc<Registry>) -> Respons
 }
 
 /// Admin (`/`, `/config_dump`, `/quitquitquit` on 127.0.0.1:15000).
-pub async fn admin(req: Request<Incoming>, inputs: Arc<Inputs>, quit: Arc<Notify>) -> Response<Full<Bytes>> {
+pub async fn admin(
+    req: Request<Incoming>,
+    inputs: Arc<Inputs>,
+    quit: Arc<Notify>,
+) -> Response<Full<Bytes>> {
     match req.uri().path() {
         "/" => text(
             StatusCode::OK,
@@ -126,8 +143,14 @@ fn config_dump(inputs: &Inputs) -> String {
     let state = inputs.state.current();
     let mut dump = state.dump();
     if let serde_json::Value::Object(map) = &mut dump {
-        map.insert("config".into(), serde_json::to_value(inputs.cfg.as_ref()).unwrap_or_default());
-        map.insert("certificates".into(), serde_json::to_value(inputs.certs.dump()).unwrap_or_default());
+        map.insert(
+            "config".into(),
+            serde_json::to_value(inputs.cfg.as_ref()).unwrap_or_default(),
+        );
+        map.insert(
+            "certificates".into(),
+            serde_json::to_value(inputs.certs.dump()).unwrap_or_default(),
+        );
         map.insert(
             "version".into(),
             serde_json::json!({

@@ -67,7 +67,10 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
     let node = cfg.local_node.clone();
     let initial = LocalConfig::load(&path)
         .and_then(|c| State::from_config(c, node.as_deref()))
-        .map_err(|error| StartError::LocalConfig { path: path.display().to_string(), error })?;
+        .map_err(|error| StartError::LocalConfig {
+            path: path.display().to_string(),
+            error,
+        })?;
     let store = StateStore::new(initial);
     let data_rt = data.handle().clone();
 
@@ -75,7 +78,11 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
         let signer: Arc<dyn CertSigner> = match &cfg.ca {
             CaSource::Fake { root: Some(dir) } => Arc::new(FakeCa::from_dir(dir)?),
             CaSource::Fake { root: None } => Arc::new(FakeCa::generate()),
-            CaSource::Remote { address, root_cert, token } => Arc::new(CaClient::new(CaClientConfig {
+            CaSource::Remote {
+                address,
+                root_cert,
+                token,
+            } => Arc::new(CaClient::new(CaClientConfig {
                 address: address.clone(),
                 root_cert: root_cert.clone(),
                 token_path: token.clone(),
@@ -95,12 +102,18 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
             frame_size: cfg.frame_size,
             max_streams: cfg.pool_max_streams_per_conn,
         };
-        let pool = Pool::new(certs.clone(), sockets.clone(), settings, cfg.pool_unused_release_timeout);
-        let transparent = cfg.require_original_source.unwrap_or_else(crate::socket::transparent_available);
-        let local = cfg
-            .proxy_workload_information
-            .clone()
-            .expect("dedicated mode config always carries the workload (checked in Config::from_args)");
+        let pool = Pool::new(
+            certs.clone(),
+            sockets.clone(),
+            settings,
+            cfg.pool_unused_release_timeout,
+        );
+        let transparent = cfg
+            .require_original_source
+            .unwrap_or_else(crate::socket::transparent_available);
+        let local = cfg.proxy_workload_information.clone().expect(
+            "dedicated mode config always carries the workload (checked in Config::from_args)",
+        );
         let drain = Drain::new();
         let inputs = Arc::new(Inputs {
             cfg: cfg.clone(),
@@ -122,17 +135,26 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
         let plaintext = sockets.listen(cfg.inbound_plaintext_addr, true)?;
         drop(_guard);
         let i = inputs.clone();
-        data_rt.spawn(crate::listener::accept_loop("outbound", outbound, drain.clone(), move |s, p| {
-            crate::outbound::serve_connection(i.clone(), s, p)
-        }));
+        data_rt.spawn(crate::listener::accept_loop(
+            "outbound",
+            outbound,
+            drain.clone(),
+            move |s, p| crate::outbound::serve_connection(i.clone(), s, p),
+        ));
         let i = inputs.clone();
-        data_rt.spawn(crate::listener::accept_loop("inbound", inbound, drain.clone(), move |s, p| {
-            crate::inbound::serve_connection(i.clone(), s, p)
-        }));
+        data_rt.spawn(crate::listener::accept_loop(
+            "inbound",
+            inbound,
+            drain.clone(),
+            move |s, p| crate::inbound::serve_connection(i.clone(), s, p),
+        ));
         let i = inputs.clone();
-        data_rt.spawn(crate::listener::accept_loop("inbound_plaintext", plaintext, drain.clone(), move |s, p| {
-            crate::passthrough::serve_connection(i.clone(), s, p)
-        }));
+        data_rt.spawn(crate::listener::accept_loop(
+            "inbound_plaintext",
+            plaintext,
+            drain.clone(),
+            move |s, p| crate::passthrough::serve_connection(i.clone(), s, p),
+        ));
 
         // Control path.
         let ready = Arc::new(AtomicBool::new(false));
@@ -141,9 +163,13 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
         let stats_l = bind_admin(cfg.stats_addr)?;
         let ready_l = bind_admin(cfg.readiness_addr)?;
         let (i, q) = (inputs.clone(), quit.clone());
-        tokio::spawn(crate::admin::serve(admin_l, move |req| crate::admin::admin(req, i.clone(), q.clone())));
+        tokio::spawn(crate::admin::serve(admin_l, move |req| {
+            crate::admin::admin(req, i.clone(), q.clone())
+        }));
         let r = registry.clone();
-        tokio::spawn(crate::admin::serve(stats_l, move |req| crate::admin::metrics(req, r.clone())));
+        tokio::spawn(crate::admin::serve(stats_l, move |req| {
+            crate::admin::metrics(req, r.clone())
+        }));
         let (rd, d) = (ready.clone(), drain.clone());
         tokio::spawn(crate::admin::serve(ready_l, move |req| {
             crate::admin::readiness(req, rd.clone(), d.is_draining())
@@ -178,7 +204,10 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
         tracing::info!(deadline = ?cfg.self_termination_deadline, "draining");
         let left = drain.run(cfg.self_termination_deadline).await;
         if left > 0 {
-            tracing::warn!(connections = left, "closed connections that did not finish before the drain deadline");
+            tracing::warn!(
+                connections = left,
+                "closed connections that did not finish before the drain deadline"
+            );
         }
         tracing::info!("drained, exiting");
         Ok::<(), StartError>(())
@@ -244,9 +273,15 @@ fn raise_fd_limit() {
 pub fn init_logging(filter: &str, json: bool) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_new(filter).unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     let _ = if json {
-        builder.json().flatten_event(true).with_current_span(false).try_init()
+        builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .try_init()
     } else {
         builder.try_init()
     };

@@ -54,9 +54,11 @@ impl Inputs {
     pub async fn local_workload(&self) -> Result<Arc<Workload>, LocalWorkloadError> {
         let mut changes = self.state.subscribe();
         let find = || {
-            self.state
-                .current()
-                .find_local(&self.local.namespace, &self.local.name, &self.local.service_account)
+            self.state.current().find_local(
+                &self.local.namespace,
+                &self.local.name,
+                &self.local.service_account,
+            )
         };
         let wait = async {
             loop {

@@ -37,8 +37,15 @@ pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: Sock
         mtls: false,
     };
     let local_addr = stream.local_addr().ok().map(crate::socket::canonical);
-    if (crate::socket::is_loopback(orig.ip()) && is_illegal_port(orig.port())) || Some(orig) == local_addr {
-        return metrics::record_failure(&inputs.metrics, &info, Flag::Connect, &"attempted recursive call to ourselves");
+    if (crate::socket::is_loopback(orig.ip()) && is_illegal_port(orig.port()))
+        || Some(orig) == local_addr
+    {
+        return metrics::record_failure(
+            &inputs.metrics,
+            &info,
+            Flag::Connect,
+            &"attempted recursive call to ourselves",
+        );
     }
     if let Err(e) = inputs.sockets.tune(&stream) {
         tracing::debug!(error = %e, "could not tune downstream socket");
@@ -57,7 +64,11 @@ pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: Sock
     info.dst_workload = route.destination_workload.clone();
     drop(state);
     match route.kind {
-        RouteKind::Hbone { target, authority, expected } => {
+        RouteKind::Hbone {
+            target,
+            authority,
+            expected,
+        } => {
             let src_identity = inputs.identity_of(&local);
             info.mtls = true;
             info.src_identity = Some(src_identity.clone());
@@ -68,8 +79,20 @@ pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: Sock
                 .as_deref()
                 .map(|w| inputs.identity_of(w))
                 .or_else(|| expected.first().cloned());
-            let key = PoolKey { src_identity, dst_identities: expected, dst: target, src_ip: peer.ip() };
-            let headers = request_headers(&local, peer, route.destination_service.as_deref().map(|s| s.hostname.as_str()));
+            let key = PoolKey {
+                src_identity,
+                dst_identities: expected,
+                dst: target,
+                src_ip: peer.ip(),
+            };
+            let headers = request_headers(
+                &local,
+                peer,
+                route
+                    .destination_service
+                    .as_deref()
+                    .map(|s| s.hostname.as_str()),
+            );
             let tunnel = match inputs.pool.connect(&key, authority, &headers).await {
                 Ok(t) => t,
                 Err(e) => return metrics::record_failure(&inputs.metrics, &info, flag_of(&e), &e),
@@ -94,10 +117,20 @@ pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: Sock
             {
                 Ok(Ok(s)) => s,
                 Ok(Err(e)) => {
-                    return metrics::record_failure(&inputs.metrics, &info, Flag::Connect, &format!("connection failed: {e}"));
+                    return metrics::record_failure(
+                        &inputs.metrics,
+                        &info,
+                        Flag::Connect,
+                        &format!("connection failed: {e}"),
+                    );
                 }
                 Err(_) => {
-                    return metrics::record_failure(&inputs.metrics, &info, Flag::Connect, &"connection failed: timed out");
+                    return metrics::record_failure(
+                        &inputs.metrics,
+                        &info,
+                        Flag::Connect,
+                        &"connection failed: timed out",
+                    );
                 }
             };
             let record = ConnectionRecord::open(&inputs.metrics, info);
@@ -171,7 +204,11 @@ pub fn baggage(w: &Workload) -> String {
     push("k8s.cluster.name", &w.cluster_id);
     push("k8s.namespace.name", &w.namespace);
     if !w.workload_name.is_empty() {
-        let kind = if w.workload_type.is_empty() { "deployment".to_owned() } else { w.workload_type.to_ascii_lowercase() };
+        let kind = if w.workload_type.is_empty() {
+            "deployment".to_owned()
+        } else {
+            w.workload_type.to_ascii_lowercase()
+        };
         push(&format!("k8s.{kind}.name"), &w.workload_name);
     }
     push("service.name", &w.canonical_name);

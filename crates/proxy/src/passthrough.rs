@@ -34,7 +34,12 @@ pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: Sock
     };
     let local_addr = stream.local_addr().ok().map(crate::socket::canonical);
     if is_illegal_port(orig.port()) || Some(orig) == local_addr {
-        return metrics::record_failure(&inputs.metrics, &info, Flag::Connect, &"attempted recursive call to ourselves");
+        return metrics::record_failure(
+            &inputs.metrics,
+            &info,
+            Flag::Connect,
+            &"attempted recursive call to ourselves",
+        );
     }
     let _ = inputs.sockets.tune(&stream);
     let local = match inputs.local_workload().await {
@@ -43,7 +48,12 @@ pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: Sock
     };
     info.dst_workload = Some(local.clone());
     info.dst_service = state.guess_service(&local, orig.port());
-    let conn = Connection { src_ip: peer.ip(), src_identity: None, dst_ip: orig.ip(), dst_port: orig.port() };
+    let conn = Connection {
+        src_ip: peer.ip(),
+        src_identity: None,
+        dst_ip: orig.ip(),
+        dst_port: orig.port(),
+    };
     let policies = state.policies_for(&local);
     if let Decision::Deny(reason) = authz::evaluate(policies.iter().map(|p| p.as_ref()), &conn) {
         let e = format!("connection closed due to policy rejection: {reason}");
@@ -51,18 +61,39 @@ pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: Sock
     }
     drop(state);
     let spoof = (inputs.transparent && peer.ip() != orig.ip()).then_some(peer.ip());
-    let app = match tokio::time::timeout(std::time::Duration::from_secs(10), inputs.sockets.connect(orig, spoof)).await {
+    let app = match tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        inputs.sockets.connect(orig, spoof),
+    )
+    .await
+    {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
-            return metrics::record_failure(&inputs.metrics, &info, Flag::Connect, &format!("connection failed: {e}"));
+            return metrics::record_failure(
+                &inputs.metrics,
+                &info,
+                Flag::Connect,
+                &format!("connection failed: {e}"),
+            );
         }
-        Err(_) => return metrics::record_failure(&inputs.metrics, &info, Flag::Connect, &"connection failed: timed out"),
+        Err(_) => {
+            return metrics::record_failure(
+                &inputs.metrics,
+                &info,
+                Flag::Connect,
+                &"connection failed: timed out",
+            );
+        }
     };
     let registration = inputs.connections.register(conn, local);
     let record = ConnectionRecord::open(&inputs.metrics, info);
     let (dr, dw) = stream.into_split();
     let (ur, uw) = app.into_split();
-    let copy = copy::bidirectional((TcpSource::new(dr), TcpSink(dw)), (TcpSource::new(ur), TcpSink(uw)), &record.counters);
+    let copy = copy::bidirectional(
+        (TcpSource::new(dr), TcpSink(dw)),
+        (TcpSource::new(ur), TcpSink(uw)),
+        &record.counters,
+    );
     let (t, err) = tokio::select! {
         (t, res) = copy => (t, res.err().map(|e| e.to_string())),
         _ = registration.closed.cancelled() => {
