@@ -1,1 +1,215 @@
-fn main() {}
+//! In-process microbenchmarks: HBONE round trips and throughput over a real TLS + HTTP/2
+//! tunnel on loopback, authorization evaluation, and state lookups.
+//!
+//! Run: `cargo bench -p ambit-proxy` (add `-- --quick` for a fast pass).
+
+use std::hint::black_box;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ambit_identity::{CertManager, FakeCa, Identity};
+use ambit_proxy::authz::{self, Connection};
+use ambit_proxy::drain::Drain;
+use ambit_proxy::hbone::pool::{Pool, PoolKey, Tunnel};
+use ambit_proxy::hbone::{H2Settings, server};
+use ambit_proxy::socket::SocketOptions;
+use ambit_proxy::state::{LocalConfig, State};
+use bytes::Bytes;
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use tokio::net::TcpListener;
+
+fn settings() -> H2Settings {
+    H2Settings { window_size: 4 << 20, connection_window_size: 16 << 20, frame_size: 1 << 20, max_streams: 100 }
+}
+
+/// An HBONE echo server on 127.0.0.1 and a pool with a client identity, sharing one fake CA.
+async fn hbone_pair() -> (Arc<Pool>, PoolKey) {
+    let ca = Arc::new(FakeCa::generate());
+    let server_id = Identity::new("cluster.local", "default", "server");
+    let client_id = Identity::new("cluster.local", "default", "client");
+    let server_cert = ca.issue(&server_id, Duration::from_secs(3600)).expect("issue");
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let acceptor = tokio_rustls::TlsAcceptor::from(server_cert.server_config());
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else { return };
+            let _ = tcp.set_nodelay(true);
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else { return };
+                let _ = server::serve(tls, settings(), Drain::new(), |req| async move {
+                    let server::ConnectRequest { request, mut respond } = req;
+                    let Ok(mut send) = respond.send_response(http::Response::new(()), false) else { return };
+                    let mut recv = request.into_body();
+                    while let Some(Ok(chunk)) = recv.data().await {
+                        let _ = recv.flow_control().release_capacity(chunk.len());
+                        if send_all(&mut send, chunk).await.is_err() {
+                            return;
+                        }
+                    }
+                    let _ = send.send_data(Bytes::new(), true);
+                })
+                .await;
+            });
+        }
+    });
+    let signer: Arc<dyn ambit_identity::CertSigner> = ca;
+    let certs = CertManager::new(signer, Duration::from_secs(3600));
+    let sockets = SocketOptions { mark: None, keepalive: None, user_timeout: false };
+    let pool = Pool::new(certs, sockets, settings(), Duration::from_secs(300));
+    let key = PoolKey { src_identity: client_id, dst_identities: vec![server_id], dst: addr, src_ip: Ipv4Addr::LOCALHOST.into() };
+    (pool, key)
+}
+
+async fn send_all(send: &mut h2::SendStream<Bytes>, mut chunk: Bytes) -> Result<(), h2::Error> {
+    while !chunk.is_empty() {
+        send.reserve_capacity(chunk.len());
+        let n = match std::future::poll_fn(|cx| send.poll_capacity(cx)).await {
+            Some(Ok(n)) => n,
+            Some(Err(e)) => return Err(e),
+            None => return Err(h2::Error::from(h2::Reason::CANCEL)),
+        };
+        let part = chunk.split_to(n.min(chunk.len()));
+        send.send_data(part, false)?;
+    }
+    Ok(())
+}
+
+async fn echo_once(t: &mut Tunnel, payload: &Bytes) {
+    send_all(&mut t.send, payload.clone()).await.expect("send");
+    let mut got = 0;
+    while got < payload.len() {
+        let chunk = t.recv.data().await.expect("open").expect("data");
+        let _ = t.recv.flow_control().release_capacity(chunk.len());
+        got += chunk.len();
+    }
+}
+
+fn hbone(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let (pool, key) = rt.block_on(hbone_pair());
+    let authority: SocketAddr = "10.0.0.2:8080".parse().expect("addr");
+    let headers = http::HeaderMap::new();
+    let mut g = c.benchmark_group("hbone");
+    for size in [1usize, 1024] {
+        let payload = Bytes::from(vec![7u8; size]);
+        let mut tunnel = rt.block_on(pool.connect(&key, authority, &headers)).expect("tunnel");
+        g.throughput(Throughput::Bytes(size as u64));
+        g.bench_function(BenchmarkId::new("roundtrip", size), |b| {
+            b.iter_custom(|iters| {
+                rt.block_on(async {
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        echo_once(&mut tunnel, &payload).await;
+                    }
+                    start.elapsed()
+                })
+            })
+        });
+    }
+    const CHUNKS: usize = 16;
+    let chunk = Bytes::from(vec![1u8; 256 * 1024]);
+    let mut tunnel = rt.block_on(pool.connect(&key, authority, &headers)).expect("tunnel");
+    g.throughput(Throughput::Bytes((CHUNKS * chunk.len()) as u64));
+    g.bench_function("throughput_4MiB", |b| {
+        b.iter_custom(|iters| {
+            rt.block_on(async {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    let Tunnel { send, recv, .. } = &mut tunnel;
+                    let sender = async {
+                        for _ in 0..CHUNKS {
+                            send_all(send, chunk.clone()).await.expect("send");
+                        }
+                    };
+                    let receiver = async {
+                        let mut got = 0;
+                        while got < CHUNKS * chunk.len() {
+                            let c = recv.data().await.expect("open").expect("data");
+                            let _ = recv.flow_control().release_capacity(c.len());
+                            got += c.len();
+                        }
+                    };
+                    tokio::join!(sender, receiver);
+                }
+                start.elapsed()
+            })
+        })
+    });
+    g.throughput(Throughput::Elements(1));
+    let one = Bytes::from_static(b"x");
+    g.bench_function("new_stream_roundtrip", |b| {
+        b.to_async(&rt).iter(|| async {
+            let mut t = pool.connect(&key, authority, &headers).await.expect("tunnel");
+            echo_once(&mut t, &one).await;
+        })
+    });
+    g.finish();
+}
+
+/// A state with `n` HBONE workloads and `n / 10` services of 10 endpoints each.
+fn big_state(n: usize) -> State {
+    let mut y = String::from("workloads:\n");
+    for i in 0..n {
+        let ip = Ipv4Addr::from(0x0a00_0000u32 + i as u32 + 1);
+        let svc = i / 10;
+        y.push_str(&format!(
+            "- uid: c//v1/Pod/ns/w{i}\n  name: w{i}\n  namespace: ns\n  serviceAccount: sa{svc}\n  workloadIps: [\"{ip}\"]\n  protocol: HBONE\n  services:\n    \"ns/s{svc}.ns.svc.cluster.local\":\n      80: 8080\n"
+        ));
+    }
+    y.push_str("services:\n");
+    for s in 0..n / 10 {
+        let vip = Ipv4Addr::from(0x0b00_0000u32 + s as u32 + 1);
+        y.push_str(&format!(
+            "- name: s{s}\n  namespace: ns\n  hostname: s{s}.ns.svc.cluster.local\n  vips: [\"/{vip}\"]\n  ports: {{80: 8080}}\n"
+        ));
+    }
+    y.push_str("policies: []\n");
+    let cfg = LocalConfig::parse(&y).expect("generated config parses");
+    State::from_config(cfg, None).expect("state")
+}
+
+fn state(c: &mut Criterion) {
+    let mut g = c.benchmark_group("state");
+    for n in [1_000usize, 10_000] {
+        let st = big_state(n);
+        let source = st.workload_by_uid("c//v1/Pod/ns/w0").expect("w0");
+        let ip: IpAddr = Ipv4Addr::from(0x0a00_0000u32 + (n as u32) / 2).into();
+        let vip = SocketAddr::new(Ipv4Addr::from(0x0b00_0001u32).into(), 80);
+        g.bench_function(BenchmarkId::new("workload_by_addr", n), |b| b.iter(|| black_box(st.workload_by_addr("", black_box(ip)))));
+        g.bench_function(BenchmarkId::new("route_outbound_vip", n), |b| {
+            b.iter(|| black_box(st.route_outbound(&source, "", black_box(vip)).expect("route")))
+        });
+        g.bench_function(BenchmarkId::new("route_outbound_pod", n), |b| {
+            b.iter(|| black_box(st.route_outbound(&source, "", SocketAddr::new(ip, 8080)).expect("route")))
+        });
+    }
+    g.finish();
+}
+
+fn authorization(c: &mut Criterion) {
+    let mut y = String::from("policies:\n");
+    for i in 0..100 {
+        y.push_str(&format!(
+            "- name: p{i}\n  namespace: ns\n  scope: Namespace\n  action: Deny\n  rules: [[[{{principals: [{{Exact: \"cluster.local/ns/x/sa/sa{i}\"}}], destinationPorts: [{}]}}]]]\n",
+            1000 + i
+        ));
+    }
+    y.push_str("- name: allow\n  namespace: ns\n  scope: Namespace\n  action: Allow\n  rules: [[[{namespaces: [{Exact: ns}]}]]]\n");
+    let cfg = LocalConfig::parse(&y).expect("policies parse");
+    let policies = cfg.policies;
+    let conn = Connection {
+        src_ip: Ipv4Addr::new(10, 0, 0, 1).into(),
+        src_identity: Some(Identity::new("cluster.local", "ns", "client")),
+        dst_ip: Ipv4Addr::new(10, 0, 0, 2).into(),
+        dst_port: 8080,
+    };
+    c.bench_function("authz/evaluate_100_deny_1_allow", |b| {
+        b.iter(|| black_box(authz::evaluate(policies.iter(), black_box(&conn))))
+    });
+}
+
+criterion_group!(benches, hbone, state, authorization);
+criterion_main!(benches);
