@@ -49,6 +49,11 @@ impl Drain {
         self.tracker.len()
     }
 
+    /// Starts the drain without waiting (listeners stop, servers send GOAWAY).
+    pub fn begin(&self) {
+        self.start.cancel();
+    }
+
     /// Starts the drain and waits until every tracked task has finished or `deadline` passed;
     /// then forces the rest closed. Returns how many tasks were still open at the deadline.
     pub async fn run(&self, deadline: Duration) -> usize {

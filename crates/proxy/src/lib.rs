@@ -16,3 +16,5 @@ pub mod outbound;
 pub mod passthrough;
 pub mod socket;
 pub mod state;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;

@@ -35,3 +35,6 @@ pub(crate) async fn keepalive(mut pp: h2::PingPong) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -256,11 +256,10 @@ impl Pool {
             }
             done.store(true, Ordering::Relaxed);
         });
-        let peer_max = conn_max_streams(&sender);
         Ok(PooledConn {
             sender,
             streams: Arc::new(AtomicU32::new(0)),
-            cap: self.settings.max_streams.min(peer_max).max(1),
+            cap: self.settings.max_streams.max(1),
             closed,
             last_used: Mutex::new(Instant::now()),
         })
@@ -299,8 +298,14 @@ impl Entry {
             if c.closed.load(Ordering::Relaxed) {
                 continue;
             }
+            // The peer's SETTINGS_MAX_CONCURRENT_STREAMS can change; h2 would queue streams
+            // beyond it, so a full connection sends new streams to another one instead.
+            let cap = c
+                .cap
+                .min(u32::try_from(c.sender.current_max_send_streams()).unwrap_or(u32::MAX))
+                .max(1);
             let n = c.streams.fetch_add(1, Ordering::Relaxed);
-            if n < c.cap {
+            if n < cap {
                 *c.last_used.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
                 return Some(c.clone());
             }
@@ -308,12 +313,6 @@ impl Entry {
         }
         None
     }
-}
-
-fn conn_max_streams(_sender: &h2::client::SendRequest<Bytes>) -> u32 {
-    // The peer's SETTINGS_MAX_CONCURRENT_STREAMS is enforced by h2 itself (requests wait for a
-    // free stream); our own cap keeps new streams on fresh connections before that happens.
-    u32::MAX
 }
 
 /// Whether the peer never processed the stream, so a retry elsewhere is safe.

@@ -1,0 +1,143 @@
+//! Test helpers (never shipped): an in-process HBONE echo server and a pool that trusts it.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ambit_identity::{CertManager, CertSigner, FakeCa, Identity};
+use bytes::Bytes;
+use tokio::net::TcpListener;
+
+use crate::drain::Drain;
+use crate::hbone::pool::{Pool, PoolKey, Tunnel};
+use crate::hbone::{H2Settings, server};
+use crate::socket::SocketOptions;
+
+/// ztunnel's default HTTP/2 settings.
+pub fn settings() -> H2Settings {
+    H2Settings {
+        window_size: 4 << 20,
+        connection_window_size: 16 << 20,
+        frame_size: 1 << 20,
+        max_streams: 100,
+    }
+}
+
+/// An HBONE server on 127.0.0.1 that answers every CONNECT with 200 and echoes the stream.
+pub struct EchoServer {
+    /// Listening address.
+    pub addr: SocketAddr,
+    /// The server's identity.
+    pub identity: Identity,
+    /// Drain signal of every connection the server accepted.
+    pub drain: Drain,
+    /// TCP connections accepted so far.
+    pub accepted: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl EchoServer {
+    /// Starts the server with a certificate from `ca`.
+    pub async fn start(ca: &FakeCa, settings: H2Settings) -> EchoServer {
+        let identity = Identity::new("cluster.local", "default", "server");
+        let cert = ca
+            .issue(&identity, Duration::from_secs(3600))
+            .expect("test CA issues");
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind 127.0.0.1");
+        let addr = listener.local_addr().expect("local addr");
+        let acceptor = tokio_rustls::TlsAcceptor::from(cert.server_config());
+        let drain = Drain::new();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (d, n) = (drain.clone(), accepted.clone());
+        tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    return;
+                };
+                n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let _ = tcp.set_nodelay(true);
+                let (acceptor, d) = (acceptor.clone(), d.clone());
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let _ = server::serve(tls, settings, d, |req| async move {
+                        let server::ConnectRequest {
+                            request,
+                            mut respond,
+                        } = req;
+                        let Ok(mut send) = respond.send_response(http::Response::new(()), false)
+                        else {
+                            return;
+                        };
+                        let mut recv = request.into_body();
+                        while let Some(Ok(chunk)) = recv.data().await {
+                            let _ = recv.flow_control().release_capacity(chunk.len());
+                            if send_all(&mut send, chunk).await.is_err() {
+                                return;
+                            }
+                        }
+                        let _ = send.send_data(Bytes::new(), true);
+                    })
+                    .await;
+                });
+            }
+        });
+        EchoServer {
+            addr,
+            identity,
+            drain,
+            accepted,
+        }
+    }
+}
+
+/// A pool whose certificates come from `ca`, and the key to reach `server` as `client`.
+pub fn pool_for(
+    ca: Arc<FakeCa>,
+    server: &EchoServer,
+    settings: H2Settings,
+) -> (Arc<Pool>, PoolKey) {
+    let signer: Arc<dyn CertSigner> = ca;
+    let certs = CertManager::new(signer, Duration::from_secs(3600));
+    let sockets = SocketOptions {
+        mark: None,
+        keepalive: None,
+        user_timeout: false,
+    };
+    let pool = Pool::new(certs, sockets, settings, Duration::from_secs(300));
+    let key = PoolKey {
+        src_identity: Identity::new("cluster.local", "default", "client"),
+        dst_identities: vec![server.identity.clone()],
+        dst: server.addr,
+        src_ip: Ipv4Addr::LOCALHOST.into(),
+    };
+    (pool, key)
+}
+
+/// Sends a whole chunk on an HTTP/2 stream, waiting for flow-control capacity.
+pub async fn send_all(send: &mut h2::SendStream<Bytes>, mut chunk: Bytes) -> Result<(), h2::Error> {
+    while !chunk.is_empty() {
+        send.reserve_capacity(chunk.len());
+        let n = match std::future::poll_fn(|cx| send.poll_capacity(cx)).await {
+            Some(Ok(n)) => n,
+            Some(Err(e)) => return Err(e),
+            None => return Err(h2::Error::from(h2::Reason::CANCEL)),
+        };
+        let part = chunk.split_to(n.min(chunk.len()));
+        send.send_data(part, false)?;
+    }
+    Ok(())
+}
+
+/// Sends `payload` through the tunnel and reads the same number of bytes back.
+pub async fn echo_once(t: &mut Tunnel, payload: &Bytes) {
+    send_all(&mut t.send, payload.clone()).await.expect("send");
+    let mut got = 0;
+    while got < payload.len() {
+        let chunk = t.recv.data().await.expect("stream open").expect("data");
+        let _ = t.recv.flow_control().release_capacity(chunk.len());
+        got += chunk.len();
+    }
+}
