@@ -3,7 +3,6 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
@@ -14,7 +13,9 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
-use crate::inputs::Inputs;
+use crate::drain::Drain;
+use crate::instance::Shared;
+use crate::readiness::Readiness;
 
 /// Serves HTTP/1.1 on `listener` with `handler` until the process ends.
 pub async fn serve<F, Fut>(listener: TcpListener, handler: F)
@@ -122,7 +123,7 @@ pub async fn admin(
             "ambit proxy admin\n  /config_dump   state, config and certificates (JSON)\n  /quitquitquit  POST: drain and exit\n",
         ),
         "/config_dump" => {
-            let body = config_dump(&inputs);
+            let body = config_dump(&ctx);
             Response::builder()
                 .header("content-type", "application/json")
                 .body(Full::new(Bytes::from(body)))
@@ -132,41 +133,36 @@ pub async fn admin(
             if req.method() != Method::POST {
                 return text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n");
             }
-            quit.notify_one();
+            ctx.quit.notify_one();
             text(StatusCode::OK, "shutdown now\n")
         }
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
     }
 }
 
-fn config_dump(inputs: &Inputs) -> String {
-    let state = inputs.state.current();
+fn config_dump(ctx: &AdminCtx) -> String {
+    let state = ctx.shared.state.current();
     let mut dump = state.dump();
     if let serde_json::Value::Object(map) = &mut dump {
-        map.insert(
-            "config".into(),
-            serde_json::to_value(inputs.cfg.as_ref()).unwrap_or_default(),
-        );
-        map.insert(
-            "certificates".into(),
-            serde_json::to_value(inputs.certs.dump()).unwrap_or_default(),
-        );
+        map.insert("config".into(), serde_json::to_value(ctx.shared.cfg.as_ref()).unwrap_or_default());
+        map.insert("certificates".into(), serde_json::to_value(ctx.shared.certs.dump()).unwrap_or_default());
         map.insert(
             "version".into(),
             serde_json::json!({
                 "version": env!("CARGO_PKG_VERSION"),
-                "rustVersion": "1.95",
                 "cryptoProvider": "aws-lc-rs",
             }),
         );
         map.insert(
             "connections".into(),
             serde_json::json!({
-                "inboundTracked": inputs.connections.len(),
-                "active": inputs.drain.active(),
-                "pooledHbone": inputs.pool.connections(),
+                "inboundTracked": ctx.shared.connections.len(),
+                "active": ctx.drain.active(),
             }),
         );
+        if let Some(w) = &ctx.workloads {
+            map.insert("workloadState".into(), w.dump());
+        }
     }
     serde_json::to_string_pretty(&dump).unwrap_or_default()
 }

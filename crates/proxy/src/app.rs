@@ -1,25 +1,23 @@
 //! Wires one proxy process together: runtimes, state, certificates, listeners, admin, drain.
 //!
 //! Threads: the main thread runs a single-threaded runtime for the control path (state
-//! reloads, certificate fetches, admin, metrics, readiness, policy re-evaluation); traffic runs
+//! reloads, certificate fetches, ZDS, admin, metrics, readiness, policy re-evaluation); traffic runs
 //! on a separate multi-threaded runtime, so an expensive scrape never delays the data path.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ambit_identity::{CaClient, CaClientConfig, CertManager, CertSigner, FakeCa};
 use prometheus_client::registry::Registry;
 use tokio::sync::Notify;
 
-use crate::config::{CaSource, Config};
+use crate::config::{CaSource, Config, ProxyMode};
 use crate::connections::ConnectionManager;
 use crate::drain::Drain;
-use crate::hbone::H2Settings;
-use crate::hbone::pool::Pool;
-use crate::inputs::Inputs;
+use crate::instance::Shared;
 use crate::metrics::Metrics;
+use crate::readiness::Readiness;
 use crate::state::{LocalConfig, State, StateStore};
 
 /// A failure that stops the proxy from starting.
@@ -42,6 +40,9 @@ pub enum StartError {
     /// An admin/metrics/readiness port could not be bound.
     #[error("failed to bind to address {0}: {1}")]
     BindAdmin(SocketAddr, std::io::Error),
+    /// Shared mode lacks a capability.
+    #[error("{0}")]
+    Capabilities(std::io::Error),
     /// The CA client could not be set up.
     #[error("certificate authority: {0}")]
     Ca(#[from] ambit_identity::CaError),
@@ -67,110 +68,71 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
     let node = cfg.local_node.clone();
     let initial = LocalConfig::load(&path)
         .and_then(|c| State::from_config(c, node.as_deref()))
-        .map_err(|error| StartError::LocalConfig {
-            path: path.display().to_string(),
-            error,
-        })?;
+        .map_err(|error| StartError::LocalConfig { path: path.display().to_string(), error })?;
     let store = StateStore::new(initial);
     let data_rt = data.handle().clone();
 
     control.block_on(async move {
+        let shared_mode = cfg.proxy_mode == ProxyMode::Shared;
+        if shared_mode {
+            crate::inpod::netns::check_capabilities(cfg.packet_mark).map_err(StartError::Capabilities)?;
+        }
         let signer: Arc<dyn CertSigner> = match &cfg.ca {
             CaSource::Fake { root: Some(dir) } => Arc::new(FakeCa::from_dir(dir)?),
             CaSource::Fake { root: None } => Arc::new(FakeCa::generate()),
-            CaSource::Remote {
-                address,
-                root_cert,
-                token,
-            } => Arc::new(CaClient::new(CaClientConfig {
+            CaSource::Remote { address, root_cert, token } => Arc::new(CaClient::new(CaClientConfig {
                 address: address.clone(),
                 root_cert: root_cert.clone(),
                 token_path: token.clone(),
                 cluster_id: cfg.cluster_id.clone(),
                 headers: prefixed_env("CA_HEADER_"),
-                impersonate: false,
+                // Shared mode asks for pods' certificates on their behalf (node-scoped).
+                impersonate: shared_mode,
             })?),
         };
         let certs = CertManager::new(signer, cfg.secret_ttl);
         let mut registry = Registry::default();
         let metrics = Metrics::register(&mut registry);
-        let registry = Arc::new(registry);
-        let sockets = cfg.socket_options();
-        let settings = H2Settings {
-            window_size: cfg.window_size,
-            connection_window_size: cfg.connection_window_size,
-            frame_size: cfg.frame_size,
-            max_streams: cfg.pool_max_streams_per_conn,
-        };
-        let pool = Pool::new(
-            certs.clone(),
-            sockets.clone(),
-            settings,
-            cfg.pool_unused_release_timeout,
-        );
-        let transparent = cfg
-            .require_original_source
-            .unwrap_or_else(crate::socket::transparent_available);
-        let local = cfg.proxy_workload_information.clone().expect(
-            "dedicated mode config always carries the workload (checked in Config::from_args)",
-        );
-        let drain = Drain::new();
-        let inputs = Arc::new(Inputs {
+        let shared = Shared {
             cfg: cfg.clone(),
             state: store.clone(),
             certs,
             metrics,
-            sockets: sockets.clone(),
-            pool: pool.clone(),
-            drain: drain.clone(),
             connections: ConnectionManager::default(),
-            transparent,
-            local,
-        });
-
-        // Data-plane listeners: bound now (failure is fatal), accepting on the data runtime.
-        let _guard = data_rt.enter();
-        let outbound = sockets.listen(cfg.outbound_addr, true)?;
-        let inbound = sockets.listen(cfg.inbound_addr, true)?;
-        let plaintext = sockets.listen(cfg.inbound_plaintext_addr, true)?;
-        drop(_guard);
-        let i = inputs.clone();
-        data_rt.spawn(crate::listener::accept_loop(
-            "outbound",
-            outbound,
-            drain.clone(),
-            move |s, p| crate::outbound::serve_connection(i.clone(), s, p),
-        ));
-        let i = inputs.clone();
-        data_rt.spawn(crate::listener::accept_loop(
-            "inbound",
-            inbound,
-            drain.clone(),
-            move |s, p| crate::inbound::serve_connection(i.clone(), s, p),
-        ));
-        let i = inputs.clone();
-        data_rt.spawn(crate::listener::accept_loop(
-            "inbound_plaintext",
-            plaintext,
-            drain.clone(),
-            move |s, p| crate::passthrough::serve_connection(i.clone(), s, p),
-        ));
+            transparent: cfg.require_original_source.unwrap_or_else(crate::socket::transparent_available),
+            data: data_rt,
+        };
+        let drain = Drain::new();
+        let readiness = Readiness::new();
+        let workloads = if shared_mode {
+            let manager = crate::inpod::Manager::new(shared.clone(), drain.clone(), &mut registry);
+            tokio::spawn(manager.clone().run(cfg.inpod_uds.clone(), readiness.clone()));
+            Some(manager)
+        } else {
+            let local = cfg
+                .proxy_workload_information
+                .clone()
+                .expect("dedicated mode config always carries the workload (checked in Config::from_args)");
+            shared.start(local, cfg.socket_options(), drain.child())?;
+            None
+        };
+        let registry = Arc::new(registry);
 
         // Control path.
-        let ready = Arc::new(AtomicBool::new(false));
         let quit = Arc::new(Notify::new());
         let admin_l = bind_admin(cfg.admin_addr)?;
         let stats_l = bind_admin(cfg.stats_addr)?;
         let ready_l = bind_admin(cfg.readiness_addr)?;
-        let (i, q) = (inputs.clone(), quit.clone());
-        tokio::spawn(crate::admin::serve(admin_l, move |req| {
-            crate::admin::admin(req, i.clone(), q.clone())
-        }));
+        let ctx = Arc::new(crate::admin::AdminCtx {
+            shared: shared.clone(),
+            drain: drain.clone(),
+            quit: quit.clone(),
+            workloads,
+        });
+        tokio::spawn(crate::admin::serve(admin_l, move |req| crate::admin::admin(req, ctx.clone())));
         let r = registry.clone();
-        tokio::spawn(crate::admin::serve(stats_l, move |req| {
-            crate::admin::metrics(req, r.clone())
-        }));
-        let (rd, d) = (ready.clone(), drain.clone());
+        tokio::spawn(crate::admin::serve(stats_l, move |req| crate::admin::metrics(req, r.clone())));
+        let (rd, d) = (readiness.clone(), drain.clone());
         tokio::spawn(crate::admin::serve(ready_l, move |req| {
             crate::admin::readiness(req, rd.clone(), d.is_draining())
         }));
@@ -182,32 +144,19 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
                 Duration::from_millis(500),
             ));
         }
-        tokio::spawn(inputs.connections.clone().watch(store.clone()));
-        let p = pool.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_secs(30)).await;
-                p.release_idle();
-            }
-        });
-        ready.store(true, Ordering::Relaxed);
+        tokio::spawn(shared.connections.clone().watch(store.clone()));
         tracing::info!(
             mode = ?cfg.proxy_mode,
             workload = ?cfg.proxy_workload_information,
             workers = cfg.num_worker_threads,
-            "proxy ready: outbound {}, inbound {}, inbound plaintext {}",
-            cfg.outbound_addr, cfg.inbound_addr, cfg.inbound_plaintext_addr
+            "proxy started"
         );
 
         wait_for_stop(&quit).await;
-        ready.store(false, Ordering::Relaxed);
         tracing::info!(deadline = ?cfg.self_termination_deadline, "draining");
         let left = drain.run(cfg.self_termination_deadline).await;
         if left > 0 {
-            tracing::warn!(
-                connections = left,
-                "closed connections that did not finish before the drain deadline"
-            );
+            tracing::warn!(connections = left, "closed connections that did not finish before the drain deadline");
         }
         tracing::info!("drained, exiting");
         Ok::<(), StartError>(())

@@ -20,6 +20,15 @@ pub struct ProxyArgs {
     /// Dedicated mode: the served workload as `namespace/name/service-account`.
     #[arg(long, env = "PROXY_WORKLOAD_INFO")]
     pub proxy_workload_info: Option<String>,
+    /// Shared mode: the node agent's ZDS socket (SOCK_SEQPACKET).
+    #[arg(long, env = "INPOD_UDS", default_value = "/var/run/ztunnel/ztunnel.sock")]
+    pub inpod_uds: PathBuf,
+    /// DNS proxy on 15053 in every pod (`ISTIO_META_DNS_CAPTURE`; anything but `true` disables it).
+    #[arg(long, env = "ISTIO_META_DNS_CAPTURE", default_value = "true")]
+    pub dns_capture: String,
+    /// DNS proxy: namespace preferred when several services share a hostname.
+    #[arg(long, env = "PREFERED_SERVICE_NAMESPACE")]
+    pub prefered_service_namespace: Option<String>,
     /// Local config file (ztunnel's local-config YAML), reloaded when it changes.
     #[arg(long, env = "LOCAL_XDS_PATH")]
     pub local_xds_path: Option<PathBuf>,
@@ -192,6 +201,12 @@ pub struct Config {
     pub proxy_workload_information: Option<WorkloadInfo>,
     /// Local config file.
     pub local_xds_path: Option<PathBuf>,
+    /// Shared mode: ZDS socket.
+    pub inpod_uds: PathBuf,
+    /// DNS proxy on 15053 per pod (shared mode).
+    pub dns_proxy: bool,
+    /// DNS proxy: preferred namespace.
+    pub prefered_service_namespace: Option<String>,
     /// CA source.
     pub ca: CaSource,
     /// Requested certificate lifetime.
@@ -264,11 +279,6 @@ pub enum ConfigError {
     /// Unknown PROXY_MODE.
     #[error("PROXY_MODE={0:?} is not valid: use `shared` or `dedicated`")]
     Mode(String),
-    /// Shared mode is not available yet.
-    #[error(
-        "PROXY_MODE=shared needs the ZDS client, which this build does not have yet: set PROXY_MODE=dedicated"
-    )]
-    SharedUnsupported,
     /// Dedicated mode without the workload.
     #[error("PROXY_MODE=dedicated needs PROXY_WORKLOAD_INFO=<namespace>/<name>/<service account>")]
     MissingWorkloadInfo,
@@ -295,7 +305,7 @@ impl Config {
     /// Resolves the arguments into a configuration, or says what is wrong.
     pub fn from_args(a: &ProxyArgs) -> Result<Config, ConfigError> {
         let proxy_mode = match a.proxy_mode.to_ascii_lowercase().as_str() {
-            "shared" => return Err(ConfigError::SharedUnsupported),
+            "shared" => ProxyMode::Shared,
             "dedicated" => ProxyMode::Dedicated,
             _ => return Err(ConfigError::Mode(a.proxy_mode.clone())),
         };
@@ -351,6 +361,9 @@ impl Config {
             proxy_mode,
             proxy_workload_information: info,
             local_xds_path: a.local_xds_path.clone(),
+            inpod_uds: a.inpod_uds.clone(),
+            dns_proxy: a.dns_capture.eq_ignore_ascii_case("true"),
+            prefered_service_namespace: a.prefered_service_namespace.clone().filter(|n| !n.is_empty()),
             ca,
             secret_ttl: a.secret_ttl,
             packet_mark,
@@ -390,6 +403,7 @@ impl Config {
     /// Socket options for every proxy socket.
     pub fn socket_options(&self) -> SocketOptions {
         SocketOptions {
+            netns: None,
             mark: self.packet_mark,
             keepalive: self.keepalive.map(|k| Keepalive {
                 time: k.keepalive_time,
@@ -574,10 +588,8 @@ mod tests {
         a.proxy_mode = "bogus".into();
         assert!(matches!(Config::from_args(&a), Err(ConfigError::Mode(_))));
         a.proxy_mode = "shared".into();
-        assert_eq!(
-            Config::from_args(&a).err(),
-            Some(ConfigError::SharedUnsupported)
-        );
+        a.packet_mark = None;
+        assert_eq!(Config::from_args(&a).expect("shared").packet_mark, Some(1337));
         assert_eq!(parse_u32("0x539"), Ok(1337));
     }
 }

@@ -49,6 +49,18 @@ impl Drain {
         self.tracker.len()
     }
 
+    /// A drain scope inside this one: it drains when this one does, or on its own (one pod's
+    /// proxy), and its tasks count towards this one's.
+    pub fn child(&self) -> Drain {
+        Drain { start: self.start.child_token(), force: self.force.child_token(), tracker: self.tracker.clone() }
+    }
+
+    /// Closes everything in this scope now: no grace (the pod is gone).
+    pub fn close_now(&self) {
+        self.start.cancel();
+        self.force.cancel();
+    }
+
     /// Starts the drain without waiting (listeners stop, servers send GOAWAY).
     pub fn begin(&self) {
         self.start.cancel();
@@ -88,5 +100,21 @@ mod tests {
         let left = d.run(Duration::from_secs(3)).await;
         assert_eq!(left, 1);
         assert_eq!(d.active(), 0);
+    }
+
+    #[tokio::test]
+    async fn child_scopes() {
+        let parent = Drain::new();
+        let a = parent.child();
+        let b = parent.child();
+        a.close_now();
+        assert!(a.is_draining() && !b.is_draining() && !parent.is_draining());
+        parent.begin();
+        assert!(b.is_draining());
+        let b2 = b.clone();
+        let t = b.spawn(async move { b2.forced().await });
+        assert_eq!(parent.active(), 1, "child tasks count in the parent");
+        parent.run(Duration::from_millis(10)).await;
+        t.await.expect("forced task ends");
     }
 }

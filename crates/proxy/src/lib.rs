@@ -9,11 +9,14 @@ pub mod copy;
 pub mod drain;
 pub mod hbone;
 pub mod inbound;
+pub mod inpod;
 pub mod inputs;
+pub mod instance;
 pub mod listener;
 pub mod metrics;
 pub mod outbound;
 pub mod passthrough;
+pub mod readiness;
 pub mod socket;
 pub mod state;
 #[cfg(any(test, feature = "testing"))]

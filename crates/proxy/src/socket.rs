@@ -5,11 +5,18 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
 use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
-use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use std::sync::Arc;
 
-/// Options applied to every socket the proxy creates or accepts.
-#[derive(Clone, Debug)]
+use tokio::net::{TcpListener, TcpSocket, TcpStream, UdpSocket};
+
+use crate::inpod::netns::InpodNetns;
+
+/// Options applied to every socket the proxy creates or accepts, and the network namespace
+/// the sockets are created in (a pod's, in shared mode).
+#[derive(Clone, Debug, Default)]
 pub struct SocketOptions {
+    /// Create sockets in this namespace instead of the current one.
+    pub netns: Option<Arc<InpodNetns>>,
     /// `SO_MARK` on proxy sockets (`PACKET_MARK`), so capture rules let them through.
     pub mark: Option<u32>,
     /// TCP keepalive settings; `None` disables keepalive.
@@ -66,12 +73,35 @@ impl SocketOptions {
         Ok(())
     }
 
+    /// Creates a socket, in the configured namespace if any, marked.
+    pub fn socket(&self, domain: Domain, ty: Type, protocol: Protocol) -> io::Result<Socket> {
+        let sock = match &self.netns {
+            Some(ns) => ns.run(|| Socket::new(domain, ty, Some(protocol)))??,
+            None => Socket::new(domain, ty, Some(protocol))?,
+        };
+        sock.set_cloexec(true)?;
+        self.mark(SockRef::from(&sock))?;
+        Ok(sock)
+    }
+
+    /// Binds a UDP socket (in the namespace, marked).
+    pub fn bind_udp(&self, addr: SocketAddr) -> io::Result<UdpSocket> {
+        let sock = self.socket(Domain::for_address(addr), Type::DGRAM, Protocol::UDP)?;
+        if addr.is_ipv6() {
+            sock.set_only_v6(true)?;
+        }
+        sock.set_reuse_address(true)?;
+        sock.set_nonblocking(true)?;
+        sock.bind(&addr.into())?;
+        UdpSocket::from_std(sock.into())
+    }
+
     /// Binds a listener with `SO_REUSEADDR`, optionally `SO_REUSEPORT`, and the mark.
     ///
     /// A `[::]` address is bound dual-stack.
     pub fn listen(&self, addr: SocketAddr, reuse_port: bool) -> Result<TcpListener, BindError> {
         let bind = || -> io::Result<TcpListener> {
-            let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+            let sock = self.socket(Domain::for_address(addr), Type::STREAM, Protocol::TCP)?;
             if addr.is_ipv6() {
                 sock.set_only_v6(false)?;
             }
@@ -80,7 +110,6 @@ impl SocketOptions {
                 sock.set_reuse_port(true)?;
             }
             sock.set_nonblocking(true)?;
-            self.mark(SockRef::from(&sock))?;
             sock.bind(&addr.into())?;
             sock.listen(1024)?;
             TcpListener::from_std(sock.into())
@@ -90,11 +119,9 @@ impl SocketOptions {
 
     /// Dials `dst`, marked, optionally from a spoofed source address (`IP_TRANSPARENT`).
     pub async fn connect(&self, dst: SocketAddr, src: Option<IpAddr>) -> io::Result<TcpStream> {
-        let sock = match dst {
-            SocketAddr::V4(_) => TcpSocket::new_v4()?,
-            SocketAddr::V6(_) => TcpSocket::new_v6()?,
-        };
-        self.mark(SockRef::from(&sock))?;
+        let raw = self.socket(Domain::for_address(dst), Type::STREAM, Protocol::TCP)?;
+        raw.set_nonblocking(true)?;
+        let sock = TcpSocket::from_std_stream(raw.into());
         if let Some(src) = src {
             let src = canonical_ip(src);
             if src.is_ipv4() == dst.is_ipv4() {

@@ -101,11 +101,7 @@ pub fn pool_for(
 ) -> (Arc<Pool>, PoolKey) {
     let signer: Arc<dyn CertSigner> = ca;
     let certs = CertManager::new(signer, Duration::from_secs(3600));
-    let sockets = SocketOptions {
-        mark: None,
-        keepalive: None,
-        user_timeout: false,
-    };
+    let sockets = SocketOptions::default();
     let pool = Pool::new(certs, sockets, settings, Duration::from_secs(300));
     let key = PoolKey {
         src_identity: Identity::new("cluster.local", "default", "client"),
