@@ -20,7 +20,12 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use tokio::net::TcpListener;
 
 fn settings() -> H2Settings {
-    H2Settings { window_size: 4 << 20, connection_window_size: 16 << 20, frame_size: 1 << 20, max_streams: 100 }
+    H2Settings {
+        window_size: 4 << 20,
+        connection_window_size: 16 << 20,
+        frame_size: 1 << 20,
+        max_streams: 100,
+    }
 }
 
 /// An HBONE echo server on 127.0.0.1 and a pool with a client identity, sharing one fake CA.
@@ -28,20 +33,31 @@ async fn hbone_pair() -> (Arc<Pool>, PoolKey) {
     let ca = Arc::new(FakeCa::generate());
     let server_id = Identity::new("cluster.local", "default", "server");
     let client_id = Identity::new("cluster.local", "default", "client");
-    let server_cert = ca.issue(&server_id, Duration::from_secs(3600)).expect("issue");
+    let server_cert = ca
+        .issue(&server_id, Duration::from_secs(3600))
+        .expect("issue");
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let acceptor = tokio_rustls::TlsAcceptor::from(server_cert.server_config());
     tokio::spawn(async move {
         loop {
-            let Ok((tcp, _)) = listener.accept().await else { return };
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
             let _ = tcp.set_nodelay(true);
             let acceptor = acceptor.clone();
             tokio::spawn(async move {
-                let Ok(tls) = acceptor.accept(tcp).await else { return };
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
                 let _ = server::serve(tls, settings(), Drain::new(), |req| async move {
-                    let server::ConnectRequest { request, mut respond } = req;
-                    let Ok(mut send) = respond.send_response(http::Response::new(()), false) else { return };
+                    let server::ConnectRequest {
+                        request,
+                        mut respond,
+                    } = req;
+                    let Ok(mut send) = respond.send_response(http::Response::new(()), false) else {
+                        return;
+                    };
                     let mut recv = request.into_body();
                     while let Some(Ok(chunk)) = recv.data().await {
                         let _ = recv.flow_control().release_capacity(chunk.len());
@@ -57,9 +73,18 @@ async fn hbone_pair() -> (Arc<Pool>, PoolKey) {
     });
     let signer: Arc<dyn ambit_identity::CertSigner> = ca;
     let certs = CertManager::new(signer, Duration::from_secs(3600));
-    let sockets = SocketOptions { mark: None, keepalive: None, user_timeout: false };
+    let sockets = SocketOptions {
+        mark: None,
+        keepalive: None,
+        user_timeout: false,
+    };
     let pool = Pool::new(certs, sockets, settings(), Duration::from_secs(300));
-    let key = PoolKey { src_identity: client_id, dst_identities: vec![server_id], dst: addr, src_ip: Ipv4Addr::LOCALHOST.into() };
+    let key = PoolKey {
+        src_identity: client_id,
+        dst_identities: vec![server_id],
+        dst: addr,
+        src_ip: Ipv4Addr::LOCALHOST.into(),
+    };
     (pool, key)
 }
 
@@ -88,14 +113,20 @@ async fn echo_once(t: &mut Tunnel, payload: &Bytes) {
 }
 
 fn hbone(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
     let (pool, key) = rt.block_on(hbone_pair());
     let authority: SocketAddr = "10.0.0.2:8080".parse().expect("addr");
     let headers = http::HeaderMap::new();
     let mut g = c.benchmark_group("hbone");
     for size in [1usize, 1024] {
         let payload = Bytes::from(vec![7u8; size]);
-        let mut tunnel = rt.block_on(pool.connect(&key, authority, &headers)).expect("tunnel");
+        let mut tunnel = rt
+            .block_on(pool.connect(&key, authority, &headers))
+            .expect("tunnel");
         g.throughput(Throughput::Bytes(size as u64));
         g.bench_function(BenchmarkId::new("roundtrip", size), |b| {
             b.iter_custom(|iters| {
@@ -111,7 +142,9 @@ fn hbone(c: &mut Criterion) {
     }
     const CHUNKS: usize = 16;
     let chunk = Bytes::from(vec![1u8; 256 * 1024]);
-    let mut tunnel = rt.block_on(pool.connect(&key, authority, &headers)).expect("tunnel");
+    let mut tunnel = rt
+        .block_on(pool.connect(&key, authority, &headers))
+        .expect("tunnel");
     g.throughput(Throughput::Bytes((CHUNKS * chunk.len()) as u64));
     g.bench_function("throughput_4MiB", |b| {
         b.iter_custom(|iters| {
@@ -142,7 +175,10 @@ fn hbone(c: &mut Criterion) {
     let one = Bytes::from_static(b"x");
     g.bench_function("new_stream_roundtrip", |b| {
         b.to_async(&rt).iter(|| async {
-            let mut t = pool.connect(&key, authority, &headers).await.expect("tunnel");
+            let mut t = pool
+                .connect(&key, authority, &headers)
+                .await
+                .expect("tunnel");
             echo_once(&mut t, &one).await;
         })
     });
@@ -178,12 +214,24 @@ fn state(c: &mut Criterion) {
         let source = st.workload_by_uid("c//v1/Pod/ns/w0").expect("w0");
         let ip: IpAddr = Ipv4Addr::from(0x0a00_0000u32 + (n as u32) / 2).into();
         let vip = SocketAddr::new(Ipv4Addr::from(0x0b00_0001u32).into(), 80);
-        g.bench_function(BenchmarkId::new("workload_by_addr", n), |b| b.iter(|| black_box(st.workload_by_addr("", black_box(ip)))));
+        g.bench_function(BenchmarkId::new("workload_by_addr", n), |b| {
+            b.iter(|| black_box(st.workload_by_addr("", black_box(ip))))
+        });
         g.bench_function(BenchmarkId::new("route_outbound_vip", n), |b| {
-            b.iter(|| black_box(st.route_outbound(&source, "", black_box(vip)).expect("route")))
+            b.iter(|| {
+                black_box(
+                    st.route_outbound(&source, "", black_box(vip))
+                        .expect("route"),
+                )
+            })
         });
         g.bench_function(BenchmarkId::new("route_outbound_pod", n), |b| {
-            b.iter(|| black_box(st.route_outbound(&source, "", SocketAddr::new(ip, 8080)).expect("route")))
+            b.iter(|| {
+                black_box(
+                    st.route_outbound(&source, "", SocketAddr::new(ip, 8080))
+                        .expect("route"),
+                )
+            })
         });
     }
     g.finish();
