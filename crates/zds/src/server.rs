@@ -23,6 +23,10 @@ pub struct ZdsListener {
 }
 
 /// One accepted node-proxy connection; requests are strictly sequential (send, then ack).
+///
+/// Acks are matched to requests only by order (as upstream). After a timeout, or if a request
+/// future is dropped mid-way, a late ack may be read as the next request's; callers that need
+/// certainty should close the connection then (the proxy reconnects and gets a fresh snapshot).
 #[derive(Debug)]
 pub struct ZdsServerConn {
     socket: UnixSeqpacket,
