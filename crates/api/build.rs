@@ -2,20 +2,11 @@
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../proto");
-    let files = [
-        "workload.proto",
-        "authorization.proto",
-        "zds.proto",
-        "ca.proto",
-        "xds.proto",
-    ];
+    let files = ["workload.proto", "authorization.proto", "zds.proto", "ca.proto", "xds.proto"];
     for f in files {
         println!("cargo:rerun-if-changed={dir}/{f}");
     }
     let fds = protox::compile(files, [dir])?;
-    tonic_prost_build::configure()
-        .build_server(true)
-        .build_client(true)
-        .compile_fds(fds)?;
+    tonic_prost_build::configure().build_server(true).build_client(true).compile_fds(fds)?;
     Ok(())
 }

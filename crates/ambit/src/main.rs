@@ -64,20 +64,17 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::DevCa {
-            command: DevCaCommand::Init { dir, force },
-        } => match ambit_identity::dev_ca_init(&dir, force) {
-            Ok(()) => {
-                println!(
-                    "wrote {0}/root-cert.pem and {0}/root-key.pem",
-                    dir.display()
-                );
-                ExitCode::SUCCESS
+        Command::DevCa { command: DevCaCommand::Init { dir, force } } => {
+            match ambit_identity::dev_ca_init(&dir, force) {
+                Ok(()) => {
+                    println!("wrote {0}/root-cert.pem and {0}/root-key.pem", dir.display());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("ambit dev-ca init: {e}");
+                    ExitCode::FAILURE
+                }
             }
-            Err(e) => {
-                eprintln!("ambit dev-ca init: {e}");
-                ExitCode::FAILURE
-            }
-        },
+        }
     }
 }

@@ -8,8 +8,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::{
-    Cluster, INBOUND_HBONE_PORT, INBOUND_PLAINTEXT_PORT, OUTBOUND_PORT, PROXY_MARK, accept_timeout,
-    contains, echo_roundtrip, original_dst, pcap_payloads, require_root,
+    Cluster, INBOUND_HBONE_PORT, INBOUND_PLAINTEXT_PORT, OUTBOUND_PORT, PROXY_MARK, accept_timeout, contains,
+    echo_roundtrip, original_dst, pcap_payloads, require_root,
 };
 
 const WAIT: Duration = Duration::from_secs(5);
@@ -21,10 +21,7 @@ fn any6(port: u16) -> SocketAddr {
 }
 
 fn netns_list() -> String {
-    let out = Command::new("ip")
-        .args(["netns", "list"])
-        .output()
-        .expect("ip netns list runs");
+    let out = Command::new("ip").args(["netns", "list"]).output().expect("ip netns list runs");
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -38,13 +35,8 @@ fn pods_exchange_data_over_the_bridge_v4_and_v6() {
     let b = cluster.add_pod("b");
     let echo = b.echo_server(7000);
 
-    for (target, source) in [
-        (echo.addr4(), IpAddr::V4(a.ip4)),
-        (echo.addr6(), IpAddr::V6(a.ip6)),
-    ] {
-        let mut stream = a
-            .connect_tcp(target)
-            .expect("a reaches b through the bridge");
+    for (target, source) in [(echo.addr4(), IpAddr::V4(a.ip4)), (echo.addr6(), IpAddr::V6(a.ip6))] {
+        let mut stream = a.connect_tcp(target).expect("a reaches b through the bridge");
         let reply = echo_roundtrip(&mut stream, b"hello over the bridge").expect("echo reply");
         assert_eq!(reply, b"hello over the bridge");
         assert_eq!(stream.local_addr().expect("local addr").ip(), source);
@@ -63,9 +55,7 @@ fn pods_on_two_nodes_share_one_segment() {
     let b = second.add_pod("b");
     let echo = b.echo_server(7000);
     for target in [echo.addr4(), echo.addr6()] {
-        let mut stream = a
-            .connect_tcp(target)
-            .expect("a reaches b on the other node");
+        let mut stream = a.connect_tcp(target).expect("a reaches b on the other node");
         assert_eq!(echo_roundtrip(&mut stream, b"x").expect("echo"), b"x");
     }
     assert_eq!(echo.peer_ips(), vec![IpAddr::V4(a.ip4), IpAddr::V6(a.ip6)]);
@@ -83,22 +73,14 @@ fn capture_redirects_outbound_to_15001_with_original_destination() {
     a.capture();
     let outbound = a.listen_tcp(any6(OUTBOUND_PORT));
 
-    let targets = [
-        b.addr4(8080),
-        b.addr6(8080),
-        SocketAddr::new(VIP4.into(), 80),
-        SocketAddr::new(VIP6.into(), 80),
-    ];
+    let targets =
+        [b.addr4(8080), b.addr6(8080), SocketAddr::new(VIP4.into(), 80), SocketAddr::new(VIP6.into(), 80)];
     for target in targets {
         let mut client = a.connect_tcp(target).expect("captured connect succeeds");
         let (mut accepted, peer) = accept_timeout(&outbound, WAIT)
             .unwrap_or_else(|| panic!("connection to {target} was not redirected to 15001"));
         assert_eq!(original_dst(&accepted).expect("SO_ORIGINAL_DST"), target);
-        assert!(
-            peer.ip().is_loopback()
-                || peer.ip() == IpAddr::V4(a.ip4)
-                || peer.ip() == IpAddr::V6(a.ip6)
-        );
+        assert!(peer.ip().is_loopback() || peer.ip() == IpAddr::V4(a.ip4) || peer.ip() == IpAddr::V6(a.ip6));
         client.write_all(b"ping").expect("write");
         let mut buf = [0u8; 4];
         accepted.read_exact(&mut buf).expect("read at 15001");
@@ -119,26 +101,16 @@ fn capture_redirects_inbound_to_15006_but_not_hbone_port() {
     let inbound = a.listen_tcp(any6(INBOUND_PLAINTEXT_PORT));
     let hbone = a.listen_tcp(any6(INBOUND_HBONE_PORT));
 
-    for (target, source) in [
-        (a.addr4(8080), IpAddr::V4(b.ip4)),
-        (a.addr6(8080), IpAddr::V6(b.ip6)),
-    ] {
+    for (target, source) in [(a.addr4(8080), IpAddr::V4(b.ip4)), (a.addr6(8080), IpAddr::V6(b.ip6))] {
         let _client = b.connect_tcp(target).expect("inbound connect succeeds");
         let (accepted, peer) = accept_timeout(&inbound, WAIT)
             .unwrap_or_else(|| panic!("connection to {target} was not redirected to 15006"));
-        assert_eq!(
-            peer.ip(),
-            source,
-            "inbound keeps the client's source address"
-        );
+        assert_eq!(peer.ip(), source, "inbound keeps the client's source address");
         assert_eq!(original_dst(&accepted).expect("SO_ORIGINAL_DST"), target);
     }
     for target in [a.addr4(INBOUND_HBONE_PORT), a.addr6(INBOUND_HBONE_PORT)] {
         let _client = b.connect_tcp(target).expect("hbone connect succeeds");
-        assert!(
-            accept_timeout(&hbone, WAIT).is_some(),
-            "{target} must reach the 15008 listener directly"
-        );
+        assert!(accept_timeout(&hbone, WAIT).is_some(), "{target} must reach the 15008 listener directly");
     }
     assert!(accept_timeout(&inbound, Duration::from_millis(100)).is_none());
 }
@@ -156,22 +128,15 @@ fn proxy_marked_socket_is_not_redirected() {
     let outbound = a.listen_tcp(any6(OUTBOUND_PORT));
 
     for target in [echo.addr4(), echo.addr6()] {
-        let mut stream = a
-            .connect_tcp_marked(target, PROXY_MARK)
-            .expect("marked socket connects to b directly");
-        assert_eq!(
-            echo_roundtrip(&mut stream, b"marked").expect("echo"),
-            b"marked"
-        );
+        let mut stream =
+            a.connect_tcp_marked(target, PROXY_MARK).expect("marked socket connects to b directly");
+        assert_eq!(echo_roundtrip(&mut stream, b"marked").expect("echo"), b"marked");
     }
     assert_eq!(echo.peer_ips(), vec![IpAddr::V4(a.ip4), IpAddr::V6(a.ip6)]);
     assert!(accept_timeout(&outbound, Duration::from_millis(100)).is_none());
     // The same connection without the mark is captured, so the bypass above is not vacuous.
     let _unmarked = a.connect_tcp(echo.addr4()).expect("unmarked connect");
-    assert!(
-        accept_timeout(&outbound, WAIT).is_some(),
-        "unmarked socket must be redirected"
-    );
+    assert!(accept_timeout(&outbound, WAIT).is_some(), "unmarked socket must be redirected");
     assert_eq!(echo.peers().len(), 2);
 }
 
@@ -188,39 +153,19 @@ fn proxy_style_spoofed_connection_replies_return_through_table_100() {
     let real_b = b.echo_server(40000);
     a.capture();
 
-    for (source, target) in [
-        (IpAddr::V4(b.ip4), app.addr4()),
-        (IpAddr::V6(b.ip6), app.addr6()),
-    ] {
+    for (source, target) in [(IpAddr::V4(b.ip4), app.addr4()), (IpAddr::V6(b.ip6), app.addr6())] {
         let mut stream = a
             .connect_tcp_spoofed(source, target, PROXY_MARK)
             .unwrap_or_else(|e| panic!("spoofed connect {source} -> {target}: {e}"));
-        assert_eq!(
-            echo_roundtrip(&mut stream, b"spoofed").expect("echo"),
-            b"spoofed"
-        );
+        assert_eq!(echo_roundtrip(&mut stream, b"spoofed").expect("echo"), b"spoofed");
     }
     assert_eq!(app.peer_ips(), vec![IpAddr::V4(b.ip4), IpAddr::V6(b.ip6)]);
     assert!(real_b.peers().is_empty());
 
     // Without the policy route the app's replies would go to the real b and the handshake fails.
-    a.run_cmd(
-        "ip",
-        &[
-            "-4",
-            "rule",
-            "del",
-            "fwmark",
-            "0x111/0xfff",
-            "lookup",
-            "100",
-        ],
-    );
+    a.run_cmd("ip", &["-4", "rule", "del", "fwmark", "0x111/0xfff", "lookup", "100"]);
     let broken = a.connect_tcp_spoofed(IpAddr::V4(b.ip4), app.addr4(), PROXY_MARK);
-    assert!(
-        broken.is_err(),
-        "handshake must fail without the fwmark rule"
-    );
+    assert!(broken.is_err(), "handshake must fail without the fwmark rule");
 }
 
 #[test]
@@ -231,13 +176,9 @@ fn capture_redirects_dns_to_15053() {
     let cluster = Cluster::new();
     let a = cluster.add_pod("a");
     a.capture();
-    let dns = a
-        .run(|| UdpSocket::bind("0.0.0.0:15053"))
-        .expect("bind 15053");
+    let dns = a.run(|| UdpSocket::bind("0.0.0.0:15053")).expect("bind 15053");
     let client = a.run(|| UdpSocket::bind("0.0.0.0:0")).expect("bind client");
-    client
-        .send_to(b"query", SocketAddr::new(VIP4.into(), 53))
-        .expect("send dns");
+    client.send_to(b"query", SocketAddr::new(VIP4.into(), 53)).expect("send dns");
     dns.set_read_timeout(Some(WAIT)).expect("timeout");
     let mut buf = [0u8; 16];
     let (n, from) = dns.recv_from(&mut buf).expect("query redirected to 15053");
@@ -256,10 +197,7 @@ fn nft_capture_redirects_like_iptables() {
     let echo = b.echo_server(8080);
     a.capture_nft();
     let ruleset = a.ruleset("nft");
-    assert!(
-        ruleset.contains("table inet istio-ambient-nat"),
-        "{ruleset}"
-    );
+    assert!(ruleset.contains("table inet istio-ambient-nat"), "{ruleset}");
     let outbound = a.listen_tcp(any6(OUTBOUND_PORT));
     let inbound = a.listen_tcp(any6(INBOUND_PLAINTEXT_PORT));
 
@@ -271,14 +209,9 @@ fn nft_capture_redirects_like_iptables() {
     }
     for target in [a.addr4(9090), a.addr6(9090)] {
         let _client = b.connect_tcp(target).expect("inbound connect");
-        assert!(
-            accept_timeout(&inbound, WAIT).is_some(),
-            "{target} not redirected to 15006"
-        );
+        assert!(accept_timeout(&inbound, WAIT).is_some(), "{target} not redirected to 15006");
     }
-    let mut marked = a
-        .connect_tcp_marked(echo.addr4(), PROXY_MARK)
-        .expect("marked bypass");
+    let mut marked = a.connect_tcp_marked(echo.addr4(), PROXY_MARK).expect("marked bypass");
     assert_eq!(echo_roundtrip(&mut marked, b"m").expect("echo"), b"m");
 }
 
@@ -295,10 +228,7 @@ fn uncapture_restores_direct_traffic() {
     a.uncapture();
     assert!(!a.ruleset("iptables-save").contains("ISTIO_"));
     let mut stream = a.connect_tcp(echo.addr4()).expect("direct connect");
-    assert_eq!(
-        echo_roundtrip(&mut stream, b"direct").expect("echo"),
-        b"direct"
-    );
+    assert_eq!(echo_roundtrip(&mut stream, b"direct").expect("echo"), b"direct");
     assert_eq!(echo.peer_ips(), vec![IpAddr::V4(a.ip4)]);
 }
 
@@ -319,20 +249,17 @@ fn tcpdump_on_the_bridge_sees_plaintext() {
     }
     let pcap = capture.stop();
     let segments = pcap_payloads(&pcap);
-    for (source, target) in [
-        (IpAddr::V4(a.ip4), echo.addr4()),
-        (IpAddr::V6(a.ip6), echo.addr6()),
-    ] {
+    for (source, target) in [(IpAddr::V4(a.ip4), echo.addr4()), (IpAddr::V6(a.ip6), echo.addr6())] {
         assert!(
-            segments.iter().any(|(src, dst, data)| src.ip() == source
-                && *dst == target
-                && contains(data, marker)),
+            segments
+                .iter()
+                .any(|(src, dst, data)| src.ip() == source && *dst == target && contains(data, marker)),
             "request {source} -> {target} with the marker not captured: {segments:?}"
         );
         assert!(
-            segments.iter().any(|(src, dst, data)| *src == target
-                && dst.ip() == source
-                && contains(data, marker)),
+            segments
+                .iter()
+                .any(|(src, dst, data)| *src == target && dst.ip() == source && contains(data, marker)),
             "echo reply {target} -> {source} not captured"
         );
     }
@@ -351,10 +278,7 @@ fn cluster_cleanup_removes_namespaces_even_on_panic() {
     assert!(names.iter().all(|n| listed.contains(n.as_str())));
     drop(cluster);
     let listed = netns_list();
-    assert!(
-        names.iter().all(|n| !listed.contains(n.as_str())),
-        "{listed}"
-    );
+    assert!(names.iter().all(|n| !listed.contains(n.as_str())), "{listed}");
 
     let (tx, rx) = std::sync::mpsc::channel();
     let result = std::thread::spawn(move || {
@@ -369,21 +293,12 @@ fn cluster_cleanup_removes_namespaces_even_on_panic() {
     assert!(result.is_err());
     let names = rx.recv().expect("names");
     let listed = netns_list();
-    assert!(
-        names.iter().all(|n| !listed.contains(n.as_str())),
-        "{listed}"
-    );
+    assert!(names.iter().all(|n| !listed.contains(n.as_str())), "{listed}");
 }
 
 #[test]
 fn pcap_parser_reads_ethernet_ipv4_and_ipv6_segments() {
-    let v4 = tcp_frame_v4(
-        [10, 1, 2, 3],
-        [10, 1, 2, 4],
-        40000,
-        15008,
-        &[0x16, 3, 1, 0, 5],
-    );
+    let v4 = tcp_frame_v4([10, 1, 2, 3], [10, 1, 2, 4], 40000, 15008, &[0x16, 3, 1, 0, 5]);
     let v6 = tcp_frame_v6(
         Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 2),
         Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 3),
@@ -433,14 +348,8 @@ fn http_get_reads_length_and_chunked_bodies() {
             stream.write_all(response).expect("respond");
         }
     });
-    assert_eq!(
-        common::http_get(addr, "/healthz/ready").expect("get"),
-        (200, "ready".to_owned())
-    );
-    assert_eq!(
-        common::http_get(addr, "/healthz/ready").expect("get"),
-        (503, "not ready".to_owned())
-    );
+    assert_eq!(common::http_get(addr, "/healthz/ready").expect("get"), (200, "ready".to_owned()));
+    assert_eq!(common::http_get(addr, "/healthz/ready").expect("get"), (503, "not ready".to_owned()));
     server.join().expect("server");
 }
 
@@ -535,9 +444,7 @@ fn pod_processes_and_http_get_run_inside_the_pod() {
         let (mut stream, _) = listener.accept().expect("accept");
         let mut request = [0u8; 1024];
         let _ = stream.read(&mut request).expect("read");
-        stream
-            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-            .expect("respond");
+        stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok").expect("respond");
     });
     let response = a.http_get("127.0.0.1:15000".parse().expect("addr"), "/ready");
     assert_eq!(response.expect("http get in pod"), (200, "ok".to_owned()));

@@ -39,75 +39,40 @@ fn hbone_between_two_pods() {
     let segments = pcap_payloads(&pcap);
     assert!(!segments.is_empty(), "the capture saw no traffic");
     for (src, dst, payload) in &segments {
-        assert!(
-            !contains(payload, MARKER),
-            "plaintext seen on the wire: {src} -> {dst}"
-        );
+        assert!(!contains(payload, MARKER), "plaintext seen on the wire: {src} -> {dst}");
     }
     let tls_to_15008 = segments
         .iter()
         .filter(|(_, dst, p)| dst.port() == 15008 && matches!(p.first(), Some(0x16 | 0x17)))
         .count();
+    assert!(tls_to_15008 >= 2, "expected TLS records to port 15008, saw {tls_to_15008}");
     assert!(
-        tls_to_15008 >= 2,
-        "expected TLS records to port 15008, saw {tls_to_15008}"
-    );
-    assert!(
-        segments
-            .iter()
-            .all(|(s, d, _)| s.port() == 15008 || d.port() == 15008),
+        segments.iter().all(|(s, d, _)| s.port() == 15008 || d.port() == 15008),
         "mesh traffic left the pod on a port other than 15008"
     );
 
     let peers = echo.peer_ips();
-    assert!(
-        peers.contains(&IpAddr::V4(a.pod.ip4)),
-        "B's app did not see A's IPv4: {peers:?}"
-    );
-    assert!(
-        peers.contains(&IpAddr::V6(a.pod.ip6)),
-        "B's app did not see A's IPv6: {peers:?}"
-    );
+    assert!(peers.contains(&IpAddr::V4(a.pod.ip4)), "B's app did not see A's IPv4: {peers:?}");
+    assert!(peers.contains(&IpAddr::V6(a.pod.ip6)), "B's app did not see A's IPv6: {peers:?}");
 
     let client_id = "spiffe://cluster.local/ns/default/sa/client";
     let server_id = "spiffe://cluster.local/ns/default/sa/server";
     let src_metrics = metrics(&a);
     let dst_metrics = metrics(&b);
-    for (side, body, reporter) in [
-        ("A", &src_metrics, "source"),
-        ("B", &dst_metrics, "destination"),
-    ] {
+    for (side, body, reporter) in [("A", &src_metrics, "source"), ("B", &dst_metrics, "destination")] {
         let line = body
             .lines()
             .find(|l| {
                 l.starts_with("istio_tcp_connections_opened_total{")
                     && l.contains(&format!("reporter=\"{reporter}\""))
             })
-            .unwrap_or_else(|| {
-                panic!("{side}: no opened counter with reporter={reporter}:\n{body}")
-            });
-        assert!(
-            line.contains(&format!("source_principal=\"{client_id}\"")),
-            "{side}: {line}"
-        );
-        assert!(
-            line.contains(&format!("destination_principal=\"{server_id}\"")),
-            "{side}: {line}"
-        );
-        assert!(
-            line.contains("connection_security_policy=\"mutual_tls\""),
-            "{side}: {line}"
-        );
-        assert!(
-            line.ends_with(" 2"),
-            "{side}: expected 2 connections: {line}"
-        );
+            .unwrap_or_else(|| panic!("{side}: no opened counter with reporter={reporter}:\n{body}"));
+        assert!(line.contains(&format!("source_principal=\"{client_id}\"")), "{side}: {line}");
+        assert!(line.contains(&format!("destination_principal=\"{server_id}\"")), "{side}: {line}");
+        assert!(line.contains("connection_security_policy=\"mutual_tls\""), "{side}: {line}");
+        assert!(line.ends_with(" 2"), "{side}: expected 2 connections: {line}");
         let sent = counter(body, "istio_tcp_received_bytes_total", reporter);
-        assert_eq!(
-            sent,
-            2 * MARKER.len() as u64,
-            "{side}: client->server bytes"
-        );
+        assert_eq!(sent, 2 * MARKER.len() as u64, "{side}: client->server bytes");
     }
     assert!(
         wait_for(
@@ -123,14 +88,8 @@ fn hbone_between_two_pods() {
         pb.logs()
     );
     for logs in [pa.logs(), pb.logs()] {
-        let line = logs
-            .lines()
-            .find(|l| l.contains("connection complete"))
-            .unwrap_or_default();
-        assert!(
-            line.contains(client_id) && line.contains(server_id),
-            "access log lacks identities: {line}"
-        );
+        let line = logs.lines().find(|l| l.contains("connection complete")).unwrap_or_default();
+        assert!(line.contains(client_id) && line.contains(server_id), "access log lacks identities: {line}");
     }
 }
 
@@ -144,22 +103,14 @@ fn authorization_policies() {
     let mesh = Mesh::new();
     let a = mesh.pod("a", "client");
     let c = mesh.pod("c", "other");
-    let b = mesh
-        .pod("b", "server")
-        .with_policies(&["default/deny-9090"]);
-    let d = mesh.pod("d", "strict").with_policies(&[
-        "default/only-client",
-        "istio-system/istio_converted_static_strict",
-    ]);
+    let b = mesh.pod("b", "server").with_policies(&["default/deny-9090"]);
+    let d = mesh
+        .pod("d", "strict")
+        .with_policies(&["default/only-client", "istio-system/istio_converted_static_strict"]);
     let outside = mesh.outside_pod("e");
     let policies = [DENY_9090, ONLY_CLIENT, STATIC_STRICT];
     mesh.write_config(&[&a, &b, &c, &d], &policies, &[]);
-    let _proxies = [
-        mesh.start_proxy(&a),
-        mesh.start_proxy(&b),
-        mesh.start_proxy(&c),
-        mesh.start_proxy(&d),
-    ];
+    let _proxies = [mesh.start_proxy(&a), mesh.start_proxy(&b), mesh.start_proxy(&c), mesh.start_proxy(&d)];
     let _e8080 = b.pod.echo_server(8080);
     let _e9090 = b.pod.echo_server(9090);
     let ed = d.pod.echo_server(8080);
@@ -170,51 +121,25 @@ fn authorization_policies() {
     assert_echo(&a.pod, d.pod.addr4(8080), "only-client allows A");
     assert_blocked(&c.pod, d.pod.addr4(8080), "only-client must block C");
     let before = ed.peers().len();
-    assert_blocked(
-        &outside,
-        d.pod.addr4(8080),
-        "plaintext to a STRICT pod must be refused on 15006",
-    );
-    assert_eq!(
-        ed.peers().len(),
-        before,
-        "the refused plaintext connection reached D's app"
-    );
-    assert_echo(
-        &outside,
-        b.pod.addr4(8080),
-        "plaintext to a non-strict pod is allowed",
-    );
+    assert_blocked(&outside, d.pod.addr4(8080), "plaintext to a STRICT pod must be refused on 15006");
+    assert_eq!(ed.peers().len(), before, "the refused plaintext connection reached D's app");
+    assert_echo(&outside, b.pod.addr4(8080), "plaintext to a non-strict pod is allowed");
 
     // A live connection that a new policy denies is closed.
     let mut live = a.pod.connect_tcp(d.pod.addr4(8080)).expect("connect");
-    live.set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("timeout");
+    live.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
     live.write_all(b"ping").expect("write");
     let mut buf = [0u8; 4];
-    live.read_exact(&mut buf)
-        .expect("echo before the policy change");
+    live.read_exact(&mut buf).expect("echo before the policy change");
     let deny_client = Policy {
         yaml: "- name: deny-client\n  namespace: default\n  scope: Namespace\n  action: Deny\n  rules: [[[{principals: [{Exact: \"cluster.local/ns/default/sa/client\"}]}]]]\n",
     };
-    mesh.write_config(
-        &[&a, &b, &c, &d],
-        &[DENY_9090, ONLY_CLIENT, STATIC_STRICT, deny_client],
-        &[],
-    );
+    mesh.write_config(&[&a, &b, &c, &d], &[DENY_9090, ONLY_CLIENT, STATIC_STRICT, deny_client], &[]);
     let t0 = Instant::now();
     let mut rest = Vec::new();
     let r = live.read_to_end(&mut rest);
-    assert!(
-        r.is_ok()
-            || r.as_ref()
-                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
-        "{r:?}"
-    );
-    assert!(
-        t0.elapsed() < Duration::from_secs(5),
-        "live connection not closed after the policy change"
-    );
+    assert!(r.is_ok() || r.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset), "{r:?}");
+    assert!(t0.elapsed() < Duration::from_secs(5), "live connection not closed after the policy change");
     assert_blocked(&a.pod, d.pod.addr4(8080), "new connections are denied too");
 }
 
@@ -227,51 +152,30 @@ fn service_vip_and_passthrough() {
     }
     let mesh = Mesh::new();
     let a = mesh.pod("a", "client");
-    let b = mesh
-        .pod("b", "server")
-        .in_service("default/echo.default.svc.cluster.local", 80, 8080);
-    let c = mesh
-        .pod("c", "server")
-        .in_service("default/echo.default.svc.cluster.local", 80, 8080);
+    let b = mesh.pod("b", "server").in_service("default/echo.default.svc.cluster.local", 80, 8080);
+    let c = mesh.pod("c", "server").in_service("default/echo.default.svc.cluster.local", 80, 8080);
     let outside = mesh.outside_pod("e");
     let vip = mesh.vip4(10);
     let service = format!(
         "- name: echo\n  namespace: default\n  hostname: echo.default.svc.cluster.local\n  vips: [\"/{vip}\"]\n  ports: {{80: 8080}}\n"
     );
     mesh.write_config(&[&a, &b, &c], &[], &[&service]);
-    let _proxies = [
-        mesh.start_proxy(&a),
-        mesh.start_proxy(&b),
-        mesh.start_proxy(&c),
-    ];
+    let _proxies = [mesh.start_proxy(&a), mesh.start_proxy(&b), mesh.start_proxy(&c)];
     let eb = b.pod.echo_server(8080);
     let ec = c.pod.echo_server(8080);
     for i in 0..20 {
-        assert_echo(
-            &a.pod,
-            SocketAddr::new(vip.into(), 80),
-            &format!("VIP connection {i}"),
-        );
+        assert_echo(&a.pod, SocketAddr::new(vip.into(), 80), &format!("VIP connection {i}"));
     }
     let (nb, nc) = (eb.peers().len(), ec.peers().len());
     assert_eq!(nb + nc, 20);
-    assert!(
-        nb > 0 && nc > 0,
-        "connections not spread over both endpoints: b={nb} c={nc}"
-    );
+    assert!(nb > 0 && nc > 0, "connections not spread over both endpoints: b={nb} c={nc}");
 
     let eo = outside.echo_server(7070);
     let cap = mesh.cluster.node().tcpdump(None);
-    assert_echo(
-        &a.pod,
-        outside.addr4(7070),
-        "passthrough to an unknown destination",
-    );
+    assert_echo(&a.pod, outside.addr4(7070), "passthrough to an unknown destination");
     let segments = pcap_payloads(&cap.stop());
     assert!(
-        segments
-            .iter()
-            .any(|(_, d, p)| d.port() == 7070 && contains(p, MARKER)),
+        segments.iter().any(|(_, d, p)| d.port() == 7070 && contains(p, MARKER)),
         "passthrough traffic should be the unchanged plaintext"
     );
     assert_eq!(eo.peer_ips(), vec![IpAddr::V4(a.pod.ip4)]);
@@ -293,8 +197,7 @@ fn drain_and_handoff() {
     let _echo = b.pod.echo_server(8080);
 
     let mut held = a.pod.connect_tcp(b.pod.addr4(8080)).expect("connect");
-    held.set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("timeout");
+    held.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
     roundtrip(&mut held, b"before");
 
     let new = mesh.start_proxy_with(
@@ -312,10 +215,7 @@ fn drain_and_handoff() {
         std::thread::spawn(move || {
             let (mut ok, mut failed) = (0u32, Vec::new());
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                match pod
-                    .connect_tcp(dst)
-                    .and_then(|mut s| echo_roundtrip(&mut s, b"x"))
-                {
+                match pod.connect_tcp(dst).and_then(|mut s| echo_roundtrip(&mut s, b"x")) {
                     Ok(r) if r == b"x" => ok += 1,
                     other => failed.push(format!("{other:?}")),
                 }
@@ -327,32 +227,18 @@ fn drain_and_handoff() {
     std::thread::sleep(Duration::from_millis(500));
     old.signal(nix::sys::signal::Signal::SIGTERM);
     assert!(
-        wait_for(
-            || old.logs().contains("listener closed for drain"),
-            Duration::from_secs(2)
-        ),
+        wait_for(|| old.logs().contains("listener closed for drain"), Duration::from_secs(2)),
         "old proxy did not close its listeners at once:\n{}",
         old.logs()
     );
-    let opened_old = counter(
-        &metrics(&b),
-        "istio_tcp_connections_opened_total",
-        "destination",
-    );
+    let opened_old = counter(&metrics(&b), "istio_tcp_connections_opened_total", "destination");
     std::thread::sleep(Duration::from_secs(2));
     // The held connection still works during the drain.
     roundtrip(&mut held, b"during drain");
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let (ok, failed) = client.join().expect("client thread");
-    let opened_old_after = counter(
-        &metrics(&b),
-        "istio_tcp_connections_opened_total",
-        "destination",
-    );
-    assert_eq!(
-        opened_old_after, opened_old,
-        "the draining proxy accepted new connections"
-    );
+    let opened_old_after = counter(&metrics(&b), "istio_tcp_connections_opened_total", "destination");
+    assert_eq!(opened_old_after, opened_old, "the draining proxy accepted new connections");
     assert!(
         failed.is_empty(),
         "{} of {} connections failed during the handoff: {failed:?}",
@@ -360,21 +246,12 @@ fn drain_and_handoff() {
         ok as usize + failed.len()
     );
     assert!(ok > 20, "too few connections during the handoff: {ok}");
-    let new_opened = counter(
-        &http_body(&b, 16020, "/metrics"),
-        "istio_tcp_connections_opened_total",
-        "destination",
-    );
+    let new_opened =
+        counter(&http_body(&b, 16020, "/metrics"), "istio_tcp_connections_opened_total", "destination");
     assert!(new_opened > 0, "the new proxy took no connection");
-    assert!(
-        old.try_wait().is_none(),
-        "old proxy exited before its deadline with a connection open"
-    );
+    assert!(old.try_wait().is_none(), "old proxy exited before its deadline with a connection open");
     drop(held);
-    assert!(
-        old.wait_timeout(Duration::from_secs(10)).is_some(),
-        "old proxy did not exit after draining"
-    );
+    assert!(old.wait_timeout(Duration::from_secs(10)).is_some(), "old proxy did not exit after draining");
     drop(new);
 }
 
@@ -398,47 +275,23 @@ fn bad_input_is_rejected_and_service_continues() {
     let client = ambit_identity::Identity::new("cluster.local", "default", "client");
     let server = ambit_identity::Identity::new("cluster.local", "default", "server");
     let good = ca.issue(&client, Duration::from_secs(3600)).expect("issue");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
 
     // A well-formed CONNECT from a hand-built client works (the checks below are not vacuous).
-    let status = rt.block_on(raw::connect(
-        &outside,
-        hbone,
-        &good,
-        &server,
-        "CONNECT",
-        &b.pod.addr4(8080).to_string(),
-    ));
+    let status =
+        rt.block_on(raw::connect(&outside, hbone, &good, &server, "CONNECT", &b.pod.addr4(8080).to_string()));
     assert_eq!(status.expect("valid CONNECT"), 200);
     // Not CONNECT: 400.
-    let status = rt.block_on(raw::connect(
-        &outside,
-        hbone,
-        &good,
-        &server,
-        "GET",
-        &b.pod.addr4(8080).to_string(),
-    ));
+    let status =
+        rt.block_on(raw::connect(&outside, hbone, &good, &server, "GET", &b.pod.addr4(8080).to_string()));
     assert_eq!(status.expect("GET answered"), 400);
     // CONNECT to an address the pod does not own: 400.
-    let status = rt.block_on(raw::connect(
-        &outside,
-        hbone,
-        &good,
-        &server,
-        "CONNECT",
-        &a.pod.addr4(8080).to_string(),
-    ));
+    let status =
+        rt.block_on(raw::connect(&outside, hbone, &good, &server, "CONNECT", &a.pod.addr4(8080).to_string()));
     assert_eq!(status.expect("foreign authority answered"), 400);
     // A client certificate from another trust domain (same root): the handshake is refused.
     let foreign = ca
-        .issue(
-            &ambit_identity::Identity::new("evil.example", "default", "client"),
-            Duration::from_secs(3600),
-        )
+        .issue(&ambit_identity::Identity::new("evil.example", "default", "client"), Duration::from_secs(3600))
         .expect("issue");
     let r = rt.block_on(raw::connect(
         &outside,
@@ -451,16 +304,11 @@ fn bad_input_is_rejected_and_service_continues() {
     assert!(r.is_err(), "a foreign trust domain was accepted: {r:?}");
     // Garbage instead of a TLS ClientHello: the proxy closes the connection.
     let mut g = outside.connect_tcp(hbone).expect("tcp to 15008");
-    g.set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("timeout");
-    g.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n\x00\x01garbage")
-        .expect("write garbage");
+    g.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    g.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n\x00\x01garbage").expect("write garbage");
     let mut buf = Vec::new();
     let _ = g.read_to_end(&mut buf);
-    assert!(
-        !contains(&buf, b"HTTP/1.1 200"),
-        "garbage got an HTTP answer"
-    );
+    assert!(!contains(&buf, b"HTTP/1.1 200"), "garbage got an HTTP answer");
     // A malformed config on reload: rejected with an error, previous state kept.
     mesh.write_raw("workloads: [ {uid: broken, workloadIps: [\"not-an-ip\"\n");
     assert!(
@@ -468,11 +316,7 @@ fn bad_input_is_rejected_and_service_continues() {
         "no error logged for the broken config:\n{}",
         pb.logs()
     );
-    assert_echo(
-        &a.pod,
-        b.pod.addr4(8080),
-        "after all of the above, A still reaches B",
-    );
+    assert_echo(&a.pod, b.pod.addr4(8080), "after all of the above, A still reaches B");
     mesh.write_config(&[&a, &b], &[], &[]);
     assert_echo(&a.pod, b.pod.addr4(8080), "after the config is repaired");
 }
@@ -494,32 +338,20 @@ mod raw {
         let std = from.connect_tcp(hbone).map_err(|e| format!("tcp: {e}"))?;
         std.set_nonblocking(true).map_err(|e| e.to_string())?;
         let tcp = tokio::net::TcpStream::from_std(std).map_err(|e| e.to_string())?;
-        let tls =
-            tokio_rustls::TlsConnector::from(cert.client_config(std::slice::from_ref(server)))
-                .connect(
-                    rustls_pki_types::ServerName::IpAddress(hbone.ip().into()),
-                    tcp,
-                )
-                .await
-                .map_err(|e| format!("tls: {e}"))?;
-        let (mut send, conn) = h2::client::handshake(tls)
+        let tls = tokio_rustls::TlsConnector::from(cert.client_config(std::slice::from_ref(server)))
+            .connect(rustls_pki_types::ServerName::IpAddress(hbone.ip().into()), tcp)
             .await
-            .map_err(|e| format!("h2: {e}"))?;
+            .map_err(|e| format!("tls: {e}"))?;
+        let (mut send, conn) = h2::client::handshake(tls).await.map_err(|e| format!("h2: {e}"))?;
         tokio::spawn(async move {
             let _ = conn.await;
         });
         let req = http::Request::builder()
             .method(method)
-            .uri(if method == "CONNECT" {
-                authority.to_owned()
-            } else {
-                format!("https://{authority}/")
-            })
+            .uri(if method == "CONNECT" { authority.to_owned() } else { format!("https://{authority}/") })
             .body(())
             .map_err(|e| e.to_string())?;
-        let (resp, _body) = send
-            .send_request(req, false)
-            .map_err(|e| format!("send: {e}"))?;
+        let (resp, _body) = send.send_request(req, false).map_err(|e| format!("send: {e}"))?;
         let resp = tokio::time::timeout(Duration::from_secs(10), resp)
             .await
             .map_err(|_| "no response".to_owned())?

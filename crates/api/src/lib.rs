@@ -47,24 +47,17 @@ mod tests {
     // Byte-for-byte examples from the ZDS spec.
     #[test]
     fn zds_golden_bytes() {
-        let hello = ZdsHello {
-            version: Version::V1 as i32,
-        };
+        let hello = ZdsHello { version: Version::V1 as i32 };
         assert_eq!(hello.encode_to_vec(), [0x08, 0x01]);
-        let snap = WorkloadRequest {
-            payload: Some(workload_request::Payload::SnapshotSent(SnapshotSent {})),
-        };
+        let snap =
+            WorkloadRequest { payload: Some(workload_request::Payload::SnapshotSent(SnapshotSent {})) };
         assert_eq!(snap.encode_to_vec(), [0x1a, 0x00]);
         let del = WorkloadRequest {
-            payload: Some(workload_request::Payload::Del(DelWorkload {
-                uid: "u1".into(),
-            })),
+            payload: Some(workload_request::Payload::Del(DelWorkload { uid: "u1".into() })),
         };
         assert_eq!(del.encode_to_vec(), [0x12, 0x04, 0x12, 0x02, 0x75, 0x31]);
         let keep = WorkloadRequest {
-            payload: Some(workload_request::Payload::Keep(KeepWorkload {
-                uid: "u1".into(),
-            })),
+            payload: Some(workload_request::Payload::Keep(KeepWorkload { uid: "u1".into() })),
         };
         assert_eq!(keep.encode_to_vec(), [0x2a, 0x04, 0x0a, 0x02, 0x75, 0x31]);
         let add = WorkloadRequest {
@@ -80,17 +73,14 @@ mod tests {
         assert_eq!(
             add.encode_to_vec(),
             [
-                0x0a, 0x11, 0x0a, 0x02, 0x75, 0x31, 0x12, 0x0b, 0x0a, 0x01, 0x6e, 0x12, 0x02, 0x6e,
-                0x73, 0x1a, 0x02, 0x73, 0x61
+                0x0a, 0x11, 0x0a, 0x02, 0x75, 0x31, 0x12, 0x0b, 0x0a, 0x01, 0x6e, 0x12, 0x02, 0x6e, 0x73,
+                0x1a, 0x02, 0x73, 0x61
             ]
         );
-        let ack = WorkloadResponse {
-            payload: Some(workload_response::Payload::Ack(Ack { error: "e".into() })),
-        };
+        let ack =
+            WorkloadResponse { payload: Some(workload_response::Payload::Ack(Ack { error: "e".into() })) };
         assert_eq!(ack.encode_to_vec(), [0x0a, 0x03, 0x0a, 0x01, 0x65]);
-        let ok = WorkloadResponse {
-            payload: Some(workload_response::Payload::Ack(Ack::default())),
-        };
+        let ok = WorkloadResponse { payload: Some(workload_response::Payload::Ack(Ack::default())) };
         assert_eq!(ok.encode_to_vec(), [0x0a, 0x00]);
     }
 }

@@ -79,9 +79,7 @@ pub enum CertificateError {
     )]
     NoIdentity,
     /// The certificate's validity already ended when it arrived.
-    #[error(
-        "the CA issued a certificate that has already expired; check the clocks of the CA and this node"
-    )]
+    #[error("the CA issued a certificate that has already expired; check the clocks of the CA and this node")]
     Expired,
     /// The private key is not usable.
     #[error("the private key cannot be loaded: {0}")]
@@ -133,9 +131,7 @@ impl WorkloadCertificate {
             return Err(CertificateError::NoUsableRoot);
         }
 
-        let leaf = own_chain
-            .first()
-            .ok_or(CertificateError::Pem { index: 0 })?;
+        let leaf = own_chain.first().ok_or(CertificateError::Pem { index: 0 })?;
         let info = CertInfo::parse(leaf)?;
         let identity = info.identity.clone().ok_or(CertificateError::NoIdentity)?;
 
@@ -147,10 +143,7 @@ impl WorkloadCertificate {
         for cert in &own_chain[1..] {
             cert_chain.push(CertInfo::parse(cert)?.entry(cert));
         }
-        let root_certs = roots
-            .iter()
-            .filter_map(|c| CertInfo::parse(c).ok().map(|i| i.entry(c)))
-            .collect();
+        let root_certs = roots.iter().filter_map(|c| CertInfo::parse(c).ok().map(|i| i.entry(c))).collect();
 
         Ok(WorkloadCertificate {
             identity,
@@ -159,10 +152,7 @@ impl WorkloadCertificate {
             roots: roots_store,
             key,
             server_config,
-            dump: CertDump {
-                cert_chain,
-                root_certs,
-            },
+            dump: CertDump { cert_chain, root_certs },
         })
     }
 
@@ -214,8 +204,7 @@ pub fn peer_identity(chain: &[CertificateDer<'_>]) -> Option<Identity> {
 
 /// All URI SANs of a certificate that parse as SPIFFE identities, in certificate order.
 pub(crate) fn spiffe_sans(der: &[u8]) -> Result<Vec<Identity>, CertificateError> {
-    let (_, cert) =
-        X509Certificate::from_der(der).map_err(|e| CertificateError::Parse(e.to_string()))?;
+    let (_, cert) = X509Certificate::from_der(der).map_err(|e| CertificateError::Parse(e.to_string()))?;
     Ok(uri_identities(&cert))
 }
 
@@ -243,8 +232,7 @@ struct CertInfo {
 
 impl CertInfo {
     fn parse(der: &CertificateDer<'_>) -> Result<Self, CertificateError> {
-        let (_, cert) =
-            X509Certificate::from_der(der).map_err(|e| CertificateError::Parse(e.to_string()))?;
+        let (_, cert) = X509Certificate::from_der(der).map_err(|e| CertificateError::Parse(e.to_string()))?;
         let validity = cert.validity();
         Ok(CertInfo {
             identity: uri_identities(&cert).into_iter().next(),
@@ -314,23 +302,14 @@ mod tests {
     #[test]
     fn rfc3339_formats_utc_seconds() {
         assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00Z");
-        assert_eq!(
-            rfc3339(UNIX_EPOCH + Duration::from_secs(1_700_000_000)),
-            "2023-11-14T22:13:20Z"
-        );
+        assert_eq!(rfc3339(UNIX_EPOCH + Duration::from_secs(1_700_000_000)), "2023-11-14T22:13:20Z");
     }
 
     #[test]
     fn chain_shape_errors() {
         let key = || PrivateKeyDer::Pkcs8(Vec::new().into());
-        assert!(matches!(
-            WorkloadCertificate::new(key(), &[]),
-            Err(CertificateError::EmptyChain)
-        ));
-        assert!(matches!(
-            WorkloadCertificate::new(key(), &["x".into()]),
-            Err(CertificateError::NoRoots)
-        ));
+        assert!(matches!(WorkloadCertificate::new(key(), &[]), Err(CertificateError::EmptyChain)));
+        assert!(matches!(WorkloadCertificate::new(key(), &["x".into()]), Err(CertificateError::NoRoots)));
         assert!(matches!(
             WorkloadCertificate::new(key(), &["x".into(), "y".into()]),
             Err(CertificateError::Pem { index: 0 })

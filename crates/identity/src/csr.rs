@@ -22,10 +22,7 @@ pub(crate) fn generate(identity: &Identity) -> Result<Csr, CaError> {
     params.distinguished_name = DistinguishedName::new();
     let uri = identity.to_string().try_into().map_err(CaError::Csr)?;
     params.subject_alt_names = vec![SanType::URI(uri)];
-    let pem = params
-        .serialize_request(&key)
-        .and_then(|csr| csr.pem())
-        .map_err(CaError::Csr)?;
+    let pem = params.serialize_request(&key).and_then(|csr| csr.pem()).map_err(CaError::Csr)?;
     let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
     Ok(Csr { pem, key })
 }
@@ -60,10 +57,7 @@ mod tests {
         let ParsedExtension::SubjectAlternativeName(san) = ext.parsed_extension() else {
             panic!("not a SAN");
         };
-        assert_eq!(
-            san.general_names,
-            vec![GeneralName::URI("spiffe://cluster.local/ns/default/sa/web")]
-        );
+        assert_eq!(san.general_names, vec![GeneralName::URI("spiffe://cluster.local/ns/default/sa/web")]);
         assert!(matches!(csr.key, PrivateKeyDer::Pkcs8(_)));
     }
 }

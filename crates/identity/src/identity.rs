@@ -21,9 +21,7 @@ pub enum IdentityError {
     #[error("identity {0:?} does not start with spiffe://")]
     Scheme(String),
     /// The path is not `td/ns/<ns>/sa/<sa>`.
-    #[error(
-        "identity {0:?} is not of the form spiffe://<trust domain>/ns/<namespace>/sa/<service account>"
-    )]
+    #[error("identity {0:?} is not of the form spiffe://<trust domain>/ns/<namespace>/sa/<service account>")]
     Shape(String),
 }
 
@@ -42,9 +40,7 @@ impl FromStr for Identity {
     type Err = IdentityError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let rest = s
-            .strip_prefix("spiffe://")
-            .ok_or_else(|| IdentityError::Scheme(s.to_owned()))?;
+        let rest = s.strip_prefix("spiffe://").ok_or_else(|| IdentityError::Scheme(s.to_owned()))?;
         let parts: Vec<&str> = rest.split('/').collect();
         match parts.as_slice() {
             [td, "ns", ns, "sa", sa] if !td.is_empty() && !ns.is_empty() && !sa.is_empty() => {
@@ -57,11 +53,7 @@ impl FromStr for Identity {
 
 impl fmt::Display for Identity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "spiffe://{}/ns/{}/sa/{}",
-            self.trust_domain, self.namespace, self.service_account
-        )
+        write!(f, "spiffe://{}/ns/{}/sa/{}", self.trust_domain, self.namespace, self.service_account)
     }
 }
 

@@ -51,9 +51,7 @@ pub enum CertError {
         error: Arc<CaError>,
     },
     /// The identity was forgotten while the request waited.
-    #[error(
-        "certificate request for {0} was cancelled: no local workload uses this identity any more"
-    )]
+    #[error("certificate request for {0} was cancelled: no local workload uses this identity any more")]
     Forgotten(Identity),
 }
 
@@ -80,12 +78,7 @@ pub struct CertManager {
 impl CertManager {
     /// Creates the manager and spawns its worker on the current tokio runtime.
     pub fn new(signer: Arc<dyn CertSigner>, ttl: Duration) -> Arc<Self> {
-        let inner = Arc::new(Inner {
-            signer,
-            ttl,
-            state: Mutex::new(State::default()),
-            wake: Notify::new(),
-        });
+        let inner = Arc::new(Inner { signer, ttl, state: Mutex::new(State::default()), wake: Notify::new() });
         let worker = tokio::spawn(inner.clone().run());
         Arc::new(CertManager { inner, worker })
     }
@@ -101,10 +94,7 @@ impl CertManager {
                     return Ok(cert);
                 }
                 if let Status::Unavailable(error) = &entry.status {
-                    return Err(CertError::Unavailable {
-                        identity: id.clone(),
-                        error: error.clone(),
-                    });
+                    return Err(CertError::Unavailable { identity: id.clone(), error: error.clone() });
                 }
                 if !entry.in_flight {
                     entry.request(Priority::RealTime, now);
@@ -144,11 +134,7 @@ impl CertManager {
             .entries
             .iter()
             .map(|(id, entry)| {
-                let dump = entry
-                    .cert
-                    .as_ref()
-                    .map(|c| c.cert.dump())
-                    .unwrap_or_default();
+                let dump = entry.cert.as_ref().map(|c| c.cert.dump()).unwrap_or_default();
                 CertStateDump {
                     identity: id.to_string(),
                     state: match &entry.status {
@@ -267,12 +253,7 @@ impl Inner {
         if state.in_flight >= MAX_CONCURRENT {
             return None;
         }
-        state
-            .entries
-            .values()
-            .filter(|e| !e.in_flight)
-            .filter_map(|e| e.pending.map(|p| p.due))
-            .min()
+        state.entries.values().filter(|e| !e.in_flight).filter_map(|e| e.pending.map(|p| p.due)).min()
     }
 
     async fn fetch_one(self: Arc<Self>, id: Identity, generation: u64, priority: Priority) {
@@ -293,14 +274,8 @@ impl Inner {
                 tracing::info!(identity = %id, "certificate issued");
                 entry.backoff = Backoff::new();
                 entry.status = Status::Available;
-                entry.cert = Some(Current {
-                    cert: Arc::new(cert),
-                    valid_until,
-                });
-                entry.pending = Some(Pending {
-                    priority: Priority::Background,
-                    due: refresh_at,
-                });
+                entry.cert = Some(Current { cert: Arc::new(cert), valid_until });
+                entry.pending = Some(Pending { priority: Priority::Background, due: refresh_at });
             }
             Err(error) => {
                 let error = Arc::new(error);
@@ -317,10 +292,7 @@ impl Inner {
     }
 
     /// Key, CSR, CA call; returns the certificate, when it expires and when to renew it.
-    async fn issue(
-        &self,
-        id: &Identity,
-    ) -> Result<(WorkloadCertificate, Instant, Instant), CaError> {
+    async fn issue(&self, id: &Identity) -> Result<(WorkloadCertificate, Instant, Instant), CaError> {
         let csr = csr::generate(id)?;
         let chain = self.signer.sign(csr.pem, id, self.ttl).await?;
         let cert = WorkloadCertificate::new(csr.key, &chain)?;
@@ -330,11 +302,7 @@ impl Inner {
         if remaining.is_zero() {
             return Err(crate::cert::CertificateError::Expired.into());
         }
-        let half = cert
-            .not_after()
-            .duration_since(cert.not_before())
-            .unwrap_or_default()
-            / 2;
+        let half = cert.not_after().duration_since(cert.not_before()).unwrap_or_default() / 2;
         let refresh = until(cert.not_before() + half).max(MIN_REFRESH);
         Ok((cert, now + remaining, now + refresh))
     }
@@ -362,29 +330,21 @@ impl State {
 
 impl Entry {
     fn valid_cert(&self, now: Instant) -> Option<Arc<WorkloadCertificate>> {
-        self.cert
-            .as_ref()
-            .filter(|c| c.valid_until > now)
-            .map(|c| c.cert.clone())
+        self.cert.as_ref().filter(|c| c.valid_until > now).map(|c| c.cert.clone())
     }
 
     /// Queues a request, or makes the queued one at least this urgent and this early.
     fn request(&mut self, priority: Priority, due: Instant) {
         self.pending = Some(match self.pending {
             None => Pending { priority, due },
-            Some(p) => Pending {
-                priority: p.priority.min(priority),
-                due: p.due.min(due),
-            },
+            Some(p) => Pending { priority: p.priority.min(priority), due: p.due.min(due) },
         });
     }
 }
 
 impl Backoff {
     fn new() -> Self {
-        Backoff {
-            next: BACKOFF_INITIAL,
-        }
+        Backoff { next: BACKOFF_INITIAL }
     }
 
     /// The delay before the next retry: current interval ±20 %, then the interval doubles.

@@ -9,8 +9,7 @@ use ambit_api::ca::istio_certificate_service_server::{
 };
 use ambit_api::ca::{IstioCertificateRequest, IstioCertificateResponse};
 use rcgen::{
-    BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, PKCS_ECDSA_P256_SHA256,
-    SanType,
+    BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, PKCS_ECDSA_P256_SHA256, SanType,
 };
 use tonic::transport::{Server, ServerTlsConfig};
 use tonic::{Request, Response, Status};
@@ -77,15 +76,10 @@ impl TestCaServer {
     }
 
     async fn spawn(ca: Arc<FakeCa>, tls: Option<(ServerTlsConfig, String)>) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind 127.0.0.1:0");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind 127.0.0.1:0");
         let addr = listener.local_addr().expect("local addr");
         let shared = Arc::new(Shared::default());
-        let service = IstioCertificateServiceServer::new(Service {
-            ca: ca.clone(),
-            shared: shared.clone(),
-        });
+        let service = IstioCertificateServiceServer::new(Service { ca: ca.clone(), shared: shared.clone() });
         let (shutdown, stopped) = tokio::sync::oneshot::channel::<()>();
         let mut builder = Server::builder();
         let mut tls_root_pem = None;
@@ -102,22 +96,12 @@ impl TestCaServer {
                 })
                 .await;
         });
-        TestCaServer {
-            addr,
-            ca,
-            tls_root_pem,
-            shared,
-            _shutdown: shutdown,
-        }
+        TestCaServer { addr, ca, tls_root_pem, shared, _shutdown: shutdown }
     }
 
     /// `http://` or `https://` URI of the server.
     pub fn address(&self) -> String {
-        let scheme = if self.tls_root_pem.is_some() {
-            "https"
-        } else {
-            "http"
-        };
+        let scheme = if self.tls_root_pem.is_some() { "https" } else { "http" };
         format!("{scheme}://{}", self.addr)
     }
 
@@ -154,30 +138,23 @@ impl IstioCertificateService for Service {
             })
             .collect();
         let req = request.into_inner();
-        let impersonated = req
-            .metadata
-            .as_ref()
-            .and_then(|m| m.fields.get("ImpersonatedIdentity"))
-            .and_then(|v| match &v.kind {
-                Some(prost_types::value::Kind::StringValue(s)) => Some(s.clone()),
-                _ => None,
+        let impersonated =
+            req.metadata.as_ref().and_then(|m| m.fields.get("ImpersonatedIdentity")).and_then(|v| {
+                match &v.kind {
+                    Some(prost_types::value::Kind::StringValue(s)) => Some(s.clone()),
+                    _ => None,
+                }
             });
-        self.shared
-            .requests
-            .lock()
-            .expect("lock")
-            .push(RecordedRequest {
-                headers,
-                impersonated: impersonated.clone(),
-                validity_duration: req.validity_duration,
-            });
+        self.shared.requests.lock().expect("lock").push(RecordedRequest {
+            headers,
+            impersonated: impersonated.clone(),
+            validity_duration: req.validity_duration,
+        });
         let behavior = self.shared.behavior.lock().expect("lock").clone();
         let identity = match (&behavior, impersonated) {
             (Behavior::Fail(code), _) => return Err(Status::new(*code, "test CA told to fail")),
             (Behavior::WrongSan(id), _) => id.clone(),
-            (_, Some(id)) => id
-                .parse()
-                .map_err(|e| Status::invalid_argument(format!("{e}")))?,
+            (_, Some(id)) => id.parse().map_err(|e| Status::invalid_argument(format!("{e}")))?,
             (_, None) => csr_identity(&req.csr)?,
         };
         let ttl = Duration::from_secs(req.validity_duration.max(1).unsigned_abs());
@@ -190,9 +167,7 @@ impl IstioCertificateService for Service {
             Behavior::EmptyChain => chain.clear(),
             _ => {}
         }
-        Ok(Response::new(IstioCertificateResponse {
-            cert_chain: chain,
-        }))
+        Ok(Response::new(IstioCertificateResponse { cert_chain: chain }))
     }
 }
 
@@ -215,18 +190,15 @@ fn csr_identity(csr: &str) -> Result<Identity, Status> {
 fn server_tls_cert() -> (String, String, String) {
     let root_key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).expect("root key");
     let mut root = CertificateParams::default();
-    root.distinguished_name
-        .push(DnType::CommonName, "Ambit test CA server root");
+    root.distinguished_name.push(DnType::CommonName, "Ambit test CA server root");
     root.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     let root_cert = root.self_signed(&root_key).expect("root cert");
     let issuer = Issuer::new(root, root_key);
 
     let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).expect("server key");
-    let mut params = CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
-        .expect("server params");
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "istiod test");
+    let mut params =
+        CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()]).expect("server params");
+    params.distinguished_name.push(DnType::CommonName, "istiod test");
     let cert = params.signed_by(&key, &issuer).expect("server cert");
     (root_cert.pem(), cert.pem(), key.serialize_pem())
 }

@@ -11,8 +11,8 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::sign::{CertifiedKey, SingleCertAndKey};
 use rustls::{
-    CertificateError as TlsCertError, DigitallySignedStruct, DistinguishedName, OtherError,
-    RootCertStore, SignatureScheme,
+    CertificateError as TlsCertError, DigitallySignedStruct, DistinguishedName, OtherError, RootCertStore,
+    SignatureScheme,
 };
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 
@@ -42,8 +42,8 @@ pub(crate) fn certified_key(
     chain: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
 ) -> Result<Arc<CertifiedKey>, CertificateError> {
-    let certified = CertifiedKey::from_der(chain, key, &provider())
-        .map_err(|e| CertificateError::Key(e.to_string()))?;
+    let certified =
+        CertifiedKey::from_der(chain, key, &provider()).map_err(|e| CertificateError::Key(e.to_string()))?;
     Ok(Arc::new(certified))
 }
 
@@ -57,10 +57,7 @@ pub(crate) fn server_config(
     let inner = WebPkiClientVerifier::builder_with_provider(roots, provider.clone())
         .build()
         .map_err(|e| CertificateError::Tls(e.to_string()))?;
-    let verifier = TrustDomainVerifier {
-        inner,
-        trust_domain: trust_domain.to_owned(),
-    };
+    let verifier = TrustDomainVerifier { inner, trust_domain: trust_domain.to_owned() };
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| CertificateError::Tls(e.to_string()))?
@@ -117,10 +114,7 @@ impl fmt::Debug for SanMismatch {
 
 /// The client leaf carried no SPIFFE identity of our trust domain.
 #[derive(thiserror::Error)]
-#[error(
-    "identity verification error: peer is not in trust domain {trust_domain:?} (got {})",
-    join(got)
-)]
+#[error("identity verification error: peer is not in trust domain {trust_domain:?} (got {})", join(got))]
 pub(crate) struct TrustDomainMismatch {
     trust_domain: String,
     got: Vec<Identity>,
@@ -133,10 +127,7 @@ impl fmt::Debug for TrustDomainMismatch {
 }
 
 fn join(ids: &[Identity]) -> String {
-    ids.iter()
-        .map(Identity::to_string)
-        .collect::<Vec<_>>()
-        .join(",")
+    ids.iter().map(Identity::to_string).collect::<Vec<_>>().join(",")
 }
 
 fn other_error(e: impl std::error::Error + Send + Sync + 'static) -> rustls::Error {
@@ -173,17 +164,12 @@ impl ClientCertVerifier for TrustDomainVerifier {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        let verified = self
-            .inner
-            .verify_client_cert(end_entity, intermediates, now)?;
+        let verified = self.inner.verify_client_cert(end_entity, intermediates, now)?;
         let got = peer_sans(end_entity)?;
         if got.iter().any(|id| id.trust_domain == self.trust_domain) {
             Ok(verified)
         } else {
-            Err(other_error(TrustDomainMismatch {
-                trust_domain: self.trust_domain.clone(),
-                got,
-            }))
+            Err(other_error(TrustDomainMismatch { trust_domain: self.trust_domain.clone(), got }))
         }
     }
 
@@ -239,10 +225,7 @@ impl ServerCertVerifier for SpiffeServerVerifier {
         if got.iter().any(|id| self.expected.contains(id)) {
             Ok(ServerCertVerified::assertion())
         } else {
-            Err(other_error(SanMismatch {
-                expected: self.expected.clone(),
-                got,
-            }))
+            Err(other_error(SanMismatch { expected: self.expected.clone(), got }))
         }
     }
 

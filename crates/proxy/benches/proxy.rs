@@ -17,11 +17,8 @@ use bytes::Bytes;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 
 fn hbone(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let ca = Arc::new(FakeCa::generate());
     let server = rt.block_on(EchoServer::start(&ca, settings()));
     let (pool, key) = pool_for(ca, &server, settings());
@@ -30,9 +27,7 @@ fn hbone(c: &mut Criterion) {
     let mut g = c.benchmark_group("hbone");
     for size in [1usize, 1024] {
         let payload = Bytes::from(vec![7u8; size]);
-        let mut tunnel = rt
-            .block_on(pool.connect(&key, authority, &headers))
-            .expect("tunnel");
+        let mut tunnel = rt.block_on(pool.connect(&key, authority, &headers)).expect("tunnel");
         g.throughput(Throughput::Bytes(size as u64));
         g.bench_function(BenchmarkId::new("roundtrip", size), |b| {
             b.iter_custom(|iters| {
@@ -48,9 +43,7 @@ fn hbone(c: &mut Criterion) {
     }
     const CHUNKS: usize = 16;
     let chunk = Bytes::from(vec![1u8; 256 * 1024]);
-    let mut tunnel = rt
-        .block_on(pool.connect(&key, authority, &headers))
-        .expect("tunnel");
+    let mut tunnel = rt.block_on(pool.connect(&key, authority, &headers)).expect("tunnel");
     g.throughput(Throughput::Bytes((CHUNKS * chunk.len()) as u64));
     g.bench_function("throughput_4MiB", |b| {
         b.iter_custom(|iters| {
@@ -81,10 +74,7 @@ fn hbone(c: &mut Criterion) {
     let one = Bytes::from_static(b"x");
     g.bench_function("new_stream_roundtrip", |b| {
         b.to_async(&rt).iter(|| async {
-            let mut t = pool
-                .connect(&key, authority, &headers)
-                .await
-                .expect("tunnel");
+            let mut t = pool.connect(&key, authority, &headers).await.expect("tunnel");
             echo_once(&mut t, &one).await;
         })
     });
@@ -124,20 +114,10 @@ fn state(c: &mut Criterion) {
             b.iter(|| black_box(st.workload_by_addr("", black_box(ip))))
         });
         g.bench_function(BenchmarkId::new("route_outbound_vip", n), |b| {
-            b.iter(|| {
-                black_box(
-                    st.route_outbound(&source, "", black_box(vip))
-                        .expect("route"),
-                )
-            })
+            b.iter(|| black_box(st.route_outbound(&source, "", black_box(vip)).expect("route")))
         });
         g.bench_function(BenchmarkId::new("route_outbound_pod", n), |b| {
-            b.iter(|| {
-                black_box(
-                    st.route_outbound(&source, "", SocketAddr::new(ip, 8080))
-                        .expect("route"),
-                )
-            })
+            b.iter(|| black_box(st.route_outbound(&source, "", SocketAddr::new(ip, 8080)).expect("route")))
         });
     }
     g.finish();

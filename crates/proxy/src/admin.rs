@@ -37,9 +37,8 @@ where
                 let h = h.clone();
                 async move { Ok::<_, Infallible>(h(req).await) }
             });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), svc)
-                .await;
+            let _ =
+                hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
         });
     }
 }
@@ -52,10 +51,22 @@ fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
         .unwrap_or_default()
 }
 
+/// What the admin endpoints read.
+pub struct AdminCtx {
+    /// Process-wide state.
+    pub shared: Shared,
+    /// The process drain.
+    pub drain: Drain,
+    /// Notified by `/quitquitquit`.
+    pub quit: Arc<Notify>,
+    /// Shared mode: the per-pod proxies.
+    pub workloads: Option<Arc<crate::inpod::Manager>>,
+}
+
 /// Readiness (`/healthz/ready` on 15021).
 pub async fn readiness(
     req: Request<Incoming>,
-    ready: Arc<AtomicBool>,
+    readiness: Readiness,
     draining: bool,
 ) -> Response<Full<Bytes>> {
     if req.uri().path() != "/healthz/ready" {
@@ -65,18 +76,13 @@ pub async fn readiness(
         return text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
     }
     if draining {
-        return text(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "not ready, pending: draining\n",
-        );
+        return text(StatusCode::INTERNAL_SERVER_ERROR, "not ready, pending: draining\n");
     }
-    if ready.load(Ordering::Relaxed) {
-        text(StatusCode::OK, "ready\n")
-    } else {
-        text(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "not ready, pending: proxy, state manager\n",
-        )
+    match readiness.status() {
+        Ok(()) => text(StatusCode::OK, "ready\n"),
+        Err(pending) => {
+            text(StatusCode::INTERNAL_SERVER_ERROR, format!("not ready, pending: {}\n", pending.join(", ")))
+        }
     }
 }
 
@@ -88,10 +94,7 @@ pub async fn metrics(req: Request<Incoming>, registry: Arc<Registry>) -> Respons
     }
     let mut body = String::new();
     if let Err(e) = prometheus_client::encoding::text::encode(&mut body, &registry) {
-        return text(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("encoding metrics failed: {e}\n"),
-        );
+        return text(StatusCode::INTERNAL_SERVER_ERROR, format!("encoding metrics failed: {e}\n"));
     }
     let openmetrics = req
         .headers()
@@ -105,18 +108,11 @@ pub async fn metrics(req: Request<Incoming>, registry: Arc<Registry>) -> Respons
     } else {
         "text/plain; charset=utf-8"
     };
-    Response::builder()
-        .header("content-type", ct)
-        .body(Full::new(Bytes::from(body)))
-        .unwrap_or_default()
+    Response::builder().header("content-type", ct).body(Full::new(Bytes::from(body))).unwrap_or_default()
 }
 
 /// Admin (`/`, `/config_dump`, `/quitquitquit` on 127.0.0.1:15000).
-pub async fn admin(
-    req: Request<Incoming>,
-    inputs: Arc<Inputs>,
-    quit: Arc<Notify>,
-) -> Response<Full<Bytes>> {
+pub async fn admin(req: Request<Incoming>, ctx: Arc<AdminCtx>) -> Response<Full<Bytes>> {
     match req.uri().path() {
         "/" => text(
             StatusCode::OK,

@@ -156,7 +156,10 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
         tracing::info!(deadline = ?cfg.self_termination_deadline, "draining");
         let left = drain.run(cfg.self_termination_deadline).await;
         if left > 0 {
-            tracing::warn!(connections = left, "closed connections that did not finish before the drain deadline");
+            tracing::warn!(
+                connections = left,
+                "closed connections that did not finish before the drain deadline"
+            );
         }
         tracing::info!("drained, exiting");
         Ok::<(), StartError>(())
@@ -222,15 +225,9 @@ fn raise_fd_limit() {
 pub fn init_logging(filter: &str, json: bool) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_new(filter).unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     let _ = if json {
-        builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(false)
-            .try_init()
+        builder.json().flatten_event(true).with_current_span(false).try_init()
     } else {
         builder.try_init()
     };

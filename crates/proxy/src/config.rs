@@ -39,18 +39,10 @@ pub struct ProxyArgs {
     #[arg(long, env = "CA_ADDRESS", default_value = "https://localhost:15012")]
     pub ca_address: String,
     /// Root certificate (PEM file) to verify the CA's TLS certificate.
-    #[arg(
-        long,
-        env = "CA_ROOT_CA",
-        default_value = "./var/run/secrets/istio/root-cert.pem"
-    )]
+    #[arg(long, env = "CA_ROOT_CA", default_value = "./var/run/secrets/istio/root-cert.pem")]
     pub ca_root_ca: PathBuf,
     /// Bearer token file sent to the CA (re-read per request); unused when the file is absent.
-    #[arg(
-        long,
-        env = "AUTH_TOKEN",
-        default_value = "./var/run/secrets/tokens/istio-token"
-    )]
+    #[arg(long, env = "AUTH_TOKEN", default_value = "./var/run/secrets/tokens/istio-token")]
     pub auth_token: PathBuf,
     /// Development: sign workload certificates in-process instead of calling a CA.
     #[arg(long, env = "FAKE_CA", default_value_t = false, action = clap::ArgAction::Set)]
@@ -100,11 +92,7 @@ pub struct ProxyArgs {
     #[arg(long, env = "HTTP2_STREAM_WINDOW_SIZE", default_value_t = 4_194_304)]
     pub window_size: u32,
     /// HTTP/2 initial connection window.
-    #[arg(
-        long,
-        env = "HTTP2_CONNECTION_WINDOW_SIZE",
-        default_value_t = 16_777_216
-    )]
+    #[arg(long, env = "HTTP2_CONNECTION_WINDOW_SIZE", default_value_t = 16_777_216)]
     pub connection_window_size: u32,
     /// HTTP/2 max frame size.
     #[arg(long, env = "HTTP2_FRAME_SIZE", default_value_t = 1_048_576)]
@@ -323,9 +311,7 @@ impl Config {
             return Err(ConfigError::NoStateSource);
         }
         let ca = if a.fake_ca {
-            CaSource::Fake {
-                root: a.fake_ca_root.clone(),
-            }
+            CaSource::Fake { root: a.fake_ca_root.clone() }
         } else {
             let address = if a.ca_address.contains("://") {
                 a.ca_address.clone()
@@ -343,14 +329,10 @@ impl Config {
             "plain" | "" => false,
             other => return Err(ConfigError::LogFormat(other.to_owned())),
         };
-        let cores = a.cpu_limit.unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1)
-        });
+        let cores =
+            a.cpu_limit.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
         let num_worker_threads = worker_threads(a.worker_threads.as_deref(), cores)?;
-        let cluster_id =
-            std::env::var("ISTIO_META_CLUSTER_ID").unwrap_or_else(|_| a.cluster_id.clone());
+        let cluster_id = std::env::var("ISTIO_META_CLUSTER_ID").unwrap_or_else(|_| a.cluster_id.clone());
         let any = crate::socket::unspecified(a.ipv6_enabled);
         let packet_mark = match (a.packet_mark, proxy_mode) {
             (Some(m), _) => Some(m),
@@ -417,13 +399,11 @@ impl Config {
 
 fn parse_workload_info(s: &str) -> Result<WorkloadInfo, ConfigError> {
     match s.split('/').collect::<Vec<_>>().as_slice() {
-        [ns, name, sa] if !ns.is_empty() && !name.is_empty() && !sa.is_empty() => {
-            Ok(WorkloadInfo {
-                namespace: (*ns).to_owned(),
-                name: (*name).to_owned(),
-                service_account: (*sa).to_owned(),
-            })
-        }
+        [ns, name, sa] if !ns.is_empty() && !name.is_empty() && !sa.is_empty() => Ok(WorkloadInfo {
+            namespace: (*ns).to_owned(),
+            name: (*name).to_owned(),
+            service_account: (*sa).to_owned(),
+        }),
         _ => Err(ConfigError::WorkloadInfo(s.to_owned())),
     }
 }
@@ -475,14 +455,10 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         return Err(err());
     }
     while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(err)?;
+        let digits = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(err)?;
         let (num, tail) = rest.split_at(digits);
         let value: f64 = num.parse().map_err(|_| err())?;
-        let unit_len = tail
-            .find(|c: char| c.is_ascii_digit())
-            .unwrap_or(tail.len());
+        let unit_len = tail.find(|c: char| c.is_ascii_digit()).unwrap_or(tail.len());
         let (unit, tail) = tail.split_at(unit_len);
         let scale = match unit {
             "ns" => 1e-9,
@@ -557,10 +533,7 @@ mod tests {
         assert_eq!(drain_deadline(None, Some(30)), Duration::from_secs(25));
         assert_eq!(drain_deadline(None, Some(5)), Duration::from_secs(4));
         assert_eq!(drain_deadline(None, Some(0)), Duration::from_secs(1));
-        assert_eq!(
-            drain_deadline(Some(Duration::from_secs(2)), Some(30)),
-            Duration::from_secs(2)
-        );
+        assert_eq!(drain_deadline(Some(Duration::from_secs(2)), Some(30)), Duration::from_secs(2));
     }
 
     #[test]
@@ -568,23 +541,14 @@ mod tests {
         let base = ["--local-xds-path", "/x.yaml", "--xds-address", ""];
         let mut a = args(&base);
         a.proxy_mode = "dedicated".into();
-        assert_eq!(
-            Config::from_args(&a).err(),
-            Some(ConfigError::MissingWorkloadInfo)
-        );
+        assert_eq!(Config::from_args(&a).err(), Some(ConfigError::MissingWorkloadInfo));
         a.proxy_workload_info = Some("ns/name".into());
-        assert!(matches!(
-            Config::from_args(&a),
-            Err(ConfigError::WorkloadInfo(_))
-        ));
+        assert!(matches!(Config::from_args(&a), Err(ConfigError::WorkloadInfo(_))));
         a.proxy_workload_info = Some("ns/name/sa".into());
         let c = Config::from_args(&a).expect("valid");
         assert_eq!(c.packet_mark, None);
         a.packet_mark = Some(0x539);
-        assert_eq!(
-            Config::from_args(&a).expect("valid").packet_mark,
-            Some(1337)
-        );
+        assert_eq!(Config::from_args(&a).expect("valid").packet_mark, Some(1337));
         a.proxy_mode = "bogus".into();
         assert!(matches!(Config::from_args(&a), Err(ConfigError::Mode(_))));
         a.proxy_mode = "shared".into();

@@ -39,11 +39,7 @@ pub struct Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        self.inner
-            .live
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.id);
+        self.inner.live.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.id);
     }
 }
 
@@ -52,31 +48,14 @@ impl ConnectionManager {
     pub fn register(&self, conn: Connection, workload: Arc<Workload>) -> Registration {
         let id = self.inner.next.fetch_add(1, Ordering::Relaxed);
         let close = CancellationToken::new();
-        let t = Tracked {
-            conn,
-            workload_uid: workload.uid.clone(),
-            workload,
-            close: close.clone(),
-        };
-        self.inner
-            .live
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, t);
-        Registration {
-            id,
-            inner: self.inner.clone(),
-            closed: close,
-        }
+        let t = Tracked { conn, workload_uid: workload.uid.clone(), workload, close: close.clone() };
+        self.inner.live.lock().unwrap_or_else(|p| p.into_inner()).insert(id, t);
+        Registration { id, inner: self.inner.clone(), closed: close }
     }
 
     /// Number of tracked connections.
     pub fn len(&self) -> usize {
-        self.inner
-            .live
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .len()
+        self.inner.live.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
     /// Whether no connection is tracked.
@@ -91,13 +70,9 @@ impl ConnectionManager {
         let live = self.inner.live.lock().unwrap_or_else(|p| p.into_inner());
         let mut closed = 0;
         for t in live.values() {
-            let w = state
-                .workload_by_uid(&t.workload_uid)
-                .unwrap_or_else(|| t.workload.clone());
+            let w = state.workload_by_uid(&t.workload_uid).unwrap_or_else(|| t.workload.clone());
             let policies = state.policies_for(&w);
-            if let Decision::Deny(reason) =
-                authz::evaluate(policies.iter().map(|p| p.as_ref()), &t.conn)
-            {
+            if let Decision::Deny(reason) = authz::evaluate(policies.iter().map(|p| p.as_ref()), &t.conn) {
                 tracing::info!(src = %t.conn.src_ip, dst.port = t.conn.dst_port, %reason,
                     "closing connection denied after a policy change");
                 t.close.cancel();

@@ -52,11 +52,7 @@ pub struct LiveCounters {
 impl LiveCounters {
     /// Counters feeding these metric counters.
     pub fn new(sent: Vec<Counter>, received: Vec<Counter>) -> Self {
-        LiveCounters {
-            sent,
-            received,
-            ..Default::default()
-        }
+        LiveCounters { sent, received, ..Default::default() }
     }
 
     /// Bytes moved so far by this connection.
@@ -87,12 +83,7 @@ where
     let (mut dr, mut dw) = down;
     let (mut ur, mut uw) = up;
     let a = one_way(&mut dr, &mut uw, &counters.sent, &counters.sent_bytes);
-    let b = one_way(
-        &mut ur,
-        &mut dw,
-        &counters.received,
-        &counters.received_bytes,
-    );
+    let b = one_way(&mut ur, &mut dw, &counters.received, &counters.received_bytes);
     let res = tokio::try_join!(a, b).map(|_| ());
     (counters.transferred(), res)
 }
@@ -154,11 +145,7 @@ pub struct TcpSource {
 impl TcpSource {
     /// Wraps a read half.
     pub fn new(read: OwnedReadHalf) -> Self {
-        TcpSource {
-            read,
-            buf: BytesMut::new(),
-            seen: 0,
-        }
+        TcpSource { read, buf: BytesMut::new(), seen: 0 }
     }
 
     fn target(&self) -> usize {
@@ -290,12 +277,8 @@ mod tests {
         let proxy = tokio::spawn(async move {
             let (dr, dw) = down.into_split();
             let (ur, uw) = up.into_split();
-            bidirectional(
-                (TcpSource::new(dr), TcpSink(dw)),
-                (TcpSource::new(ur), TcpSink(uw)),
-                &counters,
-            )
-            .await
+            bidirectional((TcpSource::new(dr), TcpSink(dw)), (TcpSource::new(ur), TcpSink(uw)), &counters)
+                .await
         });
         let payload: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
         client.write_all(&payload).await.expect("write");
@@ -311,13 +294,7 @@ mod tests {
         assert_eq!(back, b"reply");
         let (t, res) = proxy.await.expect("join");
         res.expect("copy ok");
-        assert_eq!(
-            t,
-            Transferred {
-                sent: payload.len() as u64,
-                received: 5
-            }
-        );
+        assert_eq!(t, Transferred { sent: payload.len() as u64, received: 5 });
         assert_eq!(sent.get(), payload.len() as u64);
         assert_eq!(received.get(), 5);
     }

@@ -52,7 +52,11 @@ impl Drain {
     /// A drain scope inside this one: it drains when this one does, or on its own (one pod's
     /// proxy), and its tasks count towards this one's.
     pub fn child(&self) -> Drain {
-        Drain { start: self.start.child_token(), force: self.force.child_token(), tracker: self.tracker.clone() }
+        Drain {
+            start: self.start.child_token(),
+            force: self.force.child_token(),
+            tracker: self.tracker.clone(),
+        }
     }
 
     /// Closes everything in this scope now: no grace (the pod is gone).

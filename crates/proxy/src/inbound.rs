@@ -47,11 +47,7 @@ pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: Sock
         Ok(Err(e)) => return fail(&format!("tls error: {e}")),
         Err(_) => return fail(&"tls error: handshake timed out"),
     };
-    let peer_identity = tls
-        .get_ref()
-        .1
-        .peer_certificates()
-        .and_then(ambit_identity::peer_identity);
+    let peer_identity = tls.get_ref().1.peer_certificates().and_then(ambit_identity::peer_identity);
     let settings = H2Settings {
         window_size: inputs.cfg.window_size,
         connection_window_size: inputs.cfg.connection_window_size,
@@ -59,12 +55,7 @@ pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: Sock
         max_streams: inputs.cfg.pool_max_streams_per_conn,
     };
     let drain = inputs.drain.clone();
-    let ctx = Arc::new(StreamCtx {
-        inputs: inputs.clone(),
-        peer,
-        dst,
-        peer_identity,
-    });
+    let ctx = Arc::new(StreamCtx { inputs: inputs.clone(), peer, dst, peer_identity });
     let r = server::serve(tls, settings, drain, move |req| {
         let ctx = ctx.clone();
         async move { ctx.handle(req).await }
@@ -103,12 +94,7 @@ impl StreamCtx {
             metrics::record_failure(&inputs.metrics, &info, Flag::Connect, &e);
             return req.reject(StatusCode::BAD_REQUEST);
         }
-        let authority = match req
-            .request
-            .uri()
-            .authority()
-            .map(|a| Authority::from_str(a.as_str()))
-        {
+        let authority = match req.request.uri().authority().map(|a| Authority::from_str(a.as_str())) {
             Some(Ok(a)) => a,
             _ => {
                 let e = format!("no valid authority pseudo header: {}", req.request.uri());
@@ -157,45 +143,38 @@ impl StreamCtx {
             dst_port: upstream.port(),
         };
         let policies = state.policies_for(&local);
-        if let Decision::Deny(reason) = authz::evaluate(policies.iter().map(|p| p.as_ref()), &conn)
-        {
+        if let Decision::Deny(reason) = authz::evaluate(policies.iter().map(|p| p.as_ref()), &conn) {
             let e = format!("connection closed due to policy rejection: {reason}");
             metrics::record_failure(&inputs.metrics, &info, Flag::Deny, &e);
             return req.reject(StatusCode::UNAUTHORIZED);
         }
-        let spoof =
-            (inputs.transparent && self.peer.ip() != upstream.ip()).then_some(self.peer.ip());
-        let app = match tokio::time::timeout(
-            UPSTREAM_CONNECT_TIMEOUT,
-            inputs.sockets.connect(upstream, spoof),
-        )
-        .await
-        {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => {
-                metrics::record_failure(
-                    &inputs.metrics,
-                    &info,
-                    Flag::Connect,
-                    &format!("connection failed: {e}"),
-                );
-                return req.reject(StatusCode::SERVICE_UNAVAILABLE);
-            }
-            Err(_) => {
-                metrics::record_failure(
-                    &inputs.metrics,
-                    &info,
-                    Flag::Connect,
-                    &"connection failed: timed out",
-                );
-                return req.reject(StatusCode::SERVICE_UNAVAILABLE);
-            }
-        };
+        let spoof = (inputs.transparent && self.peer.ip() != upstream.ip()).then_some(self.peer.ip());
+        let app =
+            match tokio::time::timeout(UPSTREAM_CONNECT_TIMEOUT, inputs.sockets.connect(upstream, spoof))
+                .await
+            {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    metrics::record_failure(
+                        &inputs.metrics,
+                        &info,
+                        Flag::Connect,
+                        &format!("connection failed: {e}"),
+                    );
+                    return req.reject(StatusCode::SERVICE_UNAVAILABLE);
+                }
+                Err(_) => {
+                    metrics::record_failure(
+                        &inputs.metrics,
+                        &info,
+                        Flag::Connect,
+                        &"connection failed: timed out",
+                    );
+                    return req.reject(StatusCode::SERVICE_UNAVAILABLE);
+                }
+            };
         let registration = inputs.connections.register(conn, local.clone());
-        let ConnectRequest {
-            request,
-            mut respond,
-        } = req;
+        let ConnectRequest { request, mut respond } = req;
         let mut resp = http::Response::builder().status(StatusCode::OK);
         if let Ok(v) = HeaderValue::from_str(&crate::outbound::baggage(&local)) {
             resp = resp.header("baggage", v);
@@ -203,12 +182,7 @@ impl StreamCtx {
         let send = match respond.send_response(resp.body(()).unwrap_or_default(), false) {
             Ok(s) => s,
             Err(e) => {
-                metrics::record_failure(
-                    &inputs.metrics,
-                    &info,
-                    Flag::Connect,
-                    &format!("http2 error: {e}"),
-                );
+                metrics::record_failure(&inputs.metrics, &info, Flag::Connect, &format!("http2 error: {e}"));
                 return;
             }
         };

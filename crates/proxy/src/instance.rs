@@ -49,13 +49,23 @@ impl Shared {
 
     /// Binds the instance's listeners (in `sockets`' namespace) and starts serving `local`.
     /// Returns once every listener is bound; fails if any cannot be.
-    pub fn start(&self, local: WorkloadInfo, sockets: SocketOptions, drain: Drain) -> Result<Arc<Inputs>, BindError> {
+    pub fn start(
+        &self,
+        local: WorkloadInfo,
+        sockets: SocketOptions,
+        drain: Drain,
+    ) -> Result<Arc<Inputs>, BindError> {
         let _rt = self.data.enter();
         let cfg = &self.cfg;
         let outbound = listen(&sockets, cfg.outbound_addr)?;
         let inbound = listen(&sockets, cfg.inbound_addr)?;
         let plaintext = listen(&sockets, cfg.inbound_plaintext_addr)?;
-        let pool = Pool::new(self.certs.clone(), sockets.clone(), self.h2_settings(), cfg.pool_unused_release_timeout);
+        let pool = Pool::new(
+            self.certs.clone(),
+            sockets.clone(),
+            self.h2_settings(),
+            cfg.pool_unused_release_timeout,
+        );
         let inputs = Arc::new(Inputs {
             cfg: cfg.clone(),
             state: self.state.clone(),
@@ -77,9 +87,12 @@ impl Shared {
             crate::inbound::serve_connection(i.clone(), s, p)
         }));
         let i = inputs.clone();
-        self.data.spawn(crate::listener::accept_loop("inbound_plaintext", plaintext, drain.clone(), move |s, p| {
-            crate::passthrough::serve_connection(i.clone(), s, p)
-        }));
+        self.data.spawn(crate::listener::accept_loop(
+            "inbound_plaintext",
+            plaintext,
+            drain.clone(),
+            move |s, p| crate::passthrough::serve_connection(i.clone(), s, p),
+        ));
         self.data.spawn(async move {
             loop {
                 tokio::select! {

@@ -59,11 +59,7 @@ impl EncodeLabelValue for Label {
         encoder: &mut prometheus_client::encoding::LabelValueEncoder<'_>,
     ) -> Result<(), std::fmt::Error> {
         use std::fmt::Write;
-        if self.0.is_empty() {
-            encoder.write_str("unknown")
-        } else {
-            encoder.write_str(&self.0)
-        }
+        if self.0.is_empty() { encoder.write_str("unknown") } else { encoder.write_str(&self.0) }
     }
 }
 
@@ -216,12 +212,7 @@ impl ConnectionRecord {
     pub fn open(metrics: &Metrics, info: ConnectionInfo) -> ConnectionRecord {
         let labels = labels(&info, Flag::None);
         metrics.opened.get_or_create(&labels).inc();
-        metrics
-            .sockets_open
-            .get_or_create(&ReporterLabel {
-                reporter: info.reporter,
-            })
-            .inc();
+        metrics.sockets_open.get_or_create(&ReporterLabel { reporter: info.reporter }).inc();
         let counters = crate::copy::LiveCounters::new(
             vec![metrics.received.get_or_create(&labels).clone()],
             vec![metrics.sent.get_or_create(&labels).clone()],
@@ -244,35 +235,16 @@ impl ConnectionRecord {
     }
 
     /// Records the end of the connection and writes its access-log line.
-    pub fn finish(
-        self,
-        transferred: crate::copy::Transferred,
-        error: Option<&dyn std::fmt::Display>,
-    ) {
+    pub fn finish(self, transferred: crate::copy::Transferred, error: Option<&dyn std::fmt::Display>) {
         self.metrics.closed.get_or_create(&self.labels).inc();
-        self.metrics
-            .sockets_open
-            .get_or_create(&ReporterLabel {
-                reporter: self.info.reporter,
-            })
-            .dec();
+        self.metrics.sockets_open.get_or_create(&ReporterLabel { reporter: self.info.reporter }).dec();
         let error = error.map(|e| e.to_string());
-        access_log(
-            &self.info,
-            transferred,
-            self.start.elapsed(),
-            error.as_deref(),
-        );
+        access_log(&self.info, transferred, self.start.elapsed(), error.as_deref());
     }
 }
 
 /// Records a connection that failed before it was established (no bytes, flag set).
-pub fn record_failure(
-    metrics: &Metrics,
-    info: &ConnectionInfo,
-    flag: Flag,
-    error: &dyn std::fmt::Display,
-) {
+pub fn record_failure(metrics: &Metrics, info: &ConnectionInfo, flag: Flag, error: &dyn std::fmt::Display) {
     let labels = labels(info, flag);
     metrics.failed.get_or_create(&labels).inc();
     let e = error.to_string();
@@ -294,12 +266,7 @@ fn direction(r: Reporter) -> &'static str {
     }
 }
 
-fn access_log(
-    info: &ConnectionInfo,
-    t: crate::copy::Transferred,
-    elapsed: Duration,
-    error: Option<&str>,
-) {
+fn access_log(info: &ConnectionInfo, t: crate::copy::Transferred, elapsed: Duration, error: Option<&str>) {
     let src_w = info.src_workload.as_deref();
     let dst_w = info.dst_workload.as_deref();
     let src_id = info.src_identity.as_ref().map(ToString::to_string);
@@ -337,22 +304,13 @@ fn access_log(
 fn labels(info: &ConnectionInfo, flag: Flag) -> TrafficLabels {
     let s = info.src_workload.as_deref();
     let d = info.dst_workload.as_deref();
-    let w = |w: Option<&Workload>, f: fn(&Workload) -> &str| {
-        Label(w.map(f).unwrap_or_default().to_owned())
-    };
-    let principal = |id: &Option<ambit_identity::Identity>| {
-        Label(id.as_ref().map(|i| i.to_string()).unwrap_or_default())
-    };
+    let w = |w: Option<&Workload>, f: fn(&Workload) -> &str| Label(w.map(f).unwrap_or_default().to_owned());
+    let principal =
+        |id: &Option<ambit_identity::Identity>| Label(id.as_ref().map(|i| i.to_string()).unwrap_or_default());
     let svc = info.dst_service.as_deref();
     TrafficLabels {
         reporter: info.reporter,
-        source_workload: w(s, |w| {
-            if w.workload_name.is_empty() {
-                &w.name
-            } else {
-                &w.workload_name
-            }
-        }),
+        source_workload: w(s, |w| if w.workload_name.is_empty() { &w.name } else { &w.workload_name }),
         source_canonical_service: w(s, |w| &w.canonical_name),
         source_canonical_revision: w(s, |w| &w.canonical_revision),
         source_workload_namespace: w(s, |w| &w.namespace),
@@ -363,13 +321,7 @@ fn labels(info: &ConnectionInfo, flag: Flag) -> TrafficLabels {
         destination_service: Label(svc.map(|s| s.hostname.clone()).unwrap_or_default()),
         destination_service_namespace: Label(svc.map(|s| s.namespace.clone()).unwrap_or_default()),
         destination_service_name: Label(svc.map(|s| s.name.clone()).unwrap_or_default()),
-        destination_workload: w(d, |w| {
-            if w.workload_name.is_empty() {
-                &w.name
-            } else {
-                &w.workload_name
-            }
-        }),
+        destination_workload: w(d, |w| if w.workload_name.is_empty() { &w.name } else { &w.workload_name }),
         destination_canonical_service: w(d, |w| &w.canonical_name),
         destination_canonical_revision: w(d, |w| &w.canonical_revision),
         destination_workload_namespace: w(d, |w| &w.namespace),

@@ -37,9 +37,7 @@ pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: Sock
         mtls: false,
     };
     let local_addr = stream.local_addr().ok().map(crate::socket::canonical);
-    if (crate::socket::is_loopback(orig.ip()) && is_illegal_port(orig.port()))
-        || Some(orig) == local_addr
-    {
+    if (crate::socket::is_loopback(orig.ip()) && is_illegal_port(orig.port())) || Some(orig) == local_addr {
         return metrics::record_failure(
             &inputs.metrics,
             &info,
@@ -64,11 +62,7 @@ pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: Sock
     info.dst_workload = route.destination_workload.clone();
     drop(state);
     match route.kind {
-        RouteKind::Hbone {
-            target,
-            authority,
-            expected,
-        } => {
+        RouteKind::Hbone { target, authority, expected } => {
             let src_identity = inputs.identity_of(&local);
             info.mtls = true;
             info.src_identity = Some(src_identity.clone());
@@ -79,19 +73,11 @@ pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: Sock
                 .as_deref()
                 .map(|w| inputs.identity_of(w))
                 .or_else(|| expected.first().cloned());
-            let key = PoolKey {
-                src_identity,
-                dst_identities: expected,
-                dst: target,
-                src_ip: peer.ip(),
-            };
+            let key = PoolKey { src_identity, dst_identities: expected, dst: target, src_ip: peer.ip() };
             let headers = request_headers(
                 &local,
                 peer,
-                route
-                    .destination_service
-                    .as_deref()
-                    .map(|s| s.hostname.as_str()),
+                route.destination_service.as_deref().map(|s| s.hostname.as_str()),
             );
             let tunnel = match inputs.pool.connect(&key, authority, &headers).await {
                 Ok(t) => t,

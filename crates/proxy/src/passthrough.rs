@@ -48,12 +48,7 @@ pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: Sock
     };
     info.dst_workload = Some(local.clone());
     info.dst_service = state.guess_service(&local, orig.port());
-    let conn = Connection {
-        src_ip: peer.ip(),
-        src_identity: None,
-        dst_ip: orig.ip(),
-        dst_port: orig.port(),
-    };
+    let conn = Connection { src_ip: peer.ip(), src_identity: None, dst_ip: orig.ip(), dst_port: orig.port() };
     let policies = state.policies_for(&local);
     if let Decision::Deny(reason) = authz::evaluate(policies.iter().map(|p| p.as_ref()), &conn) {
         let e = format!("connection closed due to policy rejection: {reason}");
@@ -61,30 +56,28 @@ pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: Sock
     }
     drop(state);
     let spoof = (inputs.transparent && peer.ip() != orig.ip()).then_some(peer.ip());
-    let app = match tokio::time::timeout(
-        std::time::Duration::from_secs(10),
-        inputs.sockets.connect(orig, spoof),
-    )
-    .await
-    {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => {
-            return metrics::record_failure(
-                &inputs.metrics,
-                &info,
-                Flag::Connect,
-                &format!("connection failed: {e}"),
-            );
-        }
-        Err(_) => {
-            return metrics::record_failure(
-                &inputs.metrics,
-                &info,
-                Flag::Connect,
-                &"connection failed: timed out",
-            );
-        }
-    };
+    let app =
+        match tokio::time::timeout(std::time::Duration::from_secs(10), inputs.sockets.connect(orig, spoof))
+            .await
+        {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                return metrics::record_failure(
+                    &inputs.metrics,
+                    &info,
+                    Flag::Connect,
+                    &format!("connection failed: {e}"),
+                );
+            }
+            Err(_) => {
+                return metrics::record_failure(
+                    &inputs.metrics,
+                    &info,
+                    Flag::Connect,
+                    &"connection failed: timed out",
+                );
+            }
+        };
     let registration = inputs.connections.register(conn, local);
     let record = ConnectionRecord::open(&inputs.metrics, info);
     let (dr, dw) = stream.into_split();

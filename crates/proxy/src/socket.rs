@@ -61,10 +61,8 @@ impl SocketOptions {
         stream.set_nodelay(true)?;
         let sock = SockRef::from(stream);
         if let Some(ka) = self.keepalive {
-            let params = TcpKeepalive::new()
-                .with_time(ka.time)
-                .with_interval(ka.interval)
-                .with_retries(ka.retries);
+            let params =
+                TcpKeepalive::new().with_time(ka.time).with_interval(ka.interval).with_retries(ka.retries);
             sock.set_tcp_keepalive(&params)?;
             if self.user_timeout {
                 sock.set_tcp_user_timeout(Some(ka.time + ka.interval * ka.retries))?;
@@ -161,9 +159,7 @@ pub fn original_dst(stream: &TcpStream) -> io::Result<SocketAddr> {
 
 /// Whether the proxy can spoof source addresses here (`IP_TRANSPARENT` needs CAP_NET_ADMIN).
 pub fn transparent_available() -> bool {
-    Socket::new(Domain::IPV4, Type::STREAM, None)
-        .and_then(|s| s.set_ip_transparent_v4(true))
-        .is_ok()
+    Socket::new(Domain::IPV4, Type::STREAM, None).and_then(|s| s.set_ip_transparent_v4(true)).is_ok()
 }
 
 /// Unmaps v4-mapped IPv6 addresses, so `::ffff:10.0.0.1` and `10.0.0.1` compare equal.
@@ -188,11 +184,7 @@ fn is_v4_mapped(ip: IpAddr) -> bool {
 
 /// The unspecified address to bind "all interfaces" with, per IPv6 setting.
 pub fn unspecified(ipv6: bool) -> IpAddr {
-    if ipv6 {
-        IpAddr::V6(Ipv6Addr::UNSPECIFIED)
-    } else {
-        IpAddr::V4(Ipv4Addr::UNSPECIFIED)
-    }
+    if ipv6 { IpAddr::V6(Ipv6Addr::UNSPECIFIED) } else { IpAddr::V4(Ipv4Addr::UNSPECIFIED) }
 }
 
 /// Whether an address is a loopback address (after unmapping).

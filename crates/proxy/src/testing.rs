@@ -39,12 +39,8 @@ impl EchoServer {
     /// Starts the server with a certificate from `ca`.
     pub async fn start(ca: &FakeCa, settings: H2Settings) -> EchoServer {
         let identity = Identity::new("cluster.local", "default", "server");
-        let cert = ca
-            .issue(&identity, Duration::from_secs(3600))
-            .expect("test CA issues");
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind 127.0.0.1");
+        let cert = ca.issue(&identity, Duration::from_secs(3600)).expect("test CA issues");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind 127.0.0.1");
         let addr = listener.local_addr().expect("local addr");
         let acceptor = tokio_rustls::TlsAcceptor::from(cert.server_config());
         let drain = Drain::new();
@@ -63,12 +59,8 @@ impl EchoServer {
                         return;
                     };
                     let _ = server::serve(tls, settings, d, |req| async move {
-                        let server::ConnectRequest {
-                            request,
-                            mut respond,
-                        } = req;
-                        let Ok(mut send) = respond.send_response(http::Response::new(()), false)
-                        else {
+                        let server::ConnectRequest { request, mut respond } = req;
+                        let Ok(mut send) = respond.send_response(http::Response::new(()), false) else {
                             return;
                         };
                         let mut recv = request.into_body();
@@ -84,21 +76,12 @@ impl EchoServer {
                 });
             }
         });
-        EchoServer {
-            addr,
-            identity,
-            drain,
-            accepted,
-        }
+        EchoServer { addr, identity, drain, accepted }
     }
 }
 
 /// A pool whose certificates come from `ca`, and the key to reach `server` as `client`.
-pub fn pool_for(
-    ca: Arc<FakeCa>,
-    server: &EchoServer,
-    settings: H2Settings,
-) -> (Arc<Pool>, PoolKey) {
+pub fn pool_for(ca: Arc<FakeCa>, server: &EchoServer, settings: H2Settings) -> (Arc<Pool>, PoolKey) {
     let signer: Arc<dyn CertSigner> = ca;
     let certs = CertManager::new(signer, Duration::from_secs(3600));
     let sockets = SocketOptions::default();

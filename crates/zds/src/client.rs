@@ -28,14 +28,9 @@ impl ZdsClient {
                 ),
             )
         })?;
-        packet::send(&socket, &message::encode_hello(), &[])
-            .await
-            .map_err(|e| {
-                io::Error::new(
-                    e.kind(),
-                    format!("cannot send the ZDS hello to the node agent: {e}"),
-                )
-            })?;
+        packet::send(&socket, &message::encode_hello(), &[]).await.map_err(|e| {
+            io::Error::new(e.kind(), format!("cannot send the ZDS hello to the node agent: {e}"))
+        })?;
         Ok(ZdsClient { socket })
     }
 

@@ -82,9 +82,7 @@ pub enum ProtocolError {
     #[error("ZDS AddWorkload arrived without a network namespace file descriptor (SCM_RIGHTS)")]
     AddWithoutFd,
     /// An `AddWorkload` arrived without `workload_info` (upstream ztunnel exits on this).
-    #[error(
-        "ZDS AddWorkload for pod {uid} has no workload_info; the node agent is too old or broken"
-    )]
+    #[error("ZDS AddWorkload for pod {uid} has no workload_info; the node agent is too old or broken")]
     AddWithoutWorkloadInfo {
         /// Pod UID from the message.
         uid: String,
@@ -157,11 +155,7 @@ impl Request {
 
 impl From<proto::WorkloadInfo> for WorkloadInfo {
     fn from(info: proto::WorkloadInfo) -> Self {
-        WorkloadInfo {
-            name: info.name,
-            namespace: info.namespace,
-            service_account: info.service_account,
-        }
+        WorkloadInfo { name: info.name, namespace: info.namespace, service_account: info.service_account }
     }
 }
 
@@ -197,28 +191,17 @@ pub fn decode_request(bytes: &[u8], mut fds: Vec<OwnedFd>) -> Result<Request, Pr
             if let Err(detail) = netns::check_netns(std::os::fd::AsFd::as_fd(&netns)) {
                 return Err(ProtocolError::NotANetns { uid, detail });
             }
-            Ok(Request::Add {
-                uid,
-                info: info.into(),
-                netns,
-            })
+            Ok(Request::Add { uid, info: info.into(), netns })
         }
         _ if fd.is_some() => Err(ProtocolError::UnexpectedFd),
-        Payload::Keep(keep) => Ok(Request::Keep {
-            uid: non_empty(keep.uid)?,
-        }),
-        Payload::Del(del) => Ok(Request::Del {
-            uid: non_empty(del.uid)?,
-        }),
+        Payload::Keep(keep) => Ok(Request::Keep { uid: non_empty(keep.uid)? }),
+        Payload::Del(del) => Ok(Request::Del { uid: non_empty(del.uid)? }),
         Payload::SnapshotSent(_) => Ok(Request::SnapshotSent),
     }
 }
 
 /// Parses one received record into an ack result (`Err` holds the NACK text).
-pub fn decode_response(
-    bytes: &[u8],
-    fds: Vec<OwnedFd>,
-) -> Result<Result<(), String>, ProtocolError> {
+pub fn decode_response(bytes: &[u8], fds: Vec<OwnedFd>) -> Result<Result<(), String>, ProtocolError> {
     use proto::workload_response::Payload;
 
     if fds.len() > 1 {
@@ -229,11 +212,7 @@ pub fn decode_response(
     if !fds.is_empty() {
         return Err(ProtocolError::UnexpectedFd);
     }
-    if ack.error.is_empty() {
-        Ok(Ok(()))
-    } else {
-        Ok(Err(ack.error))
-    }
+    if ack.error.is_empty() { Ok(Ok(())) } else { Ok(Err(ack.error)) }
 }
 
 /// Parses a `ZdsHello` and returns its raw version number (1 = V1; not checked, as upstream).
@@ -250,10 +229,7 @@ pub fn decode_hello(bytes: &[u8], fds: Vec<OwnedFd>) -> Result<u32, ProtocolErro
 
 /// Encodes the client's `ZdsHello{V1}`.
 pub fn encode_hello() -> Vec<u8> {
-    proto::ZdsHello {
-        version: proto::Version::V1 as i32,
-    }
-    .encode_to_vec()
+    proto::ZdsHello { version: proto::Version::V1 as i32 }.encode_to_vec()
 }
 
 /// Encodes an ack; an `Err` text is cut (at a char boundary) so the message fits.
@@ -264,10 +240,8 @@ pub fn encode_ack(result: &Result<(), String>) -> Vec<u8> {
         Err(e) if e.is_empty() => "unspecified error".to_owned(),
         Err(e) => truncate(e, MAX_ACK_ERROR),
     };
-    proto::WorkloadResponse {
-        payload: Some(proto::workload_response::Payload::Ack(proto::Ack { error })),
-    }
-    .encode_to_vec()
+    proto::WorkloadResponse { payload: Some(proto::workload_response::Payload::Ack(proto::Ack { error })) }
+        .encode_to_vec()
 }
 
 /// Encodes an `AddWorkload` (the netns fd travels beside it).
@@ -282,25 +256,19 @@ pub fn encode_add(uid: &str, info: &WorkloadInfo) -> Result<Vec<u8>, ProtocolErr
 /// Encodes a `KeepWorkload`.
 pub fn encode_keep(uid: &str) -> Result<Vec<u8>, ProtocolError> {
     use proto::workload_request::Payload;
-    encode_request(Payload::Keep(proto::KeepWorkload {
-        uid: non_empty(uid.to_owned())?,
-    }))
+    encode_request(Payload::Keep(proto::KeepWorkload { uid: non_empty(uid.to_owned())? }))
 }
 
 /// Encodes a `DelWorkload`.
 pub fn encode_del(uid: &str) -> Result<Vec<u8>, ProtocolError> {
     use proto::workload_request::Payload;
-    encode_request(Payload::Del(proto::DelWorkload {
-        uid: non_empty(uid.to_owned())?,
-    }))
+    encode_request(Payload::Del(proto::DelWorkload { uid: non_empty(uid.to_owned())? }))
 }
 
 /// Encodes a `SnapshotSent`.
 pub fn encode_snapshot_sent() -> Vec<u8> {
     proto::WorkloadRequest {
-        payload: Some(proto::workload_request::Payload::SnapshotSent(
-            proto::SnapshotSent {},
-        )),
+        payload: Some(proto::workload_request::Payload::SnapshotSent(proto::SnapshotSent {})),
     }
     .encode_to_vec()
 }
@@ -309,9 +277,7 @@ pub fn encode_snapshot_sent() -> Vec<u8> {
 const MAX_ACK_ERROR: usize = MAX_MESSAGE - 6;
 
 fn encode_request(payload: proto::workload_request::Payload) -> Result<Vec<u8>, ProtocolError> {
-    let message = proto::WorkloadRequest {
-        payload: Some(payload),
-    };
+    let message = proto::WorkloadRequest { payload: Some(payload) };
     let len = message.encoded_len();
     if len > MAX_MESSAGE {
         return Err(ProtocolError::TooLarge(len));
@@ -320,11 +286,7 @@ fn encode_request(payload: proto::workload_request::Payload) -> Result<Vec<u8>, 
 }
 
 fn non_empty(uid: String) -> Result<String, ProtocolError> {
-    if uid.is_empty() {
-        Err(ProtocolError::EmptyUid)
-    } else {
-        Ok(uid)
-    }
+    if uid.is_empty() { Err(ProtocolError::EmptyUid) } else { Ok(uid) }
 }
 
 fn truncate(text: &str, max: usize) -> String {

@@ -13,10 +13,7 @@ pub fn is_netns(fd: BorrowedFd<'_>) -> bool {
 /// Opens a netns by path (e.g. `/var/run/netns/NAME` or `/proc/PID/ns/net`), close-on-exec.
 pub fn open_netns(path: &Path) -> io::Result<OwnedFd> {
     let file = File::open(path).map_err(|e| {
-        io::Error::new(
-            e.kind(),
-            format!("cannot open network namespace {}: {e}", path.display()),
-        )
+        io::Error::new(e.kind(), format!("cannot open network namespace {}: {e}", path.display()))
     })?;
     let fd = OwnedFd::from(file);
     if let Err(detail) = check_netns(fd.as_fd()) {
@@ -44,11 +41,7 @@ pub(crate) fn check_netns(fd: BorrowedFd<'_>) -> Result<(), String> {
     match std::fs::read_link(&link) {
         Ok(target) => {
             let target = target.to_string_lossy();
-            if target.starts_with("net:[") {
-                Ok(())
-            } else {
-                Err(format!("it refers to {target}"))
-            }
+            if target.starts_with("net:[") { Ok(()) } else { Err(format!("it refers to {target}")) }
         }
         Err(e) => Err(format!("cannot read {}: {e}", link.display())),
     }

@@ -71,11 +71,7 @@ pub(crate) async fn recv(socket: &UnixSeqpacket) -> Result<Option<Packet>, RecvE
 }
 
 /// Sends one record, with `fds` as `SCM_RIGHTS` in the same `sendmsg`.
-pub(crate) async fn send(
-    socket: &UnixSeqpacket,
-    bytes: &[u8],
-    fds: &[BorrowedFd<'_>],
-) -> io::Result<()> {
+pub(crate) async fn send(socket: &UnixSeqpacket, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
     let sent = if fds.is_empty() {
         socket.send(bytes).await?
     } else {
@@ -88,10 +84,7 @@ pub(crate) async fn send(
     if sent != bytes.len() {
         return Err(io::Error::new(
             io::ErrorKind::WriteZero,
-            format!(
-                "ZDS record of {} bytes was sent only partially ({sent} bytes)",
-                bytes.len()
-            ),
+            format!("ZDS record of {} bytes was sent only partially ({sent} bytes)", bytes.len()),
         ));
     }
     Ok(())

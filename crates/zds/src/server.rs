@@ -66,10 +66,7 @@ impl ZdsListener {
                 ),
             )
         })?;
-        Ok(ZdsListener {
-            listener: Mutex::new(listener),
-            path: path.to_owned(),
-        })
+        Ok(ZdsListener { listener: Mutex::new(listener), path: path.to_owned() })
     }
 
     /// The socket path this listener is bound to.
@@ -80,10 +77,7 @@ impl ZdsListener {
     /// Accepts the next node-proxy connection (call [`ZdsServerConn::recv_hello`] next).
     pub async fn accept(&self) -> io::Result<ZdsServerConn> {
         let socket = self.listener.lock().await.accept().await?;
-        Ok(ZdsServerConn {
-            socket,
-            timeout: DEFAULT_TIMEOUT,
-        })
+        Ok(ZdsServerConn { socket, timeout: DEFAULT_TIMEOUT })
     }
 }
 
@@ -129,11 +123,7 @@ impl ZdsServerConn {
 
     /// Sends arbitrary bytes with arbitrary fds as one record (for tests of bad input).
     pub async fn send_raw(&mut self, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
-        self.with_timeout(
-            "sending a ZDS message",
-            packet::send(&self.socket, bytes, fds),
-        )
-        .await?
+        self.with_timeout("sending a ZDS message", packet::send(&self.socket, bytes, fds)).await?
     }
 
     /// Reads the ack of the last request (`Err` = NACK text).
@@ -156,11 +146,7 @@ impl ZdsServerConn {
     /// The credentials of the connected process.
     pub fn peer_cred(&self) -> io::Result<PeerCred> {
         let cred = self.socket.peer_cred()?;
-        Ok(PeerCred {
-            pid: cred.pid(),
-            uid: cred.uid(),
-            gid: cred.gid(),
-        })
+        Ok(PeerCred { pid: cred.pid(), uid: cred.uid(), gid: cred.gid() })
     }
 
     async fn request(
@@ -173,10 +159,7 @@ impl ZdsServerConn {
     }
 
     async fn recv_packet(&self, what: &str) -> Result<packet::Packet, RecvError> {
-        match self
-            .with_timeout(&format!("waiting for {what}"), packet::recv(&self.socket))
-            .await??
-        {
+        match self.with_timeout(&format!("waiting for {what}"), packet::recv(&self.socket)).await?? {
             Some(packet) => Ok(packet),
             None => Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
@@ -190,10 +173,7 @@ impl ZdsServerConn {
         tokio::time::timeout(self.timeout, fut).await.map_err(|_| {
             io::Error::new(
                 io::ErrorKind::TimedOut,
-                format!(
-                    "timed out after {:?} {what}; is the node proxy stuck?",
-                    self.timeout
-                ),
+                format!("timed out after {:?} {what}; is the node proxy stuck?", self.timeout),
             )
         })
     }

@@ -12,9 +12,7 @@ use prost::Message;
 use super::*;
 
 fn netns_fd() -> OwnedFd {
-    File::open("/proc/self/ns/net")
-        .expect("/proc/self/ns/net is readable without privileges")
-        .into()
+    File::open("/proc/self/ns/net").expect("/proc/self/ns/net is readable without privileges").into()
 }
 
 fn regular_fd() -> (tempfile::NamedTempFile, OwnedFd) {
@@ -24,11 +22,7 @@ fn regular_fd() -> (tempfile::NamedTempFile, OwnedFd) {
 }
 
 fn info() -> WorkloadInfo {
-    WorkloadInfo {
-        name: "n".into(),
-        namespace: "ns".into(),
-        service_account: "sa".into(),
-    }
+    WorkloadInfo { name: "n".into(), namespace: "ns".into(), service_account: "sa".into() }
 }
 
 fn raw_add(uid: &str, info: Option<proto::WorkloadInfo>) -> Vec<u8> {
@@ -48,19 +42,13 @@ fn encoders_match_golden_bytes() {
     assert_eq!(encode_snapshot_sent(), [0x1a, 0x00]);
     assert_eq!(encode_ack(&Ok(())), [0x0a, 0x00]);
     assert_eq!(encode_ack(&Err("e".into())), [0x0a, 0x03, 0x0a, 0x01, 0x65]);
-    assert_eq!(
-        encode_del("u1").unwrap(),
-        [0x12, 0x04, 0x12, 0x02, 0x75, 0x31]
-    );
-    assert_eq!(
-        encode_keep("u1").unwrap(),
-        [0x2a, 0x04, 0x0a, 0x02, 0x75, 0x31]
-    );
+    assert_eq!(encode_del("u1").unwrap(), [0x12, 0x04, 0x12, 0x02, 0x75, 0x31]);
+    assert_eq!(encode_keep("u1").unwrap(), [0x2a, 0x04, 0x0a, 0x02, 0x75, 0x31]);
     assert_eq!(
         encode_add("u1", &info()).unwrap(),
         [
-            0x0a, 0x11, 0x0a, 0x02, 0x75, 0x31, 0x12, 0x0b, 0x0a, 0x01, 0x6e, 0x12, 0x02, 0x6e,
-            0x73, 0x1a, 0x02, 0x73, 0x61
+            0x0a, 0x11, 0x0a, 0x02, 0x75, 0x31, 0x12, 0x0b, 0x0a, 0x01, 0x6e, 0x12, 0x02, 0x6e, 0x73, 0x1a,
+            0x02, 0x73, 0x61
         ]
     );
 }
@@ -68,12 +56,7 @@ fn encoders_match_golden_bytes() {
 #[test]
 fn decodes_every_request_kind() {
     let add = decode_request(&encode_add("u1", &info()).unwrap(), vec![netns_fd()]).unwrap();
-    let Request::Add {
-        uid,
-        info: got,
-        netns,
-    } = add
-    else {
+    let Request::Add { uid, info: got, netns } = add else {
         panic!("expected Add, got {add:?}");
     };
     assert_eq!((uid.as_str(), &got), ("u1", &info()));
@@ -86,15 +69,9 @@ fn decodes_every_request_kind() {
         decode_request(&encode_del("d").unwrap(), vec![]),
         Ok(Request::Del { uid }) if uid == "d"
     ));
-    assert!(matches!(
-        decode_request(&encode_snapshot_sent(), vec![]),
-        Ok(Request::SnapshotSent)
-    ));
+    assert!(matches!(decode_request(&encode_snapshot_sent(), vec![]), Ok(Request::SnapshotSent)));
     assert_eq!(decode_response(&[0x0a, 0x00], vec![]).unwrap(), Ok(()));
-    assert_eq!(
-        decode_response(&[0x0a, 0x03, 0x0a, 0x01, 0x65], vec![]).unwrap(),
-        Err("e".to_owned())
-    );
+    assert_eq!(decode_response(&[0x0a, 0x03, 0x0a, 0x01, 0x65], vec![]).unwrap(), Err("e".to_owned()));
     assert_eq!(decode_hello(&[0x08, 0x01], vec![]).unwrap(), 1);
     assert_eq!(decode_hello(&[], vec![]).unwrap(), 0);
 }
@@ -114,10 +91,7 @@ fn rejects_invalid_requests() {
 
     let (_file, fd) = regular_fd();
     let err = decode_request(&add, vec![fd]).unwrap_err();
-    assert!(
-        matches!(&err, ProtocolError::NotANetns { uid, .. } if uid == "u1"),
-        "{err}"
-    );
+    assert!(matches!(&err, ProtocolError::NotANetns { uid, .. } if uid == "u1"), "{err}");
     assert!(!err.is_fatal());
 
     let err = decode_request(&encode_keep("k").unwrap(), vec![netns_fd()]).unwrap_err();
@@ -132,16 +106,11 @@ fn rejects_invalid_requests() {
         assert!(matches!(err, ProtocolError::EmptyPayload), "{err}");
     }
 
-    let err = decode_request(
-        &raw_add("", Some(proto::WorkloadInfo::default())),
-        vec![netns_fd()],
-    )
-    .unwrap_err();
+    let err =
+        decode_request(&raw_add("", Some(proto::WorkloadInfo::default())), vec![netns_fd()]).unwrap_err();
     assert!(matches!(err, ProtocolError::EmptyUid), "{err}");
     let keep = proto::WorkloadRequest {
-        payload: Some(proto::workload_request::Payload::Keep(
-            proto::KeepWorkload::default(),
-        )),
+        payload: Some(proto::workload_request::Payload::Keep(proto::KeepWorkload::default())),
     };
     let err = decode_request(&keep.encode_to_vec(), vec![]).unwrap_err();
     assert!(matches!(err, ProtocolError::EmptyUid), "{err}");
@@ -162,18 +131,9 @@ fn oversized_messages_are_refused_before_sending() {
     let long = "x".repeat(MAX_MESSAGE);
     assert!(matches!(encode_keep(&long), Err(ProtocolError::TooLarge(n)) if n > MAX_MESSAGE));
     assert!(matches!(encode_del(&long), Err(ProtocolError::TooLarge(_))));
-    let big = WorkloadInfo {
-        name: long,
-        ..info()
-    };
-    assert!(matches!(
-        encode_add("u1", &big),
-        Err(ProtocolError::TooLarge(_))
-    ));
-    assert!(matches!(
-        encode_add("", &info()),
-        Err(ProtocolError::EmptyUid)
-    ));
+    let big = WorkloadInfo { name: long, ..info() };
+    assert!(matches!(encode_add("u1", &big), Err(ProtocolError::TooLarge(_))));
+    assert!(matches!(encode_add("", &info()), Err(ProtocolError::EmptyUid)));
     // The limit is inclusive: a message of exactly MAX_MESSAGE bytes is fine (3 bytes of
     // envelope: tag, two-byte length; then tag, two-byte length).
     let exact = "y".repeat(MAX_MESSAGE - 6);
@@ -189,11 +149,7 @@ fn ack_errors_are_cut_to_fit_and_never_empty() {
         panic!("a NACK must stay a NACK");
     };
     assert!(text.chars().all(|c| c == 'é') && text.len() > MAX_MESSAGE - 16);
-    assert!(
-        decode_response(&encode_ack(&Err(String::new())), vec![])
-            .unwrap()
-            .is_err()
-    );
+    assert!(decode_response(&encode_ack(&Err(String::new())), vec![]).unwrap().is_err());
 }
 
 #[test]

@@ -58,10 +58,7 @@ async fn received_fds_are_never_leaked() {
     let borrowed: Vec<_> = many.iter().map(|fd| fd.as_fd()).collect();
     server.send_raw(&add, &borrowed).await.unwrap();
     let err = client.recv().await.unwrap_err();
-    assert!(
-        matches!(err, RecvError::Protocol(ProtocolError::ControlTruncated)),
-        "{err}"
-    );
+    assert!(matches!(err, RecvError::Protocol(ProtocolError::ControlTruncated)), "{err}");
     drop(borrowed);
     drop(many);
     assert_eq!(fd_count(), baseline);

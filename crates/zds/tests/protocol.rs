@@ -8,15 +8,13 @@ use std::io;
 use std::os::fd::AsFd;
 use std::time::Duration;
 
-use ambit_zds::{
-    MAX_MESSAGE, ProtocolError, RecvError, Request, ZdsClient, ZdsListener, is_netns, netns_id,
-};
+use ambit_zds::{MAX_MESSAGE, ProtocolError, RecvError, Request, ZdsClient, ZdsListener, is_netns, netns_id};
 use common::{Agent, info, netns_fd, raw_recv, regular_fd};
 use tokio_seqpacket::{UnixSeqpacket, UnixSeqpacketListener};
 
 const ADD_U1: [u8; 19] = [
-    0x0a, 0x11, 0x0a, 0x02, 0x75, 0x31, 0x12, 0x0b, 0x0a, 0x01, 0x6e, 0x12, 0x02, 0x6e, 0x73, 0x1a,
-    0x02, 0x73, 0x61,
+    0x0a, 0x11, 0x0a, 0x02, 0x75, 0x31, 0x12, 0x0b, 0x0a, 0x01, 0x6e, 0x12, 0x02, 0x6e, 0x73, 0x1a, 0x02,
+    0x73, 0x61,
 ];
 
 /// Each server request, read raw on the other end, is the §3.2 example; acks flow back raw.
@@ -31,12 +29,7 @@ async fn server_requests_have_golden_bytes() {
     let netns = netns_fd();
     let peer = async {
         let mut seen = Vec::new();
-        for ack in [
-            &[0x0a, 0x00][..],
-            &[0x0a, 0x03, 0x0a, 0x01, 0x65],
-            &[0x0a, 0x00],
-            &[0x0a, 0x00],
-        ] {
+        for ack in [&[0x0a, 0x00][..], &[0x0a, 0x03, 0x0a, 0x01, 0x65], &[0x0a, 0x00], &[0x0a, 0x00]] {
             seen.push(raw_recv(&raw).await);
             raw.send(ack).await.unwrap();
         }
@@ -75,10 +68,7 @@ async fn client_messages_have_golden_bytes() {
     client.ack(Ok(())).await.unwrap();
     assert_eq!(raw_recv(&raw).await, (vec![0x0a, 0x00], 0));
     client.ack(Err("e".into())).await.unwrap();
-    assert_eq!(
-        raw_recv(&raw).await,
-        (vec![0x0a, 0x03, 0x0a, 0x01, 0x65], 0)
-    );
+    assert_eq!(raw_recv(&raw).await, (vec![0x0a, 0x03, 0x0a, 0x01, 0x65], 0));
 }
 
 /// hello → snapshot (add with fd, keep) → snapshot_sent → add/del, each acked.
@@ -96,10 +86,7 @@ async fn full_sequence() {
                 Request::Add { uid, info, netns } => {
                     assert!(is_netns(netns.as_fd()));
                     assert_eq!(netns_id(netns.as_fd()).unwrap(), expected_id);
-                    format!(
-                        "add {uid} {}/{}/{}",
-                        info.namespace, info.name, info.service_account
-                    )
+                    format!("add {uid} {}/{}/{}", info.namespace, info.name, info.service_account)
                 }
                 Request::Keep { uid } => format!("keep {uid}"),
                 Request::Del { uid } => format!("del {uid}"),
@@ -118,16 +105,10 @@ async fn full_sequence() {
     };
     let agent_side = async {
         let mut acks = vec![
-            server
-                .add("pod-a", &info("a"), netns.as_fd())
-                .await
-                .unwrap(),
+            server.add("pod-a", &info("a"), netns.as_fd()).await.unwrap(),
             server.keep("pod-k").await.unwrap(),
             server.snapshot_sent().await.unwrap(),
-            server
-                .add("pod-b", &info("b"), netns.as_fd())
-                .await
-                .unwrap(),
+            server.add("pod-b", &info("b"), netns.as_fd()).await.unwrap(),
             server.del("pod-a").await.unwrap(),
         ];
         assert!(server.check_idle(Duration::from_millis(10)).await.unwrap());
@@ -138,26 +119,9 @@ async fn full_sequence() {
     let (log, acks) = tokio::join!(proxy, agent_side);
     assert_eq!(
         log,
-        [
-            "add pod-a ns/a/sa",
-            "keep pod-k",
-            "snapshot",
-            "add pod-b ns/b/sa",
-            "del pod-a",
-            "del pod-b"
-        ]
+        ["add pod-a ns/a/sa", "keep pod-k", "snapshot", "add pod-b ns/b/sa", "del pod-a", "del pod-b"]
     );
-    assert_eq!(
-        acks,
-        [
-            Ok(()),
-            Ok(()),
-            Ok(()),
-            Err("listeners failed to bind".to_owned()),
-            Ok(()),
-            Ok(())
-        ]
-    );
+    assert_eq!(acks, [Ok(()), Ok(()), Ok(()), Err("listeners failed to bind".to_owned()), Ok(()), Ok(())]);
 }
 
 /// Sends one raw record and returns what the client makes of it; the client then NACKs and the
@@ -235,10 +199,7 @@ async fn add_without_workload_info() {
     let bytes = [0x0a, 0x04, 0x0a, 0x02, 0x75, 0x31];
     let netns = netns_fd();
     let err = protocol_error(client_verdict(&bytes, &[netns.as_fd()]).await);
-    assert!(
-        matches!(&err, ProtocolError::AddWithoutWorkloadInfo { uid } if uid == "u1"),
-        "{err}"
-    );
+    assert!(matches!(&err, ProtocolError::AddWithoutWorkloadInfo { uid } if uid == "u1"), "{err}");
     assert!(err.is_fatal());
 }
 
@@ -246,10 +207,7 @@ async fn add_without_workload_info() {
 async fn add_with_regular_file_fd() {
     let (_file, fd) = regular_fd();
     let err = protocol_error(client_verdict(&ADD_U1, &[fd.as_fd()]).await);
-    assert!(
-        matches!(&err, ProtocolError::NotANetns { uid, .. } if uid == "u1"),
-        "{err}"
-    );
+    assert!(matches!(&err, ProtocolError::NotANetns { uid, .. } if uid == "u1"), "{err}");
     assert!(!err.is_fatal());
 }
 
@@ -269,49 +227,28 @@ async fn server_side_errors() {
     // Too long: refused before sending, so the next request is the first the client sees.
     let long = "x".repeat(MAX_MESSAGE);
     let netns = netns_fd();
-    let err = server
-        .add(&long, &info("n"), netns.as_fd())
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, RecvError::Protocol(ProtocolError::TooLarge(_))),
-        "{err}"
-    );
+    let err = server.add(&long, &info("n"), netns.as_fd()).await.unwrap_err();
+    assert!(matches!(err, RecvError::Protocol(ProtocolError::TooLarge(_))), "{err}");
     let err = server.keep("").await.unwrap_err();
-    assert!(
-        matches!(err, RecvError::Protocol(ProtocolError::EmptyUid)),
-        "{err}"
-    );
+    assert!(matches!(err, RecvError::Protocol(ProtocolError::EmptyUid)), "{err}");
 
     // No ack within the deadline.
     server.set_timeout(Duration::from_millis(50));
     let err = server.del("u1").await.unwrap_err();
-    assert!(
-        matches!(&err, RecvError::Io(e) if e.kind() == io::ErrorKind::TimedOut),
-        "{err}"
-    );
+    assert!(matches!(&err, RecvError::Io(e) if e.kind() == io::ErrorKind::TimedOut), "{err}");
     let mut client = client;
     assert!(matches!(client.recv().await.unwrap(), Some(Request::Del { uid }) if uid == "u1"));
 
     // Unsolicited data while idle.
     client.ack(Ok(())).await.unwrap();
-    let err = server
-        .check_idle(Duration::from_millis(50))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, RecvError::Protocol(ProtocolError::Unsolicited)),
-        "{err}"
-    );
+    let err = server.check_idle(Duration::from_millis(50)).await.unwrap_err();
+    assert!(matches!(err, RecvError::Protocol(ProtocolError::Unsolicited)), "{err}");
 
     // The proxy goes away: idle check sees it, an ack read fails with UnexpectedEof.
     drop(client);
     assert!(!server.check_idle(Duration::from_millis(50)).await.unwrap());
     let err = server.recv_ack().await.unwrap_err();
-    assert!(
-        matches!(&err, RecvError::Io(e) if e.kind() == io::ErrorKind::UnexpectedEof),
-        "{err}"
-    );
+    assert!(matches!(&err, RecvError::Io(e) if e.kind() == io::ErrorKind::UnexpectedEof), "{err}");
 }
 
 #[tokio::test]
@@ -321,22 +258,13 @@ async fn hello_errors() {
     let mut server = agent.listener.accept().await.unwrap();
     server.set_timeout(Duration::from_millis(50));
     let err = server.recv_hello().await.unwrap_err();
-    assert!(
-        matches!(&err, RecvError::Io(e) if e.kind() == io::ErrorKind::TimedOut),
-        "{err}"
-    );
+    assert!(matches!(&err, RecvError::Io(e) if e.kind() == io::ErrorKind::TimedOut), "{err}");
     raw.send(&[0x08]).await.unwrap();
     let err = server.recv_hello().await.unwrap_err();
-    assert!(
-        matches!(err, RecvError::Protocol(ProtocolError::Decode(_))),
-        "{err}"
-    );
+    assert!(matches!(err, RecvError::Protocol(ProtocolError::Decode(_))), "{err}");
     drop(raw);
     let err = server.recv_hello().await.unwrap_err();
-    assert!(
-        matches!(&err, RecvError::Io(e) if e.kind() == io::ErrorKind::UnexpectedEof),
-        "{err}"
-    );
+    assert!(matches!(&err, RecvError::Io(e) if e.kind() == io::ErrorKind::UnexpectedEof), "{err}");
 }
 
 #[tokio::test]

@@ -68,9 +68,7 @@ pub fn iptables_v4_rules() -> String {
 
 /// The §2.8.1 IPv6 `ip6tables-restore` input (loopback and probe SNAT addresses substituted).
 pub fn iptables_v6_rules() -> String {
-    IPTABLES_V4
-        .replace("127.0.0.1/32", "::1/128")
-        .replace(PROBE_SNAT_V4, PROBE_SNAT_V6)
+    IPTABLES_V4.replace("127.0.0.1/32", "::1/128").replace(PROBE_SNAT_V4, PROBE_SNAT_V6)
 }
 
 /// The §2.8.3 nftables transaction (default rules, v4 and v6, DNS capture on).
@@ -90,18 +88,10 @@ pub fn nft_rules() -> String {
         format!("add chain {nat} istio-output"),
         format!("add rule {nat} output counter jump istio-output"),
         format!("add rule {nat} prerouting counter jump istio-prerouting"),
-        format!(
-            "add rule {nat} istio-prerouting meta l4proto tcp ip saddr {PROBE_SNAT_V4} counter accept"
-        ),
-        format!(
-            "add rule {nat} istio-prerouting meta l4proto tcp ip6 saddr {PROBE_SNAT_V6} counter accept"
-        ),
-        format!(
-            "add rule {nat} istio-output meta l4proto tcp ip daddr {PROBE_SNAT_V4} counter accept"
-        ),
-        format!(
-            "add rule {nat} istio-output meta l4proto tcp ip6 daddr {PROBE_SNAT_V6} counter accept"
-        ),
+        format!("add rule {nat} istio-prerouting meta l4proto tcp ip saddr {PROBE_SNAT_V4} counter accept"),
+        format!("add rule {nat} istio-prerouting meta l4proto tcp ip6 saddr {PROBE_SNAT_V6} counter accept"),
+        format!("add rule {nat} istio-output meta l4proto tcp ip daddr {PROBE_SNAT_V4} counter accept"),
+        format!("add rule {nat} istio-output meta l4proto tcp ip6 daddr {PROBE_SNAT_V6} counter accept"),
         format!(
             "add rule {nat} istio-prerouting ip daddr != {v4lo} tcp dport != 15008 {not_proxy} counter redirect to :15006"
         ),
@@ -117,9 +107,7 @@ pub fn nft_rules() -> String {
         format!(
             "add rule {nat} istio-output ip6 daddr != {v6lo} tcp dport 53 {not_proxy} counter redirect to :15053"
         ),
-        format!(
-            "add rule {nat} istio-output meta l4proto tcp meta mark and 0xfff == 0x111 counter accept"
-        ),
+        format!("add rule {nat} istio-output meta l4proto tcp meta mark and 0xfff == 0x111 counter accept"),
         format!("add rule {nat} istio-output oifname \"lo\" ip daddr != {v4lo} counter accept"),
         format!("add rule {nat} istio-output oifname \"lo\" ip6 daddr != {v6lo} counter accept"),
         format!(
@@ -139,9 +127,7 @@ pub fn nft_rules() -> String {
         format!(
             "add rule {mangle} istio-prerouting meta mark and 0xfff == 0x539 counter ct mark set ct mark and 0xfffff000 or 0x111"
         ),
-        format!(
-            "add rule {mangle} istio-output ct mark and 0xfff == 0x111 counter meta mark set ct mark"
-        ),
+        format!("add rule {mangle} istio-output ct mark and 0xfff == 0x111 counter meta mark set ct mark"),
         format!("add table {raw}"),
         format!("flush table {raw}"),
         format!("add chain {raw} prerouting {{ type filter hook prerouting priority -300 ; }}"),
@@ -198,11 +184,7 @@ impl Pod {
                 }
             }
         }
-        for table in [
-            "istio-ambient-nat",
-            "istio-ambient-mangle",
-            "istio-ambient-raw",
-        ] {
+        for table in ["istio-ambient-nat", "istio-ambient-mangle", "istio-ambient-raw"] {
             self.quiet("nft", &["delete", "table", "inet", table]);
         }
         for family in ["-4", "-6"] {
@@ -221,43 +203,13 @@ impl Pod {
                 ],
             );
         }
-        self.quiet(
-            "ip",
-            &[
-                "-4",
-                "route",
-                "del",
-                "local",
-                "0.0.0.0/0",
-                "dev",
-                "lo",
-                "table",
-                ROUTE_TABLE,
-            ],
-        );
-        self.quiet(
-            "ip",
-            &[
-                "-6",
-                "route",
-                "del",
-                "local",
-                "::/0",
-                "dev",
-                "lo",
-                "table",
-                ROUTE_TABLE,
-            ],
-        );
+        self.quiet("ip", &["-4", "route", "del", "local", "0.0.0.0/0", "dev", "lo", "table", ROUTE_TABLE]);
+        self.quiet("ip", &["-6", "route", "del", "local", "::/0", "dev", "lo", "table", ROUTE_TABLE]);
     }
 
     /// The output of `iptables-save` / `ip6tables-save` / `nft list ruleset` in the pod.
     pub fn ruleset(&self, tool: &str) -> String {
-        let args: &[&str] = if tool == "nft" {
-            &["list", "ruleset"]
-        } else {
-            &[]
-        };
+        let args: &[&str] = if tool == "nft" { &["list", "ruleset"] } else { &[] };
         String::from_utf8_lossy(&self.run_cmd(tool, args).stdout).into_owned()
     }
 
@@ -279,20 +231,7 @@ impl Pod {
                 "host",
             ],
         );
-        self.run_cmd(
-            "ip",
-            &[
-                "-6",
-                "route",
-                "replace",
-                "local",
-                "::/0",
-                "dev",
-                "lo",
-                "table",
-                ROUTE_TABLE,
-            ],
-        );
+        self.run_cmd("ip", &["-6", "route", "replace", "local", "::/0", "dev", "lo", "table", ROUTE_TABLE]);
         for family in ["-4", "-6"] {
             let out = self
                 .exec(
@@ -328,20 +267,12 @@ impl Pod {
     /// Runs `tool args` in the pod with `input` on stdin; panics with stderr on failure.
     fn feed(&self, tool: &str, args: &[&str], input: &str) {
         let mut cmd = self.exec(tool, args);
-        cmd.stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot run {tool}: {e}"));
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot run {tool}: {e}"));
         if let Some(mut stdin) = child.stdin.take() {
-            stdin
-                .write_all(input.as_bytes())
-                .unwrap_or_else(|e| panic!("cannot write rules to {tool}: {e}"));
+            stdin.write_all(input.as_bytes()).unwrap_or_else(|e| panic!("cannot write rules to {tool}: {e}"));
         }
-        let out = child
-            .wait_with_output()
-            .unwrap_or_else(|e| panic!("cannot wait for {tool}: {e}"));
+        let out = child.wait_with_output().unwrap_or_else(|e| panic!("cannot wait for {tool}: {e}"));
         assert!(
             out.status.success(),
             "{tool} failed in pod {} ({}): {}\ninput was:\n{input}",

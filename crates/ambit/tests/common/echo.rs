@@ -34,23 +34,13 @@ impl EchoServer {
             let stop = Arc::clone(&stop);
             std::thread::spawn(move || accept_loop(&listener, &peers, &stop))
         };
-        EchoServer {
-            port,
-            ip4,
-            ip6,
-            peers,
-            stop,
-            acceptor: Some(acceptor),
-        }
+        EchoServer { port, ip4, ip6, peers, stop, acceptor: Some(acceptor) }
     }
 
     /// Peer addresses of the accepted connections, in accept order (v4-mapped addresses are
     /// returned as plain IPv4).
     pub fn peers(&self) -> Vec<SocketAddr> {
-        self.peers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.peers.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
     /// Peer IPs of the accepted connections.
@@ -98,10 +88,7 @@ fn accept_loop(listener: &TcpListener, peers: &Mutex<Vec<SocketAddr>>, stop: &At
         match listener.accept() {
             Ok((stream, peer)) => {
                 let peer = SocketAddr::new(peer.ip().to_canonical(), peer.port());
-                peers
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .push(peer);
+                peers.lock().unwrap_or_else(PoisonError::into_inner).push(peer);
                 std::thread::spawn(move || {
                     let _ = echo(stream);
                 });

@@ -37,8 +37,8 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 pub use capture::{
-    DNS_PORT, INBOUND_HBONE_PORT, INBOUND_PLAINTEXT_PORT, OUTBOUND_PORT, PROBE_SNAT_V4,
-    PROBE_SNAT_V6, PROXY_MARK, TPROXY_MARK, iptables_v4_rules, iptables_v6_rules, nft_rules,
+    DNS_PORT, INBOUND_HBONE_PORT, INBOUND_PLAINTEXT_PORT, OUTBOUND_PORT, PROBE_SNAT_V4, PROBE_SNAT_V6,
+    PROXY_MARK, TPROXY_MARK, iptables_v4_rules, iptables_v6_rules, nft_rules,
 };
 pub use echo::{EchoServer, echo_roundtrip};
 pub use netns::{Cluster, Node, Pod};
@@ -88,11 +88,7 @@ pub fn http_get(addr: SocketAddr, path: &str) -> io::Result<(u16, String)> {
 }
 
 /// Sends a GET on an already connected stream (read timeout 10 s) and reads the whole response.
-pub fn http_get_on(
-    mut stream: TcpStream,
-    addr: SocketAddr,
-    path: &str,
-) -> io::Result<(u16, String)> {
+pub fn http_get_on(mut stream: TcpStream, addr: SocketAddr, path: &str) -> io::Result<(u16, String)> {
     stream.set_read_timeout(Some(Duration::from_secs(10)))?;
     // One write: the request head goes out in a single segment.
     let request = format!(
@@ -122,9 +118,7 @@ pub fn http_get_on(
             let value = value.trim();
             if name.eq_ignore_ascii_case("content-length") {
                 content_length = Some(
-                    value
-                        .parse::<usize>()
-                        .map_err(|_| bad_data(format!("bad Content-Length {value:?}")))?,
+                    value.parse::<usize>().map_err(|_| bad_data(format!("bad Content-Length {value:?}")))?,
                 );
             } else if name.eq_ignore_ascii_case("transfer-encoding")
                 && value.to_ascii_lowercase().contains("chunked")
@@ -177,21 +171,14 @@ fn probe_privileges() -> Result<(), String> {
     if !nix::unistd::geteuid().is_root() {
         return Err("not running as root".into());
     }
-    let name = format!(
-        "amb{}-probe-{:04x}",
-        std::process::id(),
-        rand::random::<u16>()
-    );
+    let name = format!("amb{}-probe-{:04x}", std::process::id(), rand::random::<u16>());
     let added = Command::new("ip").args(["netns", "add", &name]).output();
     match added {
         Ok(out) if out.status.success() => {
             let _ = Command::new("ip").args(["netns", "del", &name]).output();
             Ok(())
         }
-        Ok(out) => Err(format!(
-            "`ip netns add` failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        )),
+        Ok(out) => Err(format!("`ip netns add` failed: {}", String::from_utf8_lossy(&out.stderr).trim())),
         Err(e) => Err(format!("cannot run `ip` (is iproute2 installed?): {e}")),
     }
 }
@@ -201,9 +188,7 @@ pub fn accept_timeout(
     listener: &std::net::TcpListener,
     timeout: Duration,
 ) -> Option<(TcpStream, SocketAddr)> {
-    listener
-        .set_nonblocking(true)
-        .unwrap_or_else(|e| panic!("cannot make listener non-blocking: {e}"));
+    listener.set_nonblocking(true).unwrap_or_else(|e| panic!("cannot make listener non-blocking: {e}"));
     let mut accepted = None;
     wait_for(
         || match listener.accept() {
@@ -216,11 +201,6 @@ pub fn accept_timeout(
         timeout,
     );
     let (stream, peer) = accepted?;
-    stream
-        .set_nonblocking(false)
-        .unwrap_or_else(|e| panic!("cannot make accepted socket blocking: {e}"));
-    Some((
-        stream,
-        SocketAddr::new(peer.ip().to_canonical(), peer.port()),
-    ))
+    stream.set_nonblocking(false).unwrap_or_else(|e| panic!("cannot make accepted socket blocking: {e}"));
+    Some((stream, SocketAddr::new(peer.ip().to_canonical(), peer.port())))
 }

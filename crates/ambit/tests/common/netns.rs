@@ -82,36 +82,22 @@ impl Cluster {
             let hex = format!("{:04x}", rand::random::<u16>());
             let tag = format!("amb{}-{hex}", std::process::id());
             let taken = std::fs::read_dir(NETNS_DIR).is_ok_and(|dir| {
-                dir.flatten().any(|e| {
-                    e.file_name()
-                        .to_string_lossy()
-                        .starts_with(&format!("{tag}-"))
-                })
+                dir.flatten().any(|e| e.file_name().to_string_lossy().starts_with(&format!("{tag}-")))
             });
             if !taken {
                 // 10.96.0.0/12 is left free for made-up service VIPs.
                 let v4 = [10, 128 + rand::random::<u8>() % 120, rand::random::<u8>()];
-                let v6 = [
-                    0xfd00 | u16::from(rand::random::<u8>()),
-                    rand::random(),
-                    rand::random(),
-                ];
+                let v6 = [0xfd00 | u16::from(rand::random::<u8>()), rand::random(), rand::random()];
                 break Arc::new(Inner {
                     tag,
                     hex,
                     v4,
                     v6,
-                    state: Mutex::new(State {
-                        next_host: 1,
-                        ..State::default()
-                    }),
+                    state: Mutex::new(State { next_host: 1, ..State::default() }),
                 });
             }
         };
-        let mut cluster = Cluster {
-            first: Node::placeholder(Arc::clone(&inner)),
-            inner,
-        };
+        let mut cluster = Cluster { first: Node::placeholder(Arc::clone(&inner)), inner };
         cluster.first = cluster.add_node("node");
         cluster
     }
@@ -142,47 +128,11 @@ impl Cluster {
         sysctls(&netns, &[("net.ipv6.conf.default.accept_dad", "0")]);
         ip(&netns, &["link", "set", "lo", "up"]);
         ip(&netns, &["link", "add", &bridge, "type", "bridge"]);
-        ip(
-            &netns,
-            &[
-                "link",
-                "set",
-                &bridge,
-                "type",
-                "bridge",
-                "forward_delay",
-                "0",
-            ],
-        );
-        ip(
-            &netns,
-            &[
-                "link",
-                "set",
-                &bridge,
-                "type",
-                "bridge",
-                "mcast_snooping",
-                "0",
-            ],
-        );
+        ip(&netns, &["link", "set", &bridge, "type", "bridge", "forward_delay", "0"]);
+        ip(&netns, &["link", "set", &bridge, "type", "bridge", "mcast_snooping", "0"]);
         ip(&netns, &["link", "set", &bridge, "up"]);
-        ip(
-            &netns,
-            &["addr", "add", &format!("{ip4}/24"), "dev", &bridge],
-        );
-        ip(
-            &netns,
-            &[
-                "-6",
-                "addr",
-                "add",
-                &format!("{ip6}/64"),
-                "dev",
-                &bridge,
-                "nodad",
-            ],
-        );
+        ip(&netns, &["addr", "add", &format!("{ip4}/24"), "dev", &bridge]);
+        ip(&netns, &["-6", "addr", "add", &format!("{ip6}/64"), "dev", &bridge, "nodad"]);
         if index > 1 {
             // Trunk between this node's bridge and the first node's bridge.
             let here = format!("v{}n{index}", inner.hex);
@@ -203,23 +153,13 @@ impl Cluster {
                 &first.netns,
             ]);
             ip(&netns, &["link", "set", &here, "master", &bridge, "up"]);
-            ip(
-                &first.netns,
-                &["link", "set", &there, "master", &first.bridge, "up"],
-            );
+            ip(&first.netns, &["link", "set", &there, "master", &first.bridge, "up"]);
         } else {
             let mut state = inner.lock();
             state.gateway4 = Some(ip4);
             state.gateway6 = Some(ip6);
         }
-        Node {
-            name: name.to_owned(),
-            netns,
-            bridge,
-            ip4,
-            ip6,
-            inner: Arc::clone(inner),
-        }
+        Node { name: name.to_owned(), netns, bridge, ip4, ip6, inner: Arc::clone(inner) }
     }
 
     /// Every namespace this cluster created, in creation order.
@@ -305,59 +245,14 @@ impl Node {
             "netns",
             &self.netns,
         ]);
-        ip(
-            &self.netns,
-            &["link", "set", &peer, "master", &self.bridge, "up"],
-        );
+        ip(&self.netns, &["link", "set", &peer, "master", &self.bridge, "up"]);
         ip(&netns, &["link", "set", "lo", "up"]);
         ip(&netns, &["link", "set", "eth0", "up"]);
-        ip(
-            &netns,
-            &["addr", "add", &format!("{ip4}/24"), "dev", "eth0"],
-        );
-        ip(
-            &netns,
-            &[
-                "-6",
-                "addr",
-                "add",
-                &format!("{ip6}/64"),
-                "dev",
-                "eth0",
-                "nodad",
-            ],
-        );
-        ip(
-            &netns,
-            &[
-                "route",
-                "add",
-                "default",
-                "via",
-                &gw4.to_string(),
-                "dev",
-                "eth0",
-            ],
-        );
-        ip(
-            &netns,
-            &[
-                "-6",
-                "route",
-                "add",
-                "default",
-                "via",
-                &gw6.to_string(),
-                "dev",
-                "eth0",
-            ],
-        );
-        Pod {
-            name: name.to_owned(),
-            netns,
-            ip4,
-            ip6,
-        }
+        ip(&netns, &["addr", "add", &format!("{ip4}/24"), "dev", "eth0"]);
+        ip(&netns, &["-6", "addr", "add", &format!("{ip6}/64"), "dev", "eth0", "nodad"]);
+        ip(&netns, &["route", "add", "default", "via", &gw4.to_string(), "dev", "eth0"]);
+        ip(&netns, &["-6", "route", "add", "default", "via", &gw6.to_string(), "dev", "eth0"]);
+        Pod { name: name.to_owned(), netns, ip4, ip6 }
     }
 
     /// Starts tcpdump inside the node namespace on `iface` (`None` = this node's bridge, which
@@ -417,12 +312,7 @@ impl Pod {
 
     /// Connects from inside the pod like the proxy's inbound side: `SO_MARK` `mark` and a
     /// transparent bind to `source` (an address the pod does not own, e.g. the client's IP).
-    pub fn connect_tcp_spoofed(
-        &self,
-        source: IpAddr,
-        addr: SocketAddr,
-        mark: u32,
-    ) -> io::Result<TcpStream> {
+    pub fn connect_tcp_spoofed(&self, source: IpAddr, addr: SocketAddr, mark: u32) -> io::Result<TcpStream> {
         run_in(&self.netns, || connect_with(addr, mark, Some(source)))
     }
 
@@ -458,10 +348,7 @@ impl Inner {
     fn create_netns(&self, name: &str) -> String {
         let netns = format!("{}-{name}", self.tag);
         let mut state = self.lock();
-        assert!(
-            !state.namespaces.contains(&netns),
-            "name {name:?} used twice in one cluster"
-        );
+        assert!(!state.namespaces.contains(&netns), "name {name:?} used twice in one cluster");
         host_ip(&["netns", "add", &netns]);
         state.namespaces.push(netns.clone());
         netns
@@ -474,19 +361,14 @@ impl Inner {
         state.next_host += 1;
         let [a, b, c] = self.v4;
         let [x, y, z] = self.v6;
-        (
-            Ipv4Addr::new(a, b, c, host),
-            Ipv6Addr::new(x, y, z, 0, 0, 0, 0, u16::from(host)),
-        )
+        (Ipv4Addr::new(a, b, c, host), Ipv6Addr::new(x, y, z, 0, 0, 0, 0, u16::from(host)))
     }
 }
 
 /// `ip netns exec <netns> program args...`
 fn exec_in(netns: &str, program: impl AsRef<Path>, args: &[&str]) -> Command {
     let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", netns])
-        .arg(program.as_ref())
-        .args(args);
+    cmd.args(["netns", "exec", netns]).arg(program.as_ref()).args(args);
     cmd
 }
 
@@ -514,9 +396,7 @@ fn sysctls(netns: &str, settings: &[(&str, &str)]) {
 
 /// Runs `cmd` to completion; panics with its stderr unless it exits successfully.
 pub(super) fn checked(mut cmd: Command) -> Output {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
     assert!(
         out.status.success(),
         "{cmd:?} failed ({}): {}",
@@ -530,9 +410,7 @@ fn check_name(name: &str) {
     assert!(
         !name.is_empty()
             && name.len() <= 24
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'),
+            && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'),
         "name {name:?} must be 1-24 chars of [a-z0-9-]"
     );
 }
@@ -544,10 +422,8 @@ fn kill_processes_in(netns: &str) {
     };
     for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
         if let Ok(pid) = pid.parse::<i32>() {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
         }
     }
     if !out.stdout.is_empty() {

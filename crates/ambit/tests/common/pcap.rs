@@ -54,18 +54,10 @@ impl Capture {
                 text
             })
         });
-        let mut capture = Capture {
-            child: Some(child),
-            dir,
-            stderr,
-        };
+        let mut capture = Capture { child: Some(child), dir, stderr };
         if ready_rx.recv_timeout(Duration::from_secs(10)).is_err() {
             capture.finish();
-            let text = capture
-                .stderr
-                .take()
-                .and_then(|t| t.join().ok())
-                .unwrap_or_default();
+            let text = capture.stderr.take().and_then(|t| t.join().ok()).unwrap_or_default();
             panic!("tcpdump on {iface} in {netns} did not start capturing: {text}");
         }
         capture
@@ -76,8 +68,7 @@ impl Capture {
         std::thread::sleep(Duration::from_millis(200));
         self.finish();
         let path = self.dir.path().join("capture.pcap");
-        std::fs::read(&path)
-            .unwrap_or_else(|e| panic!("cannot read capture {}: {e}", path.display()))
+        std::fs::read(&path).unwrap_or_else(|e| panic!("cannot read capture {}: {e}", path.display()))
     }
 
     fn finish(&mut self) {
@@ -122,11 +113,7 @@ pub fn pcap_payloads(pcap: &[u8]) -> Vec<Segment> {
     };
     let read_u32 = |at: usize| -> Option<u32> {
         let bytes: [u8; 4] = pcap.get(at..at + 4)?.try_into().ok()?;
-        Some(if big_endian {
-            u32::from_be_bytes(bytes)
-        } else {
-            u32::from_le_bytes(bytes)
-        })
+        Some(if big_endian { u32::from_be_bytes(bytes) } else { u32::from_le_bytes(bytes) })
     };
     let Some(linktype) = read_u32(20) else {
         return segments;
@@ -134,14 +121,11 @@ pub fn pcap_payloads(pcap: &[u8]) -> Vec<Segment> {
     let mut at = 24;
     while let Some(incl) = read_u32(at + 8) {
         let start = at + 16;
-        let Some(frame) = usize::try_from(incl)
-            .ok()
-            .and_then(|len| pcap.get(start..start.checked_add(len)?))
+        let Some(frame) = usize::try_from(incl).ok().and_then(|len| pcap.get(start..start.checked_add(len)?))
         else {
             break;
         };
-        if let Some(segment) =
-            link_payload(linktype, frame).and_then(|(ethertype, ip)| ip_tcp(ethertype, ip))
+        if let Some(segment) = link_payload(linktype, frame).and_then(|(ethertype, ip)| ip_tcp(ethertype, ip))
         {
             segments.push(segment);
         }
@@ -184,11 +168,7 @@ fn link_payload(linktype: u32, frame: &[u8]) -> Option<(u16, &[u8])> {
         // BSD loopback: 4-byte address family in host order (2 = inet, 10/24/28/30 = inet6).
         0 => {
             let family = frame.get(..4)?;
-            let ethertype = if family.contains(&2) {
-                ETHERTYPE_IPV4
-            } else {
-                ETHERTYPE_IPV6
-            };
+            let ethertype = if family.contains(&2) { ETHERTYPE_IPV4 } else { ETHERTYPE_IPV6 };
             Some((ethertype, frame.get(4..)?))
         }
         _ => None,
@@ -208,22 +188,14 @@ fn ip_tcp(ethertype: u16, ip: &[u8]) -> Option<Segment> {
             let src = IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(ip.get(12..16)?).ok()?));
             let dst = IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(ip.get(16..20)?).ok()?));
             // Trim Ethernet padding; tolerate TSO-sized records whose length field is 0.
-            let end = if total == 0 {
-                ip.len()
-            } else {
-                total.min(ip.len())
-            };
+            let end = if total == 0 { ip.len() } else { total.min(ip.len()) };
             (src, dst, ip.get(ihl..end)?)
         }
         ETHERTYPE_IPV6 => {
             let payload_len = usize::from(be16(ip, 4)?);
             let src = IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(ip.get(8..24)?).ok()?));
             let dst = IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(ip.get(24..40)?).ok()?));
-            let end = if payload_len == 0 {
-                ip.len()
-            } else {
-                (40 + payload_len).min(ip.len())
-            };
+            let end = if payload_len == 0 { ip.len() } else { (40 + payload_len).min(ip.len()) };
             let mut next = *ip.get(6)?;
             let mut at = 40;
             // Hop-by-hop, routing and destination options headers.
@@ -245,11 +217,7 @@ fn ip_tcp(ethertype: u16, ip: &[u8]) -> Option<Segment> {
     if payload.is_empty() {
         return None;
     }
-    Some((
-        SocketAddr::new(src, src_port),
-        SocketAddr::new(dst, dst_port),
-        payload.to_vec(),
-    ))
+    Some((SocketAddr::new(src, src_port), SocketAddr::new(dst, dst_port), payload.to_vec()))
 }
 
 fn be16(bytes: &[u8], at: usize) -> Option<u16> {

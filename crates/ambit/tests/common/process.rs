@@ -22,12 +22,8 @@ pub struct ChildGuard {
 impl ChildGuard {
     /// Spawns `cmd` with stdout and stderr collected (stdin closed); panics if it cannot start.
     pub fn spawn(label: &str, mut cmd: Command) -> ChildGuard {
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot spawn {label} ({cmd:?}): {e}"));
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot spawn {label} ({cmd:?}): {e}"));
         let output = Arc::new(Mutex::new(Vec::new()));
         let mut readers = Vec::new();
         if let Some(out) = child.stdout.take() {
@@ -36,13 +32,7 @@ impl ChildGuard {
         if let Some(err) = child.stderr.take() {
             readers.push(collect(err, Arc::clone(&output)));
         }
-        ChildGuard {
-            label: label.to_owned(),
-            child,
-            output,
-            readers,
-            exited: None,
-        }
+        ChildGuard { label: label.to_owned(), child, output, readers, exited: None }
     }
 
     /// The process id (with `ip netns exec` this is the program itself: it execs in place).
@@ -102,10 +92,7 @@ impl ChildGuard {
             return status;
         }
         let _ = self.child.kill();
-        let status = self
-            .child
-            .wait()
-            .unwrap_or_else(|e| panic!("cannot reap {}: {e}", self.label));
+        let status = self.child.wait().unwrap_or_else(|e| panic!("cannot reap {}: {e}", self.label));
         self.exited = Some(status);
         status
     }
@@ -146,10 +133,7 @@ fn collect(mut from: impl Read + Send + 'static, into: Arc<Mutex<Vec<u8>>>) -> J
         loop {
             match from.read(&mut buf) {
                 Ok(0) | Err(_) => return,
-                Ok(n) => into
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .extend_from_slice(&buf[..n]),
+                Ok(n) => into.lock().unwrap_or_else(PoisonError::into_inner).extend_from_slice(&buf[..n]),
             }
         }
     })

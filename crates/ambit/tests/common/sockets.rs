@@ -8,8 +8,8 @@ use std::path::Path;
 
 use nix::sched::{CloneFlags, setns};
 use nix::sys::socket::{
-    AddressFamily, SockFlag, SockProtocol, SockType, SockaddrIn, SockaddrIn6, SockaddrStorage,
-    bind, connect, setsockopt, socket, sockopt,
+    AddressFamily, SockFlag, SockProtocol, SockType, SockaddrIn, SockaddrIn6, SockaddrStorage, bind, connect,
+    setsockopt, socket, sockopt,
 };
 
 use super::CONNECT_TIMEOUT;
@@ -19,8 +19,8 @@ use super::netns::NETNS_DIR;
 /// thread ends afterwards, sockets created in it stay in that namespace). Panics propagate.
 pub fn run_in<T: Send>(netns: &str, f: impl FnOnce() -> T + Send) -> T {
     let path = Path::new(NETNS_DIR).join(netns);
-    let file = File::open(&path)
-        .unwrap_or_else(|e| panic!("cannot open network namespace {}: {e}", path.display()));
+    let file =
+        File::open(&path).unwrap_or_else(|e| panic!("cannot open network namespace {}: {e}", path.display()));
     std::thread::scope(|scope| {
         let thread = scope.spawn(move || {
             setns(&file, CloneFlags::CLONE_NEWNET)
@@ -69,21 +69,12 @@ pub fn original_dst(stream: &TcpStream) -> io::Result<SocketAddr> {
 
 /// Connects with `SO_MARK` set; with `source`, first binds it with `IP_TRANSPARENT` (which lets
 /// a proxy use another host's address as its source, as in-pod inbound proxying does).
-pub(super) fn connect_with(
-    addr: SocketAddr,
-    mark: u32,
-    source: Option<IpAddr>,
-) -> io::Result<TcpStream> {
+pub(super) fn connect_with(addr: SocketAddr, mark: u32, source: Option<IpAddr>) -> io::Result<TcpStream> {
     let family = match addr {
         SocketAddr::V4(_) => AddressFamily::Inet,
         SocketAddr::V6(_) => AddressFamily::Inet6,
     };
-    let fd = socket(
-        family,
-        SockType::Stream,
-        SockFlag::SOCK_CLOEXEC,
-        SockProtocol::Tcp,
-    )?;
+    let fd = socket(family, SockType::Stream, SockFlag::SOCK_CLOEXEC, SockProtocol::Tcp)?;
     setsockopt(&fd, sockopt::Mark, &mark)?;
     if let Some(source) = source {
         // IP_TRANSPARENT sets the inet socket flag shared by both families.
@@ -91,8 +82,7 @@ pub(super) fn connect_with(
         bind(fd.as_raw_fd(), &storage(SocketAddr::new(source, 0)))?;
     }
     // A blocking connect honours SO_SNDTIMEO; cleared again once connected.
-    let timeout =
-        nix::sys::time::TimeVal::new(i64::try_from(CONNECT_TIMEOUT.as_secs()).unwrap_or(5), 0);
+    let timeout = nix::sys::time::TimeVal::new(i64::try_from(CONNECT_TIMEOUT.as_secs()).unwrap_or(5), 0);
     setsockopt(&fd, sockopt::SendTimeout, &timeout)?;
     connect(fd.as_raw_fd(), &storage(addr))?;
     let stream = TcpStream::from(fd);

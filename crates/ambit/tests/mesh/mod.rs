@@ -63,11 +63,7 @@ impl Mesh {
             .arg(dir.path().join("ca"))
             .output()
             .expect("run ambit dev-ca init");
-        assert!(
-            out.status.success(),
-            "dev-ca init failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert!(out.status.success(), "dev-ca init failed: {}", String::from_utf8_lossy(&out.stderr));
         Mesh { cluster, dir }
     }
 
@@ -75,12 +71,7 @@ impl Mesh {
     pub fn pod(&self, name: &str, sa: &str) -> MeshPod {
         let pod = self.cluster.add_pod(name);
         pod.capture();
-        MeshPod {
-            pod,
-            sa: sa.to_owned(),
-            policies: Vec::new(),
-            services: Vec::new(),
-        }
+        MeshPod { pod, sa: sa.to_owned(), policies: Vec::new(), services: Vec::new() }
     }
 
     /// A pod outside the mesh (no capture, no proxy, not in the config).
@@ -140,10 +131,7 @@ impl Mesh {
         cmd.env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("PROXY_MODE", "dedicated")
-            .env(
-                "PROXY_WORKLOAD_INFO",
-                format!("default/{}/{}", p.pod.name, p.sa),
-            )
+            .env("PROXY_WORKLOAD_INFO", format!("default/{}/{}", p.pod.name, p.sa))
             .env("LOCAL_XDS_PATH", self.config_path())
             .env("FAKE_CA", "true")
             .env("FAKE_CA_ROOT", self.dir.path().join("ca"))
@@ -163,18 +151,11 @@ impl Mesh {
         let ready = wait_for(
             || {
                 child.try_wait().is_none()
-                    && p.pod
-                        .http_get(p.pod.addr4(readiness), "/healthz/ready")
-                        .is_ok_and(|(s, _)| s == 200)
+                    && p.pod.http_get(p.pod.addr4(readiness), "/healthz/ready").is_ok_and(|(s, _)| s == 200)
             },
             Duration::from_secs(20),
         );
-        assert!(
-            ready,
-            "proxy in {} did not become ready:\n{}",
-            p.pod.name,
-            child.logs()
-        );
+        assert!(ready, "proxy in {} did not become ready:\n{}", p.pod.name, child.logs());
         child
     }
 }
@@ -223,10 +204,7 @@ pub fn metrics(p: &MeshPod) -> String {
 
 /// GET a path on one of the pod's proxy ports and return the body (panics unless 200).
 pub fn http_body(p: &MeshPod, port: u16, path: &str) -> String {
-    let (status, body) = p
-        .pod
-        .http_get(p.pod.addr4(port), path)
-        .expect("GET from the proxy");
+    let (status, body) = p.pod.http_get(p.pod.addr4(port), path).expect("GET from the proxy");
     assert_eq!(status, 200, "{path}: {body}");
     body
 }
@@ -234,18 +212,14 @@ pub fn http_body(p: &MeshPod, port: u16, path: &str) -> String {
 /// Sum of a counter's samples with `reporter`.
 pub fn counter(body: &str, name: &str, reporter: &str) -> u64 {
     body.lines()
-        .filter(|l| {
-            l.starts_with(&format!("{name}{{")) && l.contains(&format!("reporter=\"{reporter}\""))
-        })
+        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(&format!("reporter=\"{reporter}\"")))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
         .sum()
 }
 
 /// Connects from `from` to `dst` and checks a payload echoes back.
 pub fn assert_echo(from: &Pod, dst: SocketAddr, what: &str) {
-    let mut s = from
-        .connect_tcp(dst)
-        .unwrap_or_else(|e| panic!("{what}: connect to {dst}: {e}"));
+    let mut s = from.connect_tcp(dst).unwrap_or_else(|e| panic!("{what}: connect to {dst}: {e}"));
     let reply = echo_roundtrip(&mut s, super::MARKER).unwrap_or_else(|e| panic!("{what}: {e}"));
     assert_eq!(reply, super::MARKER, "{what}: payload did not echo back");
 }

@@ -55,10 +55,7 @@ impl CaClient {
         if !cfg.address.contains("://") {
             cfg.address = format!("https://{}", cfg.address);
         }
-        let invalid = |reason: String| CaError::InvalidAddress {
-            address: cfg.address.clone(),
-            reason,
-        };
+        let invalid = |reason: String| CaError::InvalidAddress { address: cfg.address.clone(), reason };
         let uri: http::Uri = cfg.address.parse().map_err(|e| invalid(format!("{e}")))?;
         let host = uri
             .host()
@@ -123,10 +120,7 @@ impl CaClient {
     /// The channel to the CA, rebuilt when the root file changed since it was made.
     async fn channel(&self) -> Result<Channel, CaError> {
         let mtime = match self.tls_root_path() {
-            Some(path) => tokio::fs::metadata(path)
-                .await
-                .and_then(|m| m.modified())
-                .ok(),
+            Some(path) => tokio::fs::metadata(path).await.and_then(|m| m.modified()).ok(),
             None => None,
         };
         let mut cached = self.channel.lock().await;
@@ -138,15 +132,11 @@ impl CaClient {
         let mut endpoint = self.endpoint.clone();
         if let (Some(domain), Some(path)) = (&self.tls_domain, self.tls_root_path()) {
             let pem = load_roots(path)?;
-            let tls = ClientTlsConfig::new()
-                .ca_certificate(Certificate::from_pem(pem))
-                .domain_name(domain.clone());
+            let tls =
+                ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem)).domain_name(domain.clone());
             endpoint = endpoint
                 .tls_config(tls)
-                .map_err(|source| CaError::Transport {
-                    address: self.cfg.address.clone(),
-                    source,
-                })?;
+                .map_err(|source| CaError::Transport { address: self.cfg.address.clone(), source })?;
         }
         let channel = endpoint.connect_lazy();
         *cached = Some((mtime, channel.clone()));
@@ -159,18 +149,12 @@ impl CaClient {
         };
         let token = tokio::fs::read_to_string(path)
             .await
-            .map_err(|source| CaError::Token {
-                path: path.clone(),
-                source,
-            })?;
+            .map_err(|source| CaError::Token { path: path.clone(), source })?;
         let token = token.trim();
         if token.is_empty() {
             return Err(CaError::EmptyToken(path.clone()));
         }
-        format!("Bearer {token}")
-            .parse()
-            .map(Some)
-            .map_err(|_| CaError::InvalidToken(path.clone()))
+        format!("Bearer {token}").parse().map(Some).map_err(|_| CaError::InvalidToken(path.clone()))
     }
 
     async fn create_certificate(
@@ -240,13 +224,8 @@ impl CertSigner for CaClient {
 
 /// Reads a root PEM file and checks it holds at least one certificate.
 fn load_roots(path: &PathBuf) -> Result<Vec<u8>, CaError> {
-    let pem = std::fs::read(path).map_err(|source| CaError::ReadFile {
-        path: path.clone(),
-        source,
-    })?;
-    let count = CertificateDer::pem_slice_iter(&pem)
-        .filter(Result::is_ok)
-        .count();
+    let pem = std::fs::read(path).map_err(|source| CaError::ReadFile { path: path.clone(), source })?;
+    let count = CertificateDer::pem_slice_iter(&pem).filter(Result::is_ok).count();
     if count == 0 {
         return Err(CaError::InvalidRoot {
             path: path.clone(),
@@ -266,11 +245,7 @@ fn check_leaf_identity(leaf_pem: &str, expected: &Identity) -> Result<(), CaErro
     } else {
         Err(CaError::SanMismatch {
             expected: expected.clone(),
-            got: got
-                .iter()
-                .map(Identity::to_string)
-                .collect::<Vec<_>>()
-                .join(","),
+            got: got.iter().map(Identity::to_string).collect::<Vec<_>>().join(","),
         })
     }
 }

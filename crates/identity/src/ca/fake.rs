@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use rcgen::{
-    BasicConstraints, CertificateParams, CertificateSigningRequestParams, DistinguishedName,
-    DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
-    PKCS_ECDSA_P256_SHA256, PublicKeyData, SanType, SerialNumber,
+    BasicConstraints, CertificateParams, CertificateSigningRequestParams, DistinguishedName, DnType,
+    ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, PKCS_ECDSA_P256_SHA256, PublicKeyData,
+    SanType, SerialNumber,
 };
 use time::OffsetDateTime;
 use x509_parser::prelude::{FromDer, X509Certificate};
@@ -38,23 +38,13 @@ impl FakeCa {
         let cert_path = dir.join(ROOT_CERT);
         let key_path = dir.join(ROOT_KEY);
         let read = |path: &Path| {
-            fs::read_to_string(path).map_err(|source| CaError::ReadFile {
-                path: path.to_owned(),
-                source,
-            })
+            fs::read_to_string(path).map_err(|source| CaError::ReadFile { path: path.to_owned(), source })
         };
         let cert_pem = read(&cert_path)?;
         let key_pem = read(&key_path)?;
-        let invalid = |path: &Path, reason: String| CaError::InvalidRoot {
-            path: path.to_owned(),
-            reason,
-        };
-        let key = KeyPair::from_pem(&key_pem).map_err(|e| {
-            invalid(
-                &key_path,
-                format!("not a PEM RSA or ECDSA private key: {e}"),
-            )
-        })?;
+        let invalid = |path: &Path, reason: String| CaError::InvalidRoot { path: path.to_owned(), reason };
+        let key = KeyPair::from_pem(&key_pem)
+            .map_err(|e| invalid(&key_path, format!("not a PEM RSA or ECDSA private key: {e}")))?;
 
         let cert_der = rustls_pki_types::pem::PemObject::from_pem_slice(cert_pem.as_bytes())
             .map_err(|e| invalid(&cert_path, format!("no PEM certificate: {e}")))?;
@@ -64,17 +54,14 @@ impl FakeCa {
         if cert.tbs_certificate.subject_pki.raw != key.subject_public_key_info().as_slice() {
             return Err(invalid(
                 &key_path,
-                format!(
-                    "the key does not belong to the certificate in {}",
-                    cert_path.display()
-                ),
+                format!("the key does not belong to the certificate in {}", cert_path.display()),
             ));
         }
         if !cert.is_ca() {
             return Err(invalid(&cert_path, "not a CA certificate".to_owned()));
         }
-        let issuer = Issuer::from_ca_cert_der(&cert_der, key)
-            .map_err(|e| invalid(&cert_path, e.to_string()))?;
+        let issuer =
+            Issuer::from_ca_cert_der(&cert_der, key).map_err(|e| invalid(&cert_path, e.to_string()))?;
         let mut root_pem = cert_pem;
         if !root_pem.ends_with('\n') {
             root_pem.push('\n');
@@ -86,10 +73,7 @@ impl FakeCa {
     pub fn generate() -> Self {
         // Generating a P-256 key and self-signing fixed, valid parameters cannot fail.
         let (key, params, cert) = new_root().expect("self-signed P-256 root");
-        FakeCa {
-            issuer: Issuer::new(params, key),
-            root_pem: cert,
-        }
+        FakeCa { issuer: Issuer::new(params, key), root_pem: cert }
     }
 
     /// The root certificate (PEM) that certificates from this CA chain to.
@@ -104,8 +88,7 @@ impl FakeCa {
         identity: &Identity,
         ttl: Duration,
     ) -> Result<Vec<String>, CaError> {
-        let request =
-            CertificateSigningRequestParams::from_pem(csr_pem).map_err(CaError::InvalidCsr)?;
+        let request = CertificateSigningRequestParams::from_pem(csr_pem).map_err(CaError::InvalidCsr)?;
         let now = OffsetDateTime::now_utc();
         let mut params = CertificateParams::default();
         params.distinguished_name = DistinguishedName::new();
@@ -117,30 +100,18 @@ impl FakeCa {
             .and_then(|ttl| now.checked_add(ttl))
             .ok_or(CaError::Ttl(ttl))?;
         params.serial_number = Some(random_serial());
-        params.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyEncipherment,
-        ];
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+        params.extended_key_usages =
+            vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
         params.use_authority_key_identifier_extension = true;
-        let leaf = CertificateSigningRequestParams {
-            params,
-            public_key: request.public_key,
-        }
-        .signed_by(&self.issuer)
-        .map_err(CaError::Signing)?;
+        let leaf = CertificateSigningRequestParams { params, public_key: request.public_key }
+            .signed_by(&self.issuer)
+            .map_err(CaError::Signing)?;
         Ok(vec![leaf.pem(), self.root_pem.clone()])
     }
 
     /// Mints a certificate for `identity` directly (fresh key, CSR, signature).
-    pub fn issue(
-        &self,
-        identity: &Identity,
-        ttl: Duration,
-    ) -> Result<WorkloadCertificate, CaError> {
+    pub fn issue(&self, identity: &Identity, ttl: Duration) -> Result<WorkloadCertificate, CaError> {
         let csr = csr::generate(identity)?;
         let chain = self.sign_csr(&csr.pem, identity, ttl)?;
         Ok(WorkloadCertificate::new(csr.key, &chain)?)
@@ -171,10 +142,7 @@ pub fn dev_ca_init(dir: &Path, force: bool) -> Result<(), CaError> {
             }
         }
     }
-    fs::create_dir_all(dir).map_err(|source| CaError::WriteFile {
-        path: dir.to_owned(),
-        source,
-    })?;
+    fs::create_dir_all(dir).map_err(|source| CaError::WriteFile { path: dir.to_owned(), source })?;
     let (key, _, cert_pem) = new_root().map_err(CaError::Signing)?;
     // Key first: a directory with a certificate but no key is useless, the reverse is harmless.
     write_file(&key_path, key.serialize_pem().as_bytes(), 0o600, force)?;
@@ -183,10 +151,7 @@ pub fn dev_ca_init(dir: &Path, force: bool) -> Result<(), CaError> {
 }
 
 fn write_file(path: &Path, contents: &[u8], mode: u32, force: bool) -> Result<(), CaError> {
-    let err = |source| CaError::WriteFile {
-        path: path.to_owned(),
-        source,
-    };
+    let err = |source| CaError::WriteFile { path: path.to_owned(), source };
     let mut options = fs::OpenOptions::new();
     options.write(true).mode(mode);
     if force {
@@ -196,8 +161,7 @@ fn write_file(path: &Path, contents: &[u8], mode: u32, force: bool) -> Result<()
     }
     let mut file = options.open(path).map_err(err)?;
     // `mode` only applies to new files; an overwritten key must not stay world-readable.
-    file.set_permissions(fs::Permissions::from_mode(mode))
-        .map_err(err)?;
+    file.set_permissions(fs::Permissions::from_mode(mode)).map_err(err)?;
     file.write_all(contents).map_err(err)?;
     file.sync_all().map_err(err)
 }
@@ -211,11 +175,8 @@ fn new_root() -> Result<(KeyPair, CertificateParams, String), rcgen::Error> {
     dn.push(DnType::CommonName, "Ambit dev root CA");
     params.distinguished_name = dn;
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
+    params.key_usages =
+        vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
     let now = OffsetDateTime::now_utc();
     params.not_before = now - time::Duration::hours(1);
     params.not_after = now + ROOT_LIFETIME;

@@ -3,8 +3,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose,
-    PKCS_ECDSA_P384_SHA384, PKCS_RSA_SHA256, RsaKeySize,
+    BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose, PKCS_ECDSA_P384_SHA384,
+    PKCS_RSA_SHA256, RsaKeySize,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -21,9 +21,7 @@ fn id(sa: &str) -> Identity {
 /// Writes a self-signed CA made with `key` to DIR/root-cert.pem and DIR/root-key.pem.
 fn write_root(dir: &Path, key: &KeyPair) {
     let mut params = CertificateParams::default();
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "test root");
+    params.distinguished_name.push(DnType::CommonName, "test root");
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
     let cert = params.self_signed(key).expect("root");
@@ -99,32 +97,20 @@ async fn dev_ca_init_creates_a_shared_root() {
     let dir = tempfile::tempdir().expect("tempdir");
     let ca_dir = dir.path().join("ca");
     dev_ca_init(&ca_dir, false).expect("init");
-    let key_mode = std::fs::metadata(ca_dir.join("root-key.pem"))
-        .expect("key")
-        .permissions()
-        .mode();
+    let key_mode = std::fs::metadata(ca_dir.join("root-key.pem")).expect("key").permissions().mode();
     assert_eq!(key_mode & 0o777, 0o600);
     let first = std::fs::read_to_string(ca_dir.join("root-cert.pem")).expect("cert");
 
     let err = dev_ca_init(&ca_dir, false).expect_err("must not overwrite");
     assert!(matches!(err, CaError::Exists(_)), "{err}");
-    assert_eq!(
-        std::fs::read_to_string(ca_dir.join("root-cert.pem")).expect("cert"),
-        first
-    );
+    assert_eq!(std::fs::read_to_string(ca_dir.join("root-cert.pem")).expect("cert"), first);
 
-    std::fs::set_permissions(
-        ca_dir.join("root-key.pem"),
-        std::fs::Permissions::from_mode(0o644),
-    )
-    .expect("chmod");
+    std::fs::set_permissions(ca_dir.join("root-key.pem"), std::fs::Permissions::from_mode(0o644))
+        .expect("chmod");
     dev_ca_init(&ca_dir, true).expect("force");
     let second = std::fs::read_to_string(ca_dir.join("root-cert.pem")).expect("cert");
     assert_ne!(first, second);
-    let key_mode = std::fs::metadata(ca_dir.join("root-key.pem"))
-        .expect("key")
-        .permissions()
-        .mode();
+    let key_mode = std::fs::metadata(ca_dir.join("root-key.pem")).expect("key").permissions().mode();
     assert_eq!(key_mode & 0o777, 0o600);
 
     assert_instances_trust_each_other(&ca_dir).await;
@@ -135,10 +121,7 @@ fn issued_certificate_fields_and_dump() {
     let ca = FakeCa::generate();
     let cert = ca.issue(&id("web"), TTL).expect("issue");
     assert_eq!(cert.identity(), &id("web"));
-    let validity = cert
-        .not_after()
-        .duration_since(cert.not_before())
-        .expect("ordered");
+    let validity = cert.not_after().duration_since(cert.not_before()).expect("ordered");
     assert_eq!(validity, TTL);
 
     let dump = cert.dump();
@@ -146,9 +129,7 @@ fn issued_certificate_fields_and_dump() {
     assert_eq!(dump.root_certs.len(), 1);
     let leaf = &dump.cert_chain[0];
     use base64::Engine;
-    let pem = base64::engine::general_purpose::STANDARD
-        .decode(&leaf.pem)
-        .expect("base64");
+    let pem = base64::engine::general_purpose::STANDARD.decode(&leaf.pem).expect("base64");
     let pem = String::from_utf8(pem).expect("utf8");
     assert!(pem.starts_with("-----BEGIN CERTIFICATE-----\n"), "{pem}");
     assert!(leaf.serial_number.chars().all(|c| c.is_ascii_digit()));
@@ -190,10 +171,7 @@ async fn fetch(client: &CaClient, identity: &Identity) -> Result<WorkloadCertifi
 }
 
 fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
-    headers
-        .iter()
-        .find(|(k, _)| k == name)
-        .map(|(_, v)| v.as_str())
+    headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
 }
 
 async fn client_round_trip(server: TestCaServer) {
@@ -206,28 +184,17 @@ async fn client_round_trip(server: TestCaServer) {
     let requests = server.requests();
     assert_eq!(requests.len(), 1);
     let req = &requests[0];
-    assert_eq!(
-        header(&req.headers, "authorization"),
-        Some("Bearer secret-token")
-    );
+    assert_eq!(header(&req.headers, "authorization"), Some("Bearer secret-token"));
     assert_eq!(header(&req.headers, "clusterid"), Some("Kubernetes"));
     assert_eq!(header(&req.headers, "x-extra"), Some("extra-value"));
-    assert_eq!(
-        req.impersonated.as_deref(),
-        Some("spiffe://cluster.local/ns/default/sa/web")
-    );
+    assert_eq!(req.impersonated.as_deref(), Some("spiffe://cluster.local/ns/default/sa/web"));
     assert_eq!(req.validity_duration, 3600);
 
     // The token file is re-read per request.
     std::fs::write(dir.path().join("token"), "rotated").expect("token");
-    fetch(&client, &id("api"))
-        .await
-        .expect("second certificate");
+    fetch(&client, &id("api")).await.expect("second certificate");
     let requests = server.requests();
-    assert_eq!(
-        header(&requests[1].headers, "authorization"),
-        Some("Bearer rotated")
-    );
+    assert_eq!(header(&requests[1].headers, "authorization"), Some("Bearer rotated"));
 }
 
 #[tokio::test]
@@ -268,11 +235,7 @@ async fn ca_client_dedicated_mode_sends_no_impersonation() {
     let req = &server.requests()[0];
     assert_eq!(req.impersonated, None);
     assert_eq!(header(&req.headers, "authorization"), None);
-    assert_eq!(
-        header(&req.headers, "clusterid"),
-        None,
-        "clusterid only with a token"
-    );
+    assert_eq!(header(&req.headers, "clusterid"), None, "clusterid only with a token");
     assert_eq!(header(&req.headers, "x-extra"), Some("extra-value"));
 }
 
@@ -284,10 +247,7 @@ async fn ca_client_rejects_wrong_san_when_impersonating() {
     let client = CaClient::new(client_config(&server, dir.path(), true)).expect("client");
     let err = fetch(&client, &id("web")).await.expect_err("wrong SAN");
     assert!(matches!(err, CaError::SanMismatch { .. }), "{err}");
-    assert!(
-        err.to_string().contains("did not find expected SAN"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("did not find expected SAN"), "{err}");
 
     // Without impersonation (dedicated mode) the CA decides the identity and is not checked.
     let client = CaClient::new(client_config(&server, dir.path(), false)).expect("client");
@@ -302,33 +262,16 @@ async fn ca_client_rejects_short_chains_and_reports_status() {
     let client = CaClient::new(client_config(&server, dir.path(), true)).expect("client");
 
     server.set_behavior(Behavior::SingleElement);
-    let err = fetch(&client, &id("web"))
-        .await
-        .expect_err("single element");
-    assert!(
-        matches!(err, CaError::Certificate(CertificateError::NoRoots)),
-        "{err}"
-    );
+    let err = fetch(&client, &id("web")).await.expect_err("single element");
+    assert!(matches!(err, CaError::Certificate(CertificateError::NoRoots)), "{err}");
 
     server.set_behavior(Behavior::EmptyChain);
     let err = fetch(&client, &id("web")).await.expect_err("empty");
-    assert!(
-        matches!(err, CaError::Certificate(CertificateError::EmptyChain)),
-        "{err}"
-    );
+    assert!(matches!(err, CaError::Certificate(CertificateError::EmptyChain)), "{err}");
 
     server.set_behavior(Behavior::Fail(tonic::Code::Unauthenticated));
     let err = fetch(&client, &id("web")).await.expect_err("status");
-    assert!(
-        matches!(
-            err,
-            CaError::Status {
-                code: tonic::Code::Unauthenticated,
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert!(matches!(err, CaError::Status { code: tonic::Code::Unauthenticated, .. }), "{err}");
 }
 
 #[tokio::test]
@@ -365,12 +308,10 @@ fn ca_client_config_errors() {
     .expect("bad header");
     assert!(matches!(err, CaError::InvalidHeader(_)), "{err}");
 
-    let err = CaClient::new(CaClientConfig {
-        address: "ftp://istiod".to_owned(),
-        ..CaClientConfig::default()
-    })
-    .err()
-    .expect("bad scheme");
+    let err =
+        CaClient::new(CaClientConfig { address: "ftp://istiod".to_owned(), ..CaClientConfig::default() })
+            .err()
+            .expect("bad scheme");
     assert!(matches!(err, CaError::InvalidAddress { .. }), "{err}");
 
     let file = tempfile::NamedTempFile::new().expect("file");

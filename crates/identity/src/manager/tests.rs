@@ -86,11 +86,7 @@ async fn settle() {
 }
 
 fn state_of(manager: &CertManager, identity: &Identity) -> Option<String> {
-    manager
-        .dump()
-        .into_iter()
-        .find(|d| d.identity == identity.to_string())
-        .map(|d| d.state)
+    manager.dump().into_iter().find(|d| d.identity == identity.to_string()).map(|d| d.state)
 }
 
 #[tokio::test(start_paused = true)]
@@ -206,10 +202,7 @@ async fn at_most_eight_concurrent_requests() {
     }
     settle().await;
     assert_eq!(signer.calls().len(), 8);
-    assert_eq!(
-        state_of(&manager, &id("w0")).as_deref(),
-        Some("Initializing")
-    );
+    assert_eq!(state_of(&manager, &id("w0")).as_deref(), Some("Initializing"));
     signer.release(100);
     settle().await;
     assert_eq!(signer.calls().len(), 10);

@@ -2,8 +2,8 @@ use std::io;
 use std::time::Duration;
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    Issuer, KeyPair, PKCS_ECDSA_P256_SHA256, SanType,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+    KeyPair, PKCS_ECDSA_P256_SHA256, SanType,
 };
 use rustls_pki_types::PrivatePkcs8KeyDer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -24,19 +24,13 @@ struct Outcome {
 }
 
 /// Runs a handshake over an in-memory pipe, then one byte each way; returns the peer identities.
-async fn handshake(
-    server: Arc<rustls::ServerConfig>,
-    client: Arc<rustls::ClientConfig>,
-) -> Outcome {
+async fn handshake(server: Arc<rustls::ServerConfig>, client: Arc<rustls::ClientConfig>) -> Outcome {
     let (c, s) = tokio::io::duplex(64 * 1024);
     let server = async move {
         let mut tls = TlsAcceptor::from(server).accept(s).await?;
         let (_, conn) = tls.get_ref();
         assert_eq!(conn.alpn_protocol(), Some(&b"h2"[..]));
-        assert_eq!(
-            conn.protocol_version(),
-            Some(rustls::ProtocolVersion::TLSv1_3)
-        );
+        assert_eq!(conn.protocol_version(), Some(rustls::ProtocolVersion::TLSv1_3));
         let peer = conn.peer_certificates().and_then(peer_identity);
         tls.write_all(b"s").await?;
         let mut buf = [0u8; 1];
@@ -64,39 +58,23 @@ async fn handshake(
 #[tokio::test]
 async fn mtls_with_expected_identity() {
     let ca = FakeCa::generate();
-    let server = ca
-        .issue(&id("cluster.local", "server"), TTL)
-        .expect("server");
-    let client = ca
-        .issue(&id("cluster.local", "client"), TTL)
-        .expect("client");
+    let server = ca.issue(&id("cluster.local", "server"), TTL).expect("server");
+    let client = ca.issue(&id("cluster.local", "client"), TTL).expect("client");
     let out = handshake(
         server.server_config(),
         client.client_config(&[id("cluster.local", "other"), id("cluster.local", "server")]),
     )
     .await;
-    assert_eq!(
-        out.server.expect("server"),
-        Some(id("cluster.local", "client"))
-    );
-    assert_eq!(
-        out.client.expect("client"),
-        Some(id("cluster.local", "server"))
-    );
+    assert_eq!(out.server.expect("server"), Some(id("cluster.local", "client")));
+    assert_eq!(out.client.expect("client"), Some(id("cluster.local", "server")));
 }
 
 #[tokio::test]
 async fn mtls_over_tcp() {
     let ca = FakeCa::generate();
-    let server = ca
-        .issue(&id("cluster.local", "server"), TTL)
-        .expect("server");
-    let client = ca
-        .issue(&id("cluster.local", "client"), TTL)
-        .expect("client");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
+    let server = ca.issue(&id("cluster.local", "server"), TTL).expect("server");
+    let client = ca.issue(&id("cluster.local", "client"), TTL).expect("client");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let acceptor = TlsAcceptor::from(server.server_config());
     let accept = tokio::spawn(async move {
@@ -123,12 +101,8 @@ async fn mtls_over_tcp() {
 #[tokio::test]
 async fn wrong_expected_identity_is_rejected_with_both_lists() {
     let ca = FakeCa::generate();
-    let server = ca
-        .issue(&id("cluster.local", "server"), TTL)
-        .expect("server");
-    let client = ca
-        .issue(&id("cluster.local", "client"), TTL)
-        .expect("client");
+    let server = ca.issue(&id("cluster.local", "server"), TTL).expect("server");
+    let client = ca.issue(&id("cluster.local", "client"), TTL).expect("client");
     let expected = [id("cluster.local", "a"), id("cluster.local", "b")];
     let out = handshake(server.server_config(), client.client_config(&expected)).await;
     let err = out.client.expect_err("client must reject").to_string();
@@ -146,81 +120,43 @@ async fn wrong_expected_identity_is_rejected_with_both_lists() {
 #[tokio::test]
 async fn client_from_other_trust_domain_is_rejected() {
     let ca = FakeCa::generate();
-    let server = ca
-        .issue(&id("cluster.local", "server"), TTL)
-        .expect("server");
-    let client = ca
-        .issue(&id("evil.example", "client"), TTL)
-        .expect("client");
-    let out = handshake(
-        server.server_config(),
-        client.client_config(&[id("cluster.local", "server")]),
-    )
-    .await;
+    let server = ca.issue(&id("cluster.local", "server"), TTL).expect("server");
+    let client = ca.issue(&id("evil.example", "client"), TTL).expect("client");
+    let out = handshake(server.server_config(), client.client_config(&[id("cluster.local", "server")])).await;
     let err = out.server.expect_err("server must reject").to_string();
-    assert!(
-        err.contains("not in trust domain \"cluster.local\""),
-        "{err}"
-    );
-    assert!(
-        err.contains("spiffe://evil.example/ns/default/sa/client"),
-        "{err}"
-    );
+    assert!(err.contains("not in trust domain \"cluster.local\""), "{err}");
+    assert!(err.contains("spiffe://evil.example/ns/default/sa/client"), "{err}");
 }
 
 #[tokio::test]
 async fn client_from_other_root_is_rejected() {
-    let server = FakeCa::generate()
-        .issue(&id("cluster.local", "server"), TTL)
-        .expect("server");
-    let client = FakeCa::generate()
-        .issue(&id("cluster.local", "client"), TTL)
-        .expect("client");
-    let out = handshake(
-        server.server_config(),
-        client.client_config(&[id("cluster.local", "server")]),
-    )
-    .await;
+    let server = FakeCa::generate().issue(&id("cluster.local", "server"), TTL).expect("server");
+    let client = FakeCa::generate().issue(&id("cluster.local", "client"), TTL).expect("client");
+    let out = handshake(server.server_config(), client.client_config(&[id("cluster.local", "server")])).await;
     // The client rejects the server first: neither trusts the other's root.
     let err = out.client.expect_err("client must reject").to_string();
     // Both dev roots share a subject name, so webpki finds the wrong issuer and reports a bad signature.
-    assert!(
-        err.contains("invalid peer certificate: BadSignature"),
-        "{err}"
-    );
+    assert!(err.contains("invalid peer certificate: BadSignature"), "{err}");
     assert!(out.server.is_err());
 }
 
 #[tokio::test]
 async fn client_certificate_from_other_root_is_rejected_by_server() {
     let server_ca = FakeCa::generate();
-    let server = server_ca
-        .issue(&id("cluster.local", "server"), TTL)
-        .expect("server");
-    let client = FakeCa::generate()
-        .issue(&id("cluster.local", "client"), TTL)
-        .expect("client");
+    let server = server_ca.issue(&id("cluster.local", "server"), TTL).expect("server");
+    let client = FakeCa::generate().issue(&id("cluster.local", "client"), TTL).expect("client");
     // A client that trusts the server's root but presents a certificate from another root.
-    let config = client_config(
-        &client.key,
-        server.roots.clone(),
-        &[id("cluster.local", "server")],
-    );
+    let config = client_config(&client.key, server.roots.clone(), &[id("cluster.local", "server")]);
     let out = handshake(server.server_config(), config).await;
     let err = out.server.expect_err("server must reject").to_string();
     // Both dev roots share a subject name, so webpki finds the wrong issuer and reports a bad signature.
-    assert!(
-        err.contains("invalid peer certificate: BadSignature"),
-        "{err}"
-    );
+    assert!(err.contains("invalid peer certificate: BadSignature"), "{err}");
 }
 
 #[tokio::test]
 async fn client_without_certificate_is_rejected() {
     let ca = FakeCa::generate();
-    let server = ca
-        .issue(&id("cluster.local", "server"), TTL)
-        .expect("server");
+    let server = ca.issue(&id("cluster.local", "server"), TTL).expect("server");
     let mut config = rustls::ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .expect("tls13")
@@ -245,9 +181,7 @@ fn chain_with_intermediate(
 ) -> (PrivateKeyDer<'static>, Vec<String>) {
     let int_key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).expect("key");
     let mut int_params = CertificateParams::default();
-    int_params
-        .distinguished_name
-        .push(DnType::CommonName, "intermediate");
+    int_params.distinguished_name.push(DnType::CommonName, "intermediate");
     int_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     let int_cert = int_params.signed_by(&int_key, root).expect("intermediate");
     let int_issuer = Issuer::new(int_params, int_key);
@@ -256,16 +190,10 @@ fn chain_with_intermediate(
     let mut leaf = CertificateParams::default();
     leaf.distinguished_name = DistinguishedName::new();
     leaf.subject_alt_names = vec![SanType::URI(identity.to_string().try_into().expect("uri"))];
-    leaf.extended_key_usages = vec![
-        ExtendedKeyUsagePurpose::ServerAuth,
-        ExtendedKeyUsagePurpose::ClientAuth,
-    ];
+    leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
     let leaf_cert = leaf.signed_by(&leaf_key, &int_issuer).expect("leaf");
     let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(leaf_key.serialize_der()));
-    (
-        key,
-        vec![leaf_cert.pem(), int_cert.pem(), root_pem.to_owned()],
-    )
+    (key, vec![leaf_cert.pem(), int_cert.pem(), root_pem.to_owned()])
 }
 
 #[tokio::test]
@@ -282,26 +210,14 @@ async fn intermediates_are_sent_and_verified() {
     let client = WorkloadCertificate::new(ckey, &cchain).expect("client cert");
     assert_eq!(server.dump().cert_chain.len(), 2);
     assert_eq!(server.dump().root_certs.len(), 1);
-    let out = handshake(
-        server.server_config(),
-        client.client_config(&[id("cluster.local", "server")]),
-    )
-    .await;
-    assert_eq!(
-        out.server.expect("server"),
-        Some(id("cluster.local", "client"))
-    );
-    assert_eq!(
-        out.client.expect("client"),
-        Some(id("cluster.local", "server"))
-    );
+    let out = handshake(server.server_config(), client.client_config(&[id("cluster.local", "server")])).await;
+    assert_eq!(out.server.expect("server"), Some(id("cluster.local", "client")));
+    assert_eq!(out.client.expect("client"), Some(id("cluster.local", "server")));
 }
 
 #[test]
 fn server_config_is_cached() {
-    let cert = FakeCa::generate()
-        .issue(&id("cluster.local", "server"), TTL)
-        .expect("cert");
+    let cert = FakeCa::generate().issue(&id("cluster.local", "server"), TTL).expect("cert");
     assert!(Arc::ptr_eq(&cert.server_config(), &cert.server_config()));
     let client = cert.client_config(&[]);
     assert!(!client.enable_sni);

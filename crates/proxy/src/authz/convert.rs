@@ -22,9 +22,7 @@ pub enum ConvertError {
     )]
     UnknownScope(i32),
     /// The action enum value is not ALLOW or DENY.
-    #[error(
-        "unknown action value {0} (known: 0 ALLOW, 1 DENY); is the control plane newer than this proxy?"
-    )]
+    #[error("unknown action value {0} (known: 0 ALLOW, 1 DENY); is the control plane newer than this proxy?")]
     UnknownAction(i32),
     /// A destination port does not fit in 16 bits.
     #[error("destination port {0} is above 65535; fix the policy in the control plane")]
@@ -47,8 +45,8 @@ impl TryFrom<&proto::Authorization> for Authorization {
             policy: format!("{}/{}", p.namespace, p.name),
             error: Box::new(error),
         };
-        let scope = proto::Scope::try_from(p.scope)
-            .map_err(|_| in_policy(ConvertError::UnknownScope(p.scope)))?;
+        let scope =
+            proto::Scope::try_from(p.scope).map_err(|_| in_policy(ConvertError::UnknownScope(p.scope)))?;
         let action = proto::Action::try_from(p.action)
             .map_err(|_| in_policy(ConvertError::UnknownAction(p.action)))?;
         let rules = p
@@ -123,10 +121,7 @@ impl TryFrom<&proto::Match> for Match {
 
 impl From<&proto::ServiceAccountMatch> for ServiceAccountMatch {
     fn from(m: &proto::ServiceAccountMatch) -> Self {
-        ServiceAccountMatch {
-            namespace: m.namespace.clone(),
-            service_account: m.service_account.clone(),
-        }
+        ServiceAccountMatch { namespace: m.namespace.clone(), service_account: m.service_account.clone() }
     }
 }
 
@@ -154,21 +149,15 @@ pub struct MissingMatchType;
 /// Converts an `Address` (4 or 16 bytes plus a prefix length) into a CIDR.
 fn address_to_net(a: &proto::Address) -> Option<IpNet> {
     let ip = match a.address.len() {
-        4 => IpAddr::V4(Ipv4Addr::from(
-            <[u8; 4]>::try_from(a.address.as_slice()).ok()?,
-        )),
-        16 => IpAddr::V6(Ipv6Addr::from(
-            <[u8; 16]>::try_from(a.address.as_slice()).ok()?,
-        )),
+        4 => IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(a.address.as_slice()).ok()?)),
+        16 => IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(a.address.as_slice()).ok()?)),
         _ => return None,
     };
     IpNet::new(ip, u8::try_from(a.length).ok()?).ok()
 }
 
 fn string_matches(ms: &[proto::StringMatch]) -> Vec<StringMatch> {
-    ms.iter()
-        .filter_map(|m| StringMatch::try_from(m).ok())
-        .collect()
+    ms.iter().filter_map(|m| StringMatch::try_from(m).ok()).collect()
 }
 
 fn nets(addrs: &[proto::Address]) -> Vec<IpNet> {
@@ -176,10 +165,7 @@ fn nets(addrs: &[proto::Address]) -> Vec<IpNet> {
 }
 
 fn ports(ports: &[u32]) -> Result<Vec<u16>, ConvertError> {
-    ports
-        .iter()
-        .map(|&p| u16::try_from(p).map_err(|_| ConvertError::PortOutOfRange(p)))
-        .collect()
+    ports.iter().map(|&p| u16::try_from(p).map_err(|_| ConvertError::PortOutOfRange(p))).collect()
 }
 
 #[cfg(test)]

@@ -38,10 +38,7 @@ pub enum DenyReason {
 /// denies; dry-run ALLOW policies are only logged; with no enforced ALLOW policy the
 /// connection is allowed, otherwise one of them must match. Scope is ignored here: selection
 /// already happened. The policies are walked once, so the iterator need not be `Clone`.
-pub fn evaluate<'a>(
-    policies: impl IntoIterator<Item = &'a Authorization>,
-    conn: &Connection,
-) -> Decision {
+pub fn evaluate<'a>(policies: impl IntoIterator<Item = &'a Authorization>, conn: &Connection) -> Decision {
     // Dry-run policies only produce logs, so they are not even evaluated unless someone
     // would see the result.
     let log_dry_run = tracing::enabled!(Level::DEBUG);
@@ -93,11 +90,7 @@ pub fn evaluate<'a>(
             None => debug!("dry-run: allow policies exist, but none would allow the connection"),
         }
     }
-    if !allow_policies || allowed {
-        Decision::Allow
-    } else {
-        Decision::Deny(DenyReason::NoAllowMatch)
-    }
+    if !allow_policies || allowed { Decision::Allow } else { Decision::Deny(DenyReason::NoAllowMatch) }
 }
 
 impl Match {
@@ -125,19 +118,18 @@ impl Match {
         let id = conn.src_identity.as_ref();
         let (src_ip, dst_ip) = (conn.src_ip.to_canonical(), conn.dst_ip.to_canonical());
         // Cheapest families first; the result does not depend on the order.
-        family(&self.destination_ports, &self.not_destination_ports, |p| {
-            *p == conn.dst_port
-        }) && family(&self.source_ips, &self.not_source_ips, |n| {
-            net_contains(n, src_ip)
-        }) && family(&self.destination_ips, &self.not_destination_ips, |n| {
-            net_contains(n, dst_ip)
-        }) && family(&self.namespaces, &self.not_namespaces, |m| {
-            id.is_some_and(|id| m.matches(&id.namespace))
-        }) && family(&self.service_accounts, &self.not_service_accounts, |m| {
-            id.is_some_and(|id| m.matches(id))
-        }) && family(&self.principals, &self.not_principals, |m| {
-            id.is_some_and(|id| m.matches_principal(id))
-        })
+        family(&self.destination_ports, &self.not_destination_ports, |p| *p == conn.dst_port)
+            && family(&self.source_ips, &self.not_source_ips, |n| net_contains(n, src_ip))
+            && family(&self.destination_ips, &self.not_destination_ips, |n| net_contains(n, dst_ip))
+            && family(&self.namespaces, &self.not_namespaces, |m| {
+                id.is_some_and(|id| m.matches(&id.namespace))
+            })
+            && family(&self.service_accounts, &self.not_service_accounts, |m| {
+                id.is_some_and(|id| m.matches(id))
+            })
+            && family(&self.principals, &self.not_principals, |m| {
+                id.is_some_and(|id| m.matches_principal(id))
+            })
     }
 }
 
@@ -179,10 +171,10 @@ impl ServiceAccountMatch {
 /// Whether a policy matches: any rule, where a rule is all clauses, where a clause is any
 /// match. Zero rules never match; zero clauses and zero matches count as matched.
 fn policy_matches(policy: &Authorization, conn: &Connection) -> bool {
-    policy.rules.iter().any(|rule| {
-        rule.iter()
-            .all(|clause| clause.is_empty() || clause.iter().any(|m| m.matches(conn)))
-    })
+    policy
+        .rules
+        .iter()
+        .any(|rule| rule.iter().all(|clause| clause.is_empty() || clause.iter().any(|m| m.matches(conn))))
 }
 
 /// One field family: the positive list passes if empty or any element matches; the negative
@@ -210,13 +202,7 @@ fn net_contains(net: &IpNet, ip: IpAddr) -> bool {
 }
 
 fn principal_pieces(id: &Identity) -> [&[u8]; 5] {
-    [
-        id.trust_domain.as_bytes(),
-        b"/ns/",
-        id.namespace.as_bytes(),
-        b"/sa/",
-        id.service_account.as_bytes(),
-    ]
+    [id.trust_domain.as_bytes(), b"/ns/", id.namespace.as_bytes(), b"/sa/", id.service_account.as_bytes()]
 }
 
 fn pieces_len(pieces: &[&[u8]]) -> usize {

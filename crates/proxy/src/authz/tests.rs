@@ -51,10 +51,7 @@ rules:
         rules: vec![
             vec![
                 vec![Match {
-                    namespaces: vec![
-                        StringMatch::Exact("a".into()),
-                        StringMatch::Prefix("kube-".into()),
-                    ],
+                    namespaces: vec![StringMatch::Exact("a".into()), StringMatch::Prefix("kube-".into())],
                     not_namespaces: vec![StringMatch::Suffix("-system".into())],
                     service_accounts: vec![ServiceAccountMatch {
                         namespace: "a".into(),
@@ -83,9 +80,8 @@ rules:
 
 #[test]
 fn yaml_flow_style_and_defaults() {
-    let got = yaml(
-        r#"{name: p, namespace: ns, rules: [[[{principals: [{Exact: "cluster.local/ns/a/sa/b"}]}]]]}"#,
-    );
+    let got =
+        yaml(r#"{name: p, namespace: ns, rules: [[[{principals: [{Exact: "cluster.local/ns/a/sa/b"}]}]]]}"#);
     assert_eq!(got.scope, Scope::Global);
     assert_eq!(got.action, Action::Allow);
     assert!(!got.dry_run);
@@ -105,10 +101,7 @@ fn yaml_static_strict_policy() {
         "name: istio_converted_static_strict\nnamespace: istio-system\nscope: WorkloadSelector\n\
          action: Deny\nrules: [[[{notPrincipals: [{Presence: []}]}]]]\n",
     );
-    assert_eq!(
-        got.rules[0][0][0].not_principals,
-        vec![StringMatch::Presence()]
-    );
+    assert_eq!(got.rules[0][0][0].not_principals, vec![StringMatch::Presence()]);
     assert_eq!(got.scope, Scope::WorkloadSelector);
 }
 
@@ -123,10 +116,7 @@ fn yaml_rejects_bad_values() {
         "{name: p, namespace: ns, scope: global}",
         "{namespace: ns}",
     ] {
-        assert!(
-            serde_saphyr::from_str::<Authorization>(bad).is_err(),
-            "accepted: {bad}"
-        );
+        assert!(serde_saphyr::from_str::<Authorization>(bad).is_err(), "accepted: {bad}");
     }
 }
 
@@ -169,41 +159,21 @@ fn json_dump_shape() {
 
 #[test]
 fn presence_spellings() {
-    for json in [
-        r#"{"Presence":[]}"#,
-        r#"{"Presence":null}"#,
-        r#"{"Presence":{}}"#,
-    ] {
+    for json in [r#"{"Presence":[]}"#, r#"{"Presence":null}"#, r#"{"Presence":{}}"#] {
         let parsed: Result<StringMatch, _> = serde_json::from_str(json);
         assert_eq!(parsed.ok(), Some(StringMatch::Presence()), "{json}");
         let value: serde_json::Value = serde_json::from_str(json).unwrap_or_default();
         let parsed: Result<StringMatch, _> = serde_json::from_value(value);
-        assert_eq!(
-            parsed.ok(),
-            Some(StringMatch::Presence()),
-            "{json} via Value"
-        );
+        assert_eq!(parsed.ok(), Some(StringMatch::Presence()), "{json} via Value");
     }
-    for y in [
-        "{Presence: []}",
-        "{Presence: ~}",
-        "{Presence: {}}",
-        "Presence: []",
-    ] {
+    for y in ["{Presence: []}", "{Presence: ~}", "{Presence: {}}", "Presence: []"] {
         let parsed: Result<StringMatch, _> = serde_saphyr::from_str(y);
         assert_eq!(parsed.ok(), Some(StringMatch::Presence()), "{y}");
     }
-    for bad in [
-        r#"{"Presence":[1]}"#,
-        r#"{"Presence":"x"}"#,
-        r#"{"Presence":{"a":1}}"#,
-    ] {
+    for bad in [r#"{"Presence":[1]}"#, r#"{"Presence":"x"}"#, r#"{"Presence":{"a":1}}"#] {
         assert!(serde_json::from_str::<StringMatch>(bad).is_err(), "{bad}");
     }
-    assert_eq!(
-        serde_json::to_string(&StringMatch::Presence()).unwrap_or_default(),
-        r#"{"Presence":[]}"#
-    );
+    assert_eq!(serde_json::to_string(&StringMatch::Presence()).unwrap_or_default(), r#"{"Presence":[]}"#);
 }
 
 // ---- reference model ---------------------------------------------------------------------
@@ -211,15 +181,10 @@ fn presence_spellings() {
 /// The evaluator written the obvious way: owned principal strings, four passes in §5.2 order,
 /// IPv4-mapped ranges rewritten to IPv4 before comparing.
 fn reference(policies: &[Authorization], conn: &Connection) -> Decision {
-    let principal = conn
-        .src_identity
-        .as_ref()
-        .map(|i| i.to_string().trim_start_matches("spiffe://").to_owned());
+    let principal =
+        conn.src_identity.as_ref().map(|i| i.to_string().trim_start_matches("spiffe://").to_owned());
     let namespace = conn.src_identity.as_ref().map(|i| i.namespace.clone());
-    let sa = conn
-        .src_identity
-        .as_ref()
-        .map(|i| (i.namespace.clone(), i.service_account.clone()));
+    let sa = conn.src_identity.as_ref().map(|i| (i.namespace.clone(), i.service_account.clone()));
     let src = conn.src_ip.to_canonical();
     let dst = conn.dst_ip.to_canonical();
 
@@ -243,16 +208,12 @@ fn reference(policies: &[Authorization], conn: &Connection) -> Decision {
             return false;
         }
         let sa_ok = |s: &ServiceAccountMatch| {
-            sa.as_ref()
-                .is_some_and(|(ns, name)| *ns == s.namespace && *name == s.service_account)
+            sa.as_ref().is_some_and(|(ns, name)| *ns == s.namespace && *name == s.service_account)
         };
         let checks = [
             list(
                 m.namespaces.iter().map(|s| str_ok(s, &namespace)).collect(),
-                m.not_namespaces
-                    .iter()
-                    .map(|s| str_ok(s, &namespace))
-                    .collect(),
+                m.not_namespaces.iter().map(|s| str_ok(s, &namespace)).collect(),
             ),
             list(
                 m.service_accounts.iter().map(sa_ok).collect(),
@@ -260,10 +221,7 @@ fn reference(policies: &[Authorization], conn: &Connection) -> Decision {
             ),
             list(
                 m.principals.iter().map(|s| str_ok(s, &principal)).collect(),
-                m.not_principals
-                    .iter()
-                    .map(|s| str_ok(s, &principal))
-                    .collect(),
+                m.not_principals.iter().map(|s| str_ok(s, &principal)).collect(),
             ),
             list(
                 m.source_ips.iter().map(|n| ip_ok(n, src)).collect(),
@@ -271,20 +229,11 @@ fn reference(policies: &[Authorization], conn: &Connection) -> Decision {
             ),
             list(
                 m.destination_ips.iter().map(|n| ip_ok(n, dst)).collect(),
-                m.not_destination_ips
-                    .iter()
-                    .map(|n| ip_ok(n, dst))
-                    .collect(),
+                m.not_destination_ips.iter().map(|n| ip_ok(n, dst)).collect(),
             ),
             list(
-                m.destination_ports
-                    .iter()
-                    .map(|p| *p == conn.dst_port)
-                    .collect(),
-                m.not_destination_ports
-                    .iter()
-                    .map(|p| *p == conn.dst_port)
-                    .collect(),
+                m.destination_ports.iter().map(|p| *p == conn.dst_port).collect(),
+                m.not_destination_ports.iter().map(|p| *p == conn.dst_port).collect(),
             ),
         ];
         checks.iter().all(|c| *c)
@@ -303,21 +252,13 @@ fn reference(policies: &[Authorization], conn: &Connection) -> Decision {
         any_rule
     };
 
-    for p in policies
-        .iter()
-        .filter(|p| p.action == Action::Deny && !p.dry_run)
-    {
+    for p in policies.iter().filter(|p| p.action == Action::Deny && !p.dry_run) {
         if policy_ok(p) {
-            return Decision::Deny(DenyReason::ExplicitDeny(format!(
-                "{}/{}",
-                p.namespace, p.name
-            )));
+            return Decision::Deny(DenyReason::ExplicitDeny(format!("{}/{}", p.namespace, p.name)));
         }
     }
-    let allows: Vec<&Authorization> = policies
-        .iter()
-        .filter(|p| p.action == Action::Allow && !p.dry_run)
-        .collect();
+    let allows: Vec<&Authorization> =
+        policies.iter().filter(|p| p.action == Action::Allow && !p.dry_run).collect();
     if allows.is_empty() || allows.into_iter().any(policy_ok) {
         Decision::Allow
     } else {
@@ -355,13 +296,7 @@ const STRINGS: &[&str] = &[
     "td/ns/a/sa/a",
     "spiffe://cluster.local/ns/a/sa/b",
 ];
-const IPS: &[&str] = &[
-    "10.0.0.1",
-    "10.0.0.2",
-    "::ffff:10.0.0.1",
-    "2001:db8::1",
-    "192.168.1.1",
-];
+const IPS: &[&str] = &["10.0.0.1", "10.0.0.2", "::ffff:10.0.0.1", "2001:db8::1", "192.168.1.1"];
 const NETS: &[&str] = &[
     "10.0.0.0/24",
     "10.0.0.1/32",
@@ -385,14 +320,8 @@ fn arb_string_match() -> impl Strategy<Value = StringMatch> {
 }
 
 fn arb_sa() -> impl Strategy<Value = ServiceAccountMatch> {
-    (
-        prop::sample::select(&["a", "b"][..]),
-        prop::sample::select(&["a", "b"][..]),
-    )
-        .prop_map(|(ns, sa)| ServiceAccountMatch {
-            namespace: ns.into(),
-            service_account: sa.into(),
-        })
+    (prop::sample::select(&["a", "b"][..]), prop::sample::select(&["a", "b"][..]))
+        .prop_map(|(ns, sa)| ServiceAccountMatch { namespace: ns.into(), service_account: sa.into() })
 }
 
 fn arb_net() -> impl Strategy<Value = IpNet> {
@@ -431,22 +360,20 @@ fn arb_match() -> impl Strategy<Value = Match> {
             sparse(port()),
         ),
     )
-        .prop_map(
-            |((ns, nns, sas, nsas, pr, npr), (sip, nsip, dip, ndip, dp, ndp))| Match {
-                namespaces: ns,
-                not_namespaces: nns,
-                service_accounts: sas,
-                not_service_accounts: nsas,
-                principals: pr,
-                not_principals: npr,
-                source_ips: sip,
-                not_source_ips: nsip,
-                destination_ips: dip,
-                not_destination_ips: ndip,
-                destination_ports: dp,
-                not_destination_ports: ndp,
-            },
-        )
+        .prop_map(|((ns, nns, sas, nsas, pr, npr), (sip, nsip, dip, ndip, dp, ndp))| Match {
+            namespaces: ns,
+            not_namespaces: nns,
+            service_accounts: sas,
+            not_service_accounts: nsas,
+            principals: pr,
+            not_principals: npr,
+            source_ips: sip,
+            not_source_ips: nsip,
+            destination_ips: dip,
+            not_destination_ips: ndip,
+            destination_ports: dp,
+            not_destination_ports: ndp,
+        })
 }
 
 fn arb_policy() -> impl Strategy<Value = Authorization> {
@@ -454,11 +381,7 @@ fn arb_policy() -> impl Strategy<Value = Authorization> {
     (
         prop::sample::select(&["p0", "p1", "p2"][..]),
         prop_oneof![Just(Action::Allow), Just(Action::Deny)],
-        prop_oneof![
-            Just(Scope::Global),
-            Just(Scope::Namespace),
-            Just(Scope::WorkloadSelector)
-        ],
+        prop_oneof![Just(Scope::Global), Just(Scope::Namespace), Just(Scope::WorkloadSelector)],
         prop_oneof![4 => Just(false), 1 => Just(true)],
         vec(vec(vec(arb_match(), 0..=2), 0..=2), 0..=2),
     )
@@ -479,18 +402,9 @@ fn arb_connection() -> impl Strategy<Value = Connection> {
         prop::sample::select(&["a", "b", "bb"][..]),
     )
         .prop_map(|(td, ns, sa)| Identity::new(td, ns, sa));
-    (
-        arb_ip(),
-        proptest::option::of(id),
-        arb_ip(),
-        prop::sample::select(PORTS),
+    (arb_ip(), proptest::option::of(id), arb_ip(), prop::sample::select(PORTS)).prop_map(
+        |(src_ip, src_identity, dst_ip, dst_port)| Connection { src_ip, src_identity, dst_ip, dst_port },
     )
-        .prop_map(|(src_ip, src_identity, dst_ip, dst_port)| Connection {
-            src_ip,
-            src_identity,
-            dst_ip,
-            dst_port,
-        })
 }
 
 proptest! {

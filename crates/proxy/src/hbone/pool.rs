@@ -111,13 +111,7 @@ impl Pool {
         settings: H2Settings,
         idle_timeout: Duration,
     ) -> Arc<Pool> {
-        Arc::new(Pool {
-            certs,
-            sockets,
-            settings,
-            idle_timeout,
-            entries: Mutex::new(HashMap::new()),
-        })
+        Arc::new(Pool { certs, sockets, settings, idle_timeout, entries: Mutex::new(HashMap::new()) })
     }
 
     /// Opens a CONNECT stream to `key.dst` with `:authority` = `authority` and extra headers.
@@ -177,12 +171,7 @@ impl Pool {
             return Err((TunnelError::Status(resp.status()), false));
         }
         let (parts, recv) = resp.into_parts();
-        Ok(Tunnel {
-            send,
-            recv,
-            headers: parts.headers,
-            _slot: slot,
-        })
+        Ok(Tunnel { send, recv, headers: parts.headers, _slot: slot })
     }
 
     /// A connection with a free stream slot (reserved), dialing a new one if needed.
@@ -210,9 +199,7 @@ impl Pool {
 
     async fn dial(&self, key: &PoolKey) -> Result<PooledConn, TunnelError> {
         let cert = self.certs.fetch(&key.src_identity).await?;
-        let tcp = match tokio::time::timeout(CONNECT_TIMEOUT, self.sockets.connect(key.dst, None))
-            .await
-        {
+        let tcp = match tokio::time::timeout(CONNECT_TIMEOUT, self.sockets.connect(key.dst, None)).await {
             Err(_) => return Err(TunnelError::ConnectTimeout(key.dst)),
             Ok(Err(e)) => return Err(TunnelError::Connect(key.dst, e)),
             Ok(Ok(s)) => s,
@@ -220,10 +207,7 @@ impl Pool {
         let tls_config = cert.client_config(&key.dst_identities);
         let connector = tokio_rustls::TlsConnector::from(tls_config);
         let name = ServerName::IpAddress(key.dst.ip().into());
-        let tls = connector
-            .connect(name, tcp)
-            .await
-            .map_err(TunnelError::Tls)?;
+        let tls = connector.connect(name, tcp).await.map_err(TunnelError::Tls)?;
         let (sender, mut conn) = h2::client::Builder::new()
             .initial_window_size(self.settings.window_size)
             .initial_connection_window_size(self.settings.connection_window_size)
@@ -275,8 +259,7 @@ impl Pool {
             conns.retain(|c| {
                 let last = *c.last_used.lock().unwrap_or_else(|p| p.into_inner());
                 !c.closed.load(Ordering::Relaxed)
-                    && (c.streams.load(Ordering::Relaxed) > 0
-                        || now.duration_since(last) < self.idle_timeout)
+                    && (c.streams.load(Ordering::Relaxed) > 0 || now.duration_since(last) < self.idle_timeout)
             });
             !conns.is_empty()
         });
@@ -285,9 +268,7 @@ impl Pool {
     /// Number of pooled connections (for tests and the config dump).
     pub fn connections(&self) -> usize {
         let map = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        map.values()
-            .map(|e| e.conns.lock().unwrap_or_else(|p| p.into_inner()).len())
-            .sum()
+        map.values().map(|e| e.conns.lock().unwrap_or_else(|p| p.into_inner()).len()).sum()
     }
 }
 
@@ -300,10 +281,8 @@ impl Entry {
             }
             // The peer's SETTINGS_MAX_CONCURRENT_STREAMS can change; h2 would queue streams
             // beyond it, so a full connection sends new streams to another one instead.
-            let cap = c
-                .cap
-                .min(u32::try_from(c.sender.current_max_send_streams()).unwrap_or(u32::MAX))
-                .max(1);
+            let cap =
+                c.cap.min(u32::try_from(c.sender.current_max_send_streams()).unwrap_or(u32::MAX)).max(1);
             let n = c.streams.fetch_add(1, Ordering::Relaxed);
             if n < cap {
                 *c.last_used.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();

@@ -20,10 +20,7 @@ pub struct ConnectRequest {
 impl ConnectRequest {
     /// Answers with an error status and ends the stream.
     pub fn reject(mut self, status: StatusCode) {
-        let resp = Response::builder()
-            .status(status)
-            .body(())
-            .unwrap_or_default();
+        let resp = Response::builder().status(status).body(()).unwrap_or_default();
         let _ = self.respond.send_response(resp, true);
     }
 }

@@ -26,11 +26,7 @@ async fn tunnels_share_a_connection_up_to_the_stream_cap() {
     let mut t2 = pool.connect(&key, authority(), &h).await.expect("t2");
     assert_eq!(pool.connections(), 1, "two streams fit one connection");
     let mut t3 = pool.connect(&key, authority(), &h).await.expect("t3");
-    assert_eq!(
-        pool.connections(),
-        2,
-        "the third stream needs a second connection"
-    );
+    assert_eq!(pool.connections(), 2, "the third stream needs a second connection");
     for t in [&mut t1, &mut t2, &mut t3] {
         echo_once(t, &Bytes::from_static(b"hello")).await;
     }
@@ -46,11 +42,7 @@ async fn wrong_server_identity_fails_tls() {
     let server = EchoServer::start(&ca, settings()).await;
     let (pool, mut key) = pool_for(ca, &server, settings());
     key.dst_identities = vec![Identity::new("cluster.local", "default", "someone-else")];
-    let err = pool
-        .connect(&key, authority(), &http::HeaderMap::new())
-        .await
-        .err()
-        .expect("must fail");
+    let err = pool.connect(&key, authority(), &http::HeaderMap::new()).await.err().expect("must fail");
     assert!(matches!(err, TunnelError::Tls(_)), "{err}");
     assert!(err.to_string().contains("someone-else"), "{err}");
 }
@@ -65,17 +57,10 @@ async fn draining_peer_streams_move_to_a_fresh_connection() {
     // The peer starts draining: GOAWAY on its connections; the held stream keeps working.
     server.drain.clone().begin();
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let mut fresh = pool
-        .connect(&key, authority(), &h)
-        .await
-        .expect("a new stream after GOAWAY");
+    let mut fresh = pool.connect(&key, authority(), &h).await.expect("a new stream after GOAWAY");
     echo_once(&mut fresh, &Bytes::from_static(b"new")).await;
     echo_once(&mut held, &Bytes::from_static(b"old")).await;
-    assert_eq!(
-        server.accepted.load(Ordering::Relaxed),
-        2,
-        "the new stream used a fresh connection"
-    );
+    assert_eq!(server.accepted.load(Ordering::Relaxed), 2, "the new stream used a fresh connection");
 }
 
 #[tokio::test]
@@ -92,17 +77,10 @@ async fn idle_connections_are_released() {
         dst: server.addr,
         src_ip: std::net::Ipv4Addr::LOCALHOST.into(),
     };
-    let t = pool
-        .connect(&key, authority(), &http::HeaderMap::new())
-        .await
-        .expect("tunnel");
+    let t = pool.connect(&key, authority(), &http::HeaderMap::new()).await.expect("tunnel");
     tokio::time::sleep(Duration::from_millis(100)).await;
     pool.release_idle();
-    assert_eq!(
-        pool.connections(),
-        1,
-        "a connection with an open stream is kept"
-    );
+    assert_eq!(pool.connections(), 1, "a connection with an open stream is kept");
     drop(t);
     pool.release_idle();
     assert_eq!(pool.connections(), 0, "an idle connection is released");

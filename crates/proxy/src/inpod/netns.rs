@@ -32,9 +32,7 @@ pub struct NetnsId {
 /// The namespace this process started in, where every thread returns to.
 fn home() -> io::Result<&'static OwnedFd> {
     static HOME: OnceLock<Result<OwnedFd, String>> = OnceLock::new();
-    match HOME.get_or_init(|| {
-        File::open("/proc/self/ns/net").map(OwnedFd::from).map_err(|e| e.to_string())
-    }) {
+    match HOME.get_or_init(|| File::open("/proc/self/ns/net").map(OwnedFd::from).map_err(|e| e.to_string())) {
         Ok(fd) => Ok(fd),
         Err(e) => Err(io::Error::other(format!("cannot open the proxy's own netns: {e}"))),
     }
@@ -79,12 +77,14 @@ pub fn netns_id(fd: BorrowedFd<'_>) -> io::Result<NetnsId> {
 /// sockets (CAP_NET_ADMIN), as shared mode needs both.
 pub fn check_capabilities(mark: Option<u32>) -> io::Result<()> {
     let home = home()?;
-    setns(home.as_fd(), CloneFlags::CLONE_NEWNET)
-        .map_err(|e| io::Error::other(format!("setns into our own netns failed ({e}); shared mode needs CAP_SYS_ADMIN")))?;
+    setns(home.as_fd(), CloneFlags::CLONE_NEWNET).map_err(|e| {
+        io::Error::other(format!("setns into our own netns failed ({e}); shared mode needs CAP_SYS_ADMIN"))
+    })?;
     if let Some(mark) = mark {
         let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
-        s.set_mark(mark)
-            .map_err(|e| io::Error::other(format!("SO_MARK failed ({e}); shared mode needs CAP_NET_ADMIN")))?;
+        s.set_mark(mark).map_err(|e| {
+            io::Error::other(format!("SO_MARK failed ({e}); shared mode needs CAP_NET_ADMIN"))
+        })?;
     }
     Ok(())
 }

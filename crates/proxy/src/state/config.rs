@@ -66,10 +66,7 @@ impl LocalConfig {
     /// Parses ztunnel-format local config YAML.
     pub fn parse(yaml: &str) -> Result<Self, LocalConfigError> {
         // An empty document (or only comments) is an empty config, as with ztunnel.
-        if yaml
-            .lines()
-            .all(|l| l.trim().is_empty() || l.trim_start().starts_with('#'))
-        {
+        if yaml.lines().all(|l| l.trim().is_empty() || l.trim_start().starts_with('#')) {
             return Ok(LocalConfig::default());
         }
         serde_saphyr::from_str(yaml).map_err(|e| {
@@ -84,10 +81,8 @@ impl LocalConfig {
 
     /// Reads and parses a local config file.
     pub fn load(path: &Path) -> Result<Self, LocalConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| LocalConfigError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| LocalConfigError::Read { path: path.to_owned(), source })?;
         Self::parse(&text)
     }
 }

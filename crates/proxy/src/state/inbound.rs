@@ -110,11 +110,8 @@ impl State {
                 let svc = self
                     .service_by_hostname(host, &local.namespace)
                     .ok_or_else(|| InboundError::NoHostname(host.clone()))?;
-                let endpoint_port = svc
-                    .endpoints
-                    .get(&local.uid)
-                    .and_then(|ep| ep.port.get(svc_port))
-                    .copied();
+                let endpoint_port =
+                    svc.endpoints.get(&local.uid).and_then(|ep| ep.port.get(svc_port)).copied();
                 match endpoint_port.or_else(|| svc.ports.get(svc_port).copied()) {
                     Some(p) if p != 0 => p,
                     _ => return Err(InboundError::NoPortForService(host.clone(), *svc_port)),
@@ -132,10 +129,7 @@ impl State {
             let svc = self.service_by_name(ns, host)?;
             let matches = ports.values().any(|p| *p == port)
                 || svc.ports.values().any(|p| *p == port)
-                || svc
-                    .endpoints
-                    .get(&w.uid)
-                    .is_some_and(|ep| ep.port.values().any(|p| *p == port));
+                || svc.endpoints.get(&w.uid).is_some_and(|ep| ep.port.values().any(|p| *p == port));
             matches.then_some(svc)
         })
     }
@@ -180,7 +174,6 @@ fn is_hostname(h: &str) -> bool {
         && h.split('.').all(|l| {
             !l.is_empty()
                 && l.len() <= 63
-                && l.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
         })
 }

@@ -31,10 +31,10 @@ pub use config::{LocalConfig, LocalConfigError};
 pub use inbound::{Authority, AuthorityError, InboundError};
 pub use model::{
     AddressParseError, AppTunnelProtocol, ApplicationTunnel, CidrVip, DEFAULT_CLUSTER_ID,
-    DEFAULT_SERVICE_ACCOUNT, DEFAULT_TRUST_DOMAIN, Destination, Endpoint, GatewayAddress,
-    HBONE_PORT, HealthPolicy, HealthStatus, IpFamily, LoadBalancer, LoadBalancerMode,
-    LoadBalancerScope, Locality, NamespacedHostname, NetworkAddress, NetworkMode, Protocol,
-    Service, Visibility, WeightedWaypoint, Workload,
+    DEFAULT_SERVICE_ACCOUNT, DEFAULT_TRUST_DOMAIN, Destination, Endpoint, GatewayAddress, HBONE_PORT,
+    HealthPolicy, HealthStatus, IpFamily, LoadBalancer, LoadBalancerMode, LoadBalancerScope, Locality,
+    NamespacedHostname, NetworkAddress, NetworkMode, Protocol, Service, Visibility, WeightedWaypoint,
+    Workload,
 };
 pub use proto::{Address, ProtoError};
 pub use route::{Route, RouteError, RouteKind};
@@ -68,24 +68,17 @@ pub struct State {
 impl State {
     /// Builds a snapshot from a configuration; `node_name` restricts the node-local index
     /// (`None` = every workload is node-local).
-    pub fn from_config(
-        cfg: LocalConfig,
-        node_name: Option<&str>,
-    ) -> Result<State, LocalConfigError> {
+    pub fn from_config(cfg: LocalConfig, node_name: Option<&str>) -> Result<State, LocalConfigError> {
         let mut state = State::default();
 
         // Services first, keyed by ns/hostname; a later duplicate replaces an earlier one.
         let mut services: BTreeMap<String, Service> = BTreeMap::new();
         for mut svc in cfg.services {
             if svc.hostname.is_empty() {
-                return Err(LocalConfigError::EmptyHostname {
-                    namespace: svc.namespace,
-                    name: svc.name,
-                });
+                return Err(LocalConfigError::EmptyHostname { namespace: svc.namespace, name: svc.name });
             }
             let allow_unhealthy = svc.allows_unhealthy();
-            svc.endpoints
-                .retain(|_, ep| allow_unhealthy || ep.status == HealthStatus::Healthy);
+            svc.endpoints.retain(|_, ep| allow_unhealthy || ep.status == HealthStatus::Healthy);
             services.insert(svc.key(), svc);
         }
 
@@ -94,10 +87,7 @@ impl State {
         for w in cfg.workloads {
             for key in w.services.keys() {
                 if !key.contains('/') {
-                    return Err(LocalConfigError::ServiceKey {
-                        uid: w.uid.clone(),
-                        key: key.clone(),
-                    });
+                    return Err(LocalConfigError::ServiceKey { uid: w.uid.clone(), key: key.clone() });
                 }
             }
             workloads.insert(w.uid.clone(), w);
@@ -106,11 +96,7 @@ impl State {
         // Endpoints from workloads' service port maps (health-filtered), or staged.
         for w in workloads.values() {
             for (key, ports) in &w.services {
-                let ep = Endpoint {
-                    workload_uid: w.uid.clone(),
-                    port: ports.clone(),
-                    status: w.status,
-                };
+                let ep = Endpoint { workload_uid: w.uid.clone(), port: ports.clone(), status: w.status };
                 match services.get_mut(key) {
                     Some(svc) => {
                         if ep.status == HealthStatus::Healthy || svc.allows_unhealthy() {
@@ -118,11 +104,7 @@ impl State {
                         }
                     }
                     None => {
-                        state
-                            .staged
-                            .entry(key.clone())
-                            .or_default()
-                            .insert(w.uid.clone(), ep);
+                        state.staged.entry(key.clone()).or_default().insert(w.uid.clone(), ep);
                     }
                 }
             }
@@ -134,14 +116,8 @@ impl State {
         for (_, svc) in services {
             state.insert_service(Arc::new(svc));
         }
-        state
-            .services
-            .sort_by(|a, b| (&a.hostname, &a.namespace).cmp(&(&b.hostname, &b.namespace)));
-        for list in state
-            .local_identities
-            .values_mut()
-            .flat_map(|m| m.values_mut())
-        {
+        state.services.sort_by(|a, b| (&a.hostname, &a.namespace).cmp(&(&b.hostname, &b.namespace)));
+        for list in state.local_identities.values_mut().flat_map(|m| m.values_mut()) {
             list.sort_by(|a, b| a.uid.cmp(&b.uid));
         }
 
@@ -158,11 +134,7 @@ impl State {
                 Scope::Namespace => p.namespace.as_str(),
                 Scope::WorkloadSelector => continue,
             };
-            state
-                .policies_by_namespace
-                .entry(ns.to_owned())
-                .or_default()
-                .push(p.clone());
+            state.policies_by_namespace.entry(ns.to_owned()).or_default().push(p.clone());
         }
         Ok(state)
     }
@@ -178,23 +150,10 @@ impl State {
     }
 
     /// The proxy's own workload by (namespace, name, service account) among node-local workloads.
-    pub fn find_local(
-        &self,
-        namespace: &str,
-        name: &str,
-        service_account: &str,
-    ) -> Option<Arc<Workload>> {
-        let service_account = if service_account.is_empty() {
-            DEFAULT_SERVICE_ACCOUNT
-        } else {
-            service_account
-        };
-        self.local_identities
-            .get(namespace)?
-            .get(service_account)?
-            .iter()
-            .find(|w| w.name == name)
-            .cloned()
+    pub fn find_local(&self, namespace: &str, name: &str, service_account: &str) -> Option<Arc<Workload>> {
+        let service_account =
+            if service_account.is_empty() { DEFAULT_SERVICE_ACCOUNT } else { service_account };
+        self.local_identities.get(namespace)?.get(service_account)?.iter().find(|w| w.name == name).cloned()
     }
 
     /// Policies that apply to a workload (namespace + global + its listed keys; unknown keys skipped).
@@ -204,10 +163,7 @@ impl State {
             .into_iter()
             .filter_map(|ns| self.policies_by_namespace.get(ns))
             .flatten();
-        let listed = w
-            .authorization_policies
-            .iter()
-            .filter_map(|k| self.policies.get(k.as_str()));
+        let listed = w.authorization_policies.iter().filter_map(|k| self.policies.get(k.as_str()));
         for p in scoped.chain(listed) {
             if !out.iter().any(|q| Arc::ptr_eq(p, q)) {
                 out.push(p.clone());
@@ -218,52 +174,32 @@ impl State {
 
     /// Service by namespace and hostname.
     pub fn service_by_name(&self, namespace: &str, hostname: &str) -> Option<Arc<Service>> {
-        self.services_by_hostname
-            .get(hostname)?
-            .iter()
-            .find(|s| s.namespace == namespace)
-            .cloned()
+        self.services_by_hostname.get(hostname)?.iter().find(|s| s.namespace == namespace).cloned()
     }
 
     /// Best service with `hostname`, preferring `namespace`, then canonical, then the first.
     pub fn service_by_hostname(&self, hostname: &str, namespace: &str) -> Option<Arc<Service>> {
-        best(self.services_by_hostname.get(hostname)?.iter(), |s| {
-            (s.namespace == namespace, s.canonical)
-        })
-        .cloned()
+        best(self.services_by_hostname.get(hostname)?.iter(), |s| (s.namespace == namespace, s.canonical))
+            .cloned()
     }
 
     /// Service whose VIP is `(network, ip)` as seen by a client in `client_namespace`: exact VIPs
     /// first (visible ones; same namespace, then canonical, then first), then CIDR VIPs (same
     /// namespace, longest prefix, canonical).
-    pub fn service_by_vip(
-        &self,
-        network: &str,
-        ip: IpAddr,
-        client_namespace: &str,
-    ) -> Option<Arc<Service>> {
+    pub fn service_by_vip(&self, network: &str, ip: IpAddr, client_namespace: &str) -> Option<Arc<Service>> {
         self.lookup_vip(network, ip, Some(client_namespace))
     }
 
     /// VIP lookup; `client_namespace` = `None` ignores visibility and namespace preference
     /// (used for waypoint and gateway references, which are infrastructure).
-    fn lookup_vip(
-        &self,
-        network: &str,
-        ip: IpAddr,
-        client_namespace: Option<&str>,
-    ) -> Option<Arc<Service>> {
+    fn lookup_vip(&self, network: &str, ip: IpAddr, client_namespace: Option<&str>) -> Option<Arc<Service>> {
         let visible = |s: &Service| client_namespace.is_none_or(|ns| s.visible_to(ns));
         let same_ns = |s: &Service| client_namespace == Some(s.namespace.as_str());
         let exact = self
             .services_by_vip
             .get(network)
             .and_then(|m| m.get(&ip))
-            .and_then(|list| {
-                best(list.iter().filter(|s| visible(s)), |s| {
-                    (same_ns(s), s.canonical)
-                })
-            });
+            .and_then(|list| best(list.iter().filter(|s| visible(s)), |s| (same_ns(s), s.canonical)));
         if let Some(s) = exact {
             return Some(s.clone());
         }
@@ -294,10 +230,7 @@ impl State {
     /// Whether two snapshots hold the same policy set (by key and content).
     pub fn same_policies(&self, other: &State) -> bool {
         self.policies.len() == other.policies.len()
-            && self
-                .policies
-                .iter()
-                .all(|(k, p)| other.policies.get(k).is_some_and(|q| q == p))
+            && self.policies.iter().all(|(k, p)| other.policies.get(k).is_some_and(|q| q == p))
     }
 
     /// JSON for /config_dump: workloads sorted by uid, services sorted by hostname, policies sorted by key (camelCase, as §7.3).
@@ -305,11 +238,8 @@ impl State {
         let mut workloads: Vec<&Workload> = self.workloads.values().map(|w| &**w).collect();
         workloads.sort_by(|a, b| a.uid.cmp(&b.uid));
         let services: Vec<&Service> = self.services.iter().map(|s| &**s).collect();
-        let mut policies: Vec<(String, &Authorization)> = self
-            .policies
-            .iter()
-            .map(|(k, p)| (k.clone(), &**p))
-            .collect();
+        let mut policies: Vec<(String, &Authorization)> =
+            self.policies.iter().map(|(k, p)| (k.clone(), &**p)).collect();
         policies.sort_by(|a, b| a.0.cmp(&b.0));
         let policies: Vec<&Authorization> = policies.into_iter().map(|(_, p)| p).collect();
         serde_json::json!({
@@ -334,10 +264,7 @@ impl State {
             }
         }
         if !w.hostname.is_empty() {
-            self.workloads_by_hostname
-                .entry(w.hostname.clone())
-                .or_default()
-                .push(w.clone());
+            self.workloads_by_hostname.entry(w.hostname.clone()).or_default().push(w.clone());
         }
         if node_name.is_none_or(|n| n == w.node) {
             self.local_identities
@@ -355,36 +282,22 @@ impl State {
             list.retain(|s| s.namespace != svc.namespace);
             list.push(svc.clone());
         };
-        same_ns(
-            self.services_by_hostname
-                .entry(svc.hostname.clone())
-                .or_default(),
-            &svc,
-        );
+        same_ns(self.services_by_hostname.entry(svc.hostname.clone()).or_default(), &svc);
         for vip in &svc.vips {
             same_ns(
-                self.services_by_vip
-                    .entry(vip.network.clone())
-                    .or_default()
-                    .entry(vip.address)
-                    .or_default(),
+                self.services_by_vip.entry(vip.network.clone()).or_default().entry(vip.address).or_default(),
                 &svc,
             );
         }
         for c in &svc.cidr_vips {
-            self.services_by_cidr
-                .push((c.network.clone(), c.cidr, svc.clone()));
+            self.services_by_cidr.push((c.network.clone(), c.cidr, svc.clone()));
         }
         self.services.push(svc);
     }
 
     /// A workload whose hostname and namespace match (for hostname gateways without a service).
     fn workload_by_hostname(&self, namespace: &str, hostname: &str) -> Option<Arc<Workload>> {
-        self.workloads_by_hostname
-            .get(hostname)?
-            .iter()
-            .find(|w| w.namespace == namespace)
-            .cloned()
+        self.workloads_by_hostname.get(hostname)?.iter().find(|w| w.namespace == namespace).cloned()
     }
 }
 

@@ -364,11 +364,7 @@ impl Workload {
     /// The workload's SPIFFE identity (empty trust domain / service account fall back to
     /// `cluster.local` / `default`, which local config may leave unset).
     pub fn identity(&self) -> Identity {
-        Identity::new(
-            self.effective_trust_domain(),
-            &self.namespace,
-            self.effective_service_account(),
-        )
+        Identity::new(self.effective_trust_domain(), &self.namespace, self.effective_service_account())
     }
 
     /// The trust domain, `cluster.local` when unset.
@@ -388,9 +384,7 @@ impl Workload {
 
     /// Application tunnel port override, if any.
     pub fn app_tunnel_port(&self) -> Option<u16> {
-        self.application_tunnel
-            .and_then(|t| t.port)
-            .filter(|p| *p != 0)
+        self.application_tunnel.and_then(|t| t.port).filter(|p| *p != 0)
     }
 }
 
@@ -402,9 +396,7 @@ impl Service {
 
     /// Whether load balancing is disabled (connect to the original destination).
     pub fn is_passthrough(&self) -> bool {
-        self.load_balancer
-            .as_ref()
-            .is_some_and(|lb| lb.mode == LoadBalancerMode::Passthrough)
+        self.load_balancer.as_ref().is_some_and(|lb| lb.mode == LoadBalancerMode::Passthrough)
     }
 
     /// Whether a client in `namespace` may route to this service.
@@ -426,9 +418,7 @@ impl Service {
 
     /// Whether unhealthy endpoints are kept.
     pub fn allows_unhealthy(&self) -> bool {
-        self.load_balancer
-            .as_ref()
-            .is_some_and(|lb| lb.health_policy == HealthPolicy::AllowAll)
+        self.load_balancer.as_ref().is_some_and(|lb| lb.health_policy == HealthPolicy::AllowAll)
     }
 }
 
@@ -471,16 +461,11 @@ impl FromStr for NetworkAddress {
     type Err = AddressParseError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let err = || AddressParseError {
-            value: s.to_owned(),
-            expected: "\"<network>/<ip>\" (e.g. \"/10.0.0.1\")",
-        };
+        let err =
+            || AddressParseError { value: s.to_owned(), expected: "\"<network>/<ip>\" (e.g. \"/10.0.0.1\")" };
         let (network, ip) = s.split_once('/').ok_or_else(err)?;
         let address = ip.parse().map_err(|_| err())?;
-        Ok(NetworkAddress {
-            network: network.to_owned(),
-            address,
-        })
+        Ok(NetworkAddress { network: network.to_owned(), address })
     }
 }
 
@@ -490,15 +475,9 @@ impl FromStr for NamespacedHostname {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.split_once('/') {
             Some((namespace, hostname)) if !hostname.is_empty() && !hostname.contains('/') => {
-                Ok(NamespacedHostname {
-                    namespace: namespace.to_owned(),
-                    hostname: hostname.to_owned(),
-                })
+                Ok(NamespacedHostname { namespace: namespace.to_owned(), hostname: hostname.to_owned() })
             }
-            _ => Err(AddressParseError {
-                value: s.to_owned(),
-                expected: "\"<namespace>/<hostname>\"",
-            }),
+            _ => Err(AddressParseError { value: s.to_owned(), expected: "\"<namespace>/<hostname>\"" }),
         }
     }
 }

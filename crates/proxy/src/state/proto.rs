@@ -8,9 +8,9 @@ use ipnet::IpNet;
 
 use super::model::{
     AppTunnelProtocol, ApplicationTunnel, CidrVip, DEFAULT_CLUSTER_ID, DEFAULT_SERVICE_ACCOUNT,
-    DEFAULT_TRUST_DOMAIN, Destination, GatewayAddress, HBONE_PORT, HealthPolicy, HealthStatus,
-    IpFamily, LoadBalancer, LoadBalancerMode, LoadBalancerScope, Locality, NamespacedHostname,
-    NetworkAddress, NetworkMode, Protocol, Service, Visibility, WeightedWaypoint, Workload,
+    DEFAULT_TRUST_DOMAIN, Destination, GatewayAddress, HBONE_PORT, HealthPolicy, HealthStatus, IpFamily,
+    LoadBalancer, LoadBalancerMode, LoadBalancerScope, Locality, NamespacedHostname, NetworkAddress,
+    NetworkMode, Protocol, Service, Visibility, WeightedWaypoint, Workload,
 };
 
 /// A converted `istio.workload.Address` resource.
@@ -49,9 +49,7 @@ pub enum ProtoError {
         len: u32,
     },
     /// `LEGACY_ISTIO_MTLS` tunnel protocol.
-    #[error(
-        "workload {uid:?}: tunnel protocol LEGACY_ISTIO_MTLS is not supported; use HBONE or NONE"
-    )]
+    #[error("workload {uid:?}: tunnel protocol LEGACY_ISTIO_MTLS is not supported; use HBONE or NONE")]
     LegacyIstioMtls {
         /// The workload.
         uid: String,
@@ -152,29 +150,16 @@ impl TryFrom<pb::Workload> for Workload {
                     Err(_) => return Err(unknown("ApplicationTunnel.protocol", t.protocol)),
                 };
                 let port = port16("ApplicationTunnel.port", t.port)?;
-                Ok(ApplicationTunnel {
-                    protocol,
-                    port: (port != 0).then_some(port),
-                })
+                Ok(ApplicationTunnel { protocol, port: (port != 0).then_some(port) })
             })
             .transpose()?;
         let locality = w
             .locality
-            .map(|l| Locality {
-                region: l.region,
-                zone: l.zone,
-                subzone: l.subzone,
-            })
+            .map(|l| Locality { region: l.region, zone: l.zone, subzone: l.subzone })
             .unwrap_or_default();
         Ok(Workload {
-            waypoint: w
-                .waypoint
-                .map(|g| gateway("Workload.waypoint", g))
-                .transpose()?,
-            network_gateway: w
-                .network_gateway
-                .map(|g| gateway("Workload.network_gateway", g))
-                .transpose()?,
+            waypoint: w.waypoint.map(|g| gateway("Workload.waypoint", g)).transpose()?,
+            network_gateway: w.network_gateway.map(|g| gateway("Workload.network_gateway", g)).transpose()?,
             uid: w.uid,
             name: w.name,
             namespace: w.namespace,
@@ -214,28 +199,15 @@ impl TryFrom<pb::Service> for Service {
             match a.length {
                 Some(len) if len != full => {
                     let prefix = u8::try_from(len).ok().filter(|l| u32::from(*l) <= full);
-                    let cidr = prefix.and_then(|p| IpNet::new(address, p).ok()).ok_or(
-                        ProtoError::PrefixLength {
-                            field: "Service.addresses",
-                            address,
-                            len,
-                        },
-                    )?;
-                    cidr_vips.push(CidrVip {
-                        network: a.network,
-                        cidr,
-                    });
+                    let cidr = prefix
+                        .and_then(|p| IpNet::new(address, p).ok())
+                        .ok_or(ProtoError::PrefixLength { field: "Service.addresses", address, len })?;
+                    cidr_vips.push(CidrVip { network: a.network, cidr });
                 }
-                _ => vips.push(NetworkAddress {
-                    network: a.network,
-                    address,
-                }),
+                _ => vips.push(NetworkAddress { network: a.network, address }),
             }
         }
-        let load_balancer = s
-            .load_balancing
-            .map(|lb| load_balancer(&s.hostname, lb))
-            .transpose()?;
+        let load_balancer = s.load_balancing.map(|lb| load_balancer(&s.hostname, lb)).transpose()?;
         let ip_families = match pb::IpFamilies::try_from(s.ip_families) {
             Ok(pb::IpFamilies::Automatic) => None,
             Ok(pb::IpFamilies::Ipv4Only) => Some(IpFamily::IPv4),
@@ -252,9 +224,9 @@ impl TryFrom<pb::Service> for Service {
             .weighted_waypoints
             .into_iter()
             .map(|w| {
-                let g = w.destination.ok_or(ProtoError::GatewayWithoutDestination {
-                    field: "Service.weighted_waypoints",
-                })?;
+                let g = w
+                    .destination
+                    .ok_or(ProtoError::GatewayWithoutDestination { field: "Service.weighted_waypoints" })?;
                 Ok(WeightedWaypoint {
                     destination: gateway("Service.weighted_waypoints", g)?,
                     weight: w.weight,
@@ -263,10 +235,7 @@ impl TryFrom<pb::Service> for Service {
             .collect::<Result<Vec<_>, ProtoError>>()?;
         Ok(Service {
             ports: port_map("Service.ports", &s.ports)?,
-            waypoint: s
-                .waypoint
-                .map(|g| gateway("Service.waypoint", g))
-                .transpose()?,
+            waypoint: s.waypoint.map(|g| gateway("Service.waypoint", g)).transpose()?,
             name: s.name,
             namespace: s.namespace,
             hostname: s.hostname,
@@ -295,9 +264,7 @@ fn load_balancer(hostname: &str, lb: pb::LoadBalancing) -> Result<LoadBalancer, 
             Ok(S::Node) => Ok(LoadBalancerScope::Node),
             Ok(S::Cluster) => Ok(LoadBalancerScope::Cluster),
             Ok(S::Network) => Ok(LoadBalancerScope::Network),
-            Ok(S::UnspecifiedScope) => Err(ProtoError::UnspecifiedScope {
-                hostname: hostname.to_owned(),
-            }),
+            Ok(S::UnspecifiedScope) => Err(ProtoError::UnspecifiedScope { hostname: hostname.to_owned() }),
             Err(_) => Err(unknown("LoadBalancing.routing_preference", *v)),
         })
         .collect::<Result<Vec<_>, _>>()?;
@@ -313,26 +280,17 @@ fn load_balancer(hostname: &str, lb: pb::LoadBalancing) -> Result<LoadBalancer, 
         Ok(H::AllowAll) => HealthPolicy::AllowAll,
         Err(_) => return Err(unknown("LoadBalancing.health_policy", lb.health_policy)),
     };
-    Ok(LoadBalancer {
-        routing_preferences,
-        mode,
-        health_policy,
-    })
+    Ok(LoadBalancer { routing_preferences, mode, health_policy })
 }
 
 fn gateway(field: &'static str, g: pb::GatewayAddress) -> Result<GatewayAddress, ProtoError> {
     let destination = match g.destination {
-        Some(pb::gateway_address::Destination::Address(a)) => {
-            Destination::Address(NetworkAddress {
-                address: ip_from_bytes(field, &a.address)?,
-                network: a.network,
-            })
-        }
+        Some(pb::gateway_address::Destination::Address(a)) => Destination::Address(NetworkAddress {
+            address: ip_from_bytes(field, &a.address)?,
+            network: a.network,
+        }),
         Some(pb::gateway_address::Destination::Hostname(h)) => {
-            Destination::Hostname(NamespacedHostname {
-                namespace: h.namespace,
-                hostname: h.hostname,
-            })
+            Destination::Hostname(NamespacedHostname { namespace: h.namespace, hostname: h.hostname })
         }
         None => return Err(ProtoError::GatewayWithoutDestination { field }),
     };
@@ -341,22 +299,11 @@ fn gateway(field: &'static str, g: pb::GatewayAddress) -> Result<GatewayAddress,
         0 => HBONE_PORT,
         p => p,
     };
-    Ok(GatewayAddress {
-        destination,
-        hbone_mtls_port: port,
-    })
+    Ok(GatewayAddress { destination, hbone_mtls_port: port })
 }
 
 fn port_map(field: &'static str, ports: &[pb::Port]) -> Result<BTreeMap<u16, u16>, ProtoError> {
-    ports
-        .iter()
-        .map(|p| {
-            Ok((
-                port16(field, p.service_port)?,
-                port16(field, p.target_port)?,
-            ))
-        })
-        .collect()
+    ports.iter().map(|p| Ok((port16(field, p.service_port)?, port16(field, p.target_port)?))).collect()
 }
 
 fn port16(field: &'static str, value: u32) -> Result<u16, ProtoError> {
@@ -370,10 +317,7 @@ pub(crate) fn ip_from_bytes(field: &'static str, b: &[u8]) -> Result<IpAddr, Pro
     } else if let Ok(v6) = <[u8; 16]>::try_from(b) {
         Ok(IpAddr::V6(Ipv6Addr::from(v6)))
     } else {
-        Err(ProtoError::AddressLength {
-            field,
-            len: b.len(),
-        })
+        Err(ProtoError::AddressLength { field, len: b.len() })
     }
 }
 

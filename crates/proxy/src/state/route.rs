@@ -9,8 +9,8 @@ use rand::Rng;
 
 use super::State;
 use super::model::{
-    Destination, GatewayAddress, HBONE_PORT, LoadBalancer, LoadBalancerMode, LoadBalancerScope,
-    Protocol, Service, Workload,
+    Destination, GatewayAddress, HBONE_PORT, LoadBalancer, LoadBalancerMode, LoadBalancerScope, Protocol,
+    Service, Workload,
 };
 
 /// Where and how to send an outbound connection.
@@ -64,9 +64,7 @@ pub enum RouteError {
     )]
     DoubleHboneUnsupported,
     /// The upstream is on another network and has no gateway.
-    #[error(
-        "workload {0} is on network {1:?}, different from the source's, and has no network gateway"
-    )]
+    #[error("workload {0} is on network {1:?}, different from the source's, and has no network gateway")]
     WrongNetwork(String, String),
     /// The workload has no address usable for this connection.
     #[error("no valid destination address for workload {0}")]
@@ -112,11 +110,7 @@ impl State {
         {
             let hop = self.resolve_waypoint(gw, source, dst_ip)?;
             return Ok(Route {
-                kind: RouteKind::Hbone {
-                    target: hop.target,
-                    authority: orig_dst,
-                    expected: hop.expected,
-                },
+                kind: RouteKind::Hbone { target: hop.target, authority: orig_dst, expected: hop.expected },
                 destination_workload: Some(hop.workload),
                 destination_service: Some(svc.clone()),
             });
@@ -125,9 +119,7 @@ impl State {
         let upstream = match &service {
             Some(svc) if svc.is_passthrough() => None,
             Some(svc) => self.pick_endpoint(svc, source, orig_dst.port(), PortMode::Direct),
-            None => self
-                .workload_by_addr(network, dst_ip)
-                .map(|w| (w, orig_dst.port())),
+            None => self.workload_by_addr(network, dst_ip).map(|w| (w, orig_dst.port())),
         };
         let Some((workload, port)) = upstream else {
             return match &service {
@@ -152,11 +144,7 @@ impl State {
         {
             let hop = self.resolve_waypoint(gw, source, dst_ip)?;
             return Ok(Route {
-                kind: RouteKind::Hbone {
-                    target: hop.target,
-                    authority: orig_dst,
-                    expected: hop.expected,
-                },
+                kind: RouteKind::Hbone { target: hop.target, authority: orig_dst, expected: hop.expected },
                 destination_workload: Some(hop.workload),
                 destination_service: None,
             });
@@ -169,15 +157,9 @@ impl State {
                 authority: SocketAddr::new(ip, port),
                 expected: identities(&workload, service.as_deref()),
             },
-            Protocol::Tcp => RouteKind::Tcp {
-                target: SocketAddr::new(ip, port),
-            },
+            Protocol::Tcp => RouteKind::Tcp { target: SocketAddr::new(ip, port) },
         };
-        Ok(Route {
-            kind,
-            destination_workload: Some(workload),
-            destination_service: service,
-        })
+        Ok(Route { kind, destination_workload: Some(workload), destination_service: service })
     }
 
     /// Resolves a waypoint reference (§4.4) to a next hop on the source's network.
@@ -195,9 +177,7 @@ impl State {
                     self.waypoint_endpoint(&svc, source, port, na.address, &unknown)?
                 } else {
                     // An address-form waypoint keeps the address (and so the family) it names.
-                    let w = self
-                        .workload_by_addr(&na.network, na.address)
-                        .ok_or_else(unknown)?;
+                    let w = self.workload_by_addr(&na.network, na.address).ok_or_else(unknown)?;
                     (w, Some((na.address, port)), None)
                 }
             }
@@ -205,9 +185,7 @@ impl State {
                 if let Some(svc) = self.service_by_name(&nh.namespace, &nh.hostname) {
                     self.waypoint_endpoint(&svc, source, port, family_hint, &unknown)?
                 } else {
-                    let w = self
-                        .workload_by_hostname(&nh.namespace, &nh.hostname)
-                        .ok_or_else(unknown)?;
+                    let w = self.workload_by_hostname(&nh.namespace, &nh.hostname).ok_or_else(unknown)?;
                     (w, None, None)
                 }
             }
@@ -219,11 +197,7 @@ impl State {
             Some((ip, port)) => SocketAddr::new(ip, port),
             None => SocketAddr::new(upstream_ip(&workload, family_hint, svc.as_deref())?, port),
         };
-        Ok(Hop {
-            expected: identities(&workload, svc.as_deref()),
-            workload,
-            target,
-        })
+        Ok(Hop { expected: identities(&workload, svc.as_deref()), workload, target })
     }
 
     /// Load-balances over a waypoint service's endpoints on its HBONE port.
@@ -236,9 +210,8 @@ impl State {
         family_hint: IpAddr,
         unknown: &dyn Fn() -> RouteError,
     ) -> Result<(Arc<Workload>, Option<(IpAddr, u16)>, Option<Arc<Service>>), RouteError> {
-        let (w, target_port) = self
-            .pick_endpoint(svc, source, port, PortMode::Waypoint)
-            .ok_or_else(unknown)?;
+        let (w, target_port) =
+            self.pick_endpoint(svc, source, port, PortMode::Waypoint).ok_or_else(unknown)?;
         let ip = if w.network == source.network {
             Some((upstream_ip(&w, family_hint, Some(svc))?, target_port))
         } else {
@@ -293,29 +266,19 @@ impl State {
     /// Whether `source` is the waypoint `gw` (same identity and a shared address).
     fn is_from_waypoint(&self, source: &Workload, gw: &GatewayAddress) -> bool {
         let is_source = |w: &Workload| {
-            same_identity(w, source)
-                && w.workload_ips
-                    .iter()
-                    .any(|ip| source.workload_ips.contains(ip))
+            same_identity(w, source) && w.workload_ips.iter().any(|ip| source.workload_ips.contains(ip))
         };
         let svc_has_source = |svc: &Service| {
-            svc.endpoints
-                .keys()
-                .filter_map(|uid| self.workloads.get(uid))
-                .any(|w| is_source(w))
+            svc.endpoints.keys().filter_map(|uid| self.workloads.get(uid)).any(|w| is_source(w))
         };
         match &gw.destination {
             Destination::Address(na) => match self.lookup_vip(&na.network, na.address, None) {
                 Some(svc) => svc_has_source(&svc),
-                None => self
-                    .workload_by_addr(&na.network, na.address)
-                    .is_some_and(|w| is_source(&w)),
+                None => self.workload_by_addr(&na.network, na.address).is_some_and(|w| is_source(&w)),
             },
             Destination::Hostname(nh) => match self.service_by_name(&nh.namespace, &nh.hostname) {
                 Some(svc) => svc_has_source(&svc),
-                None => self
-                    .workload_by_hostname(&nh.namespace, &nh.hostname)
-                    .is_some_and(|w| is_source(&w)),
+                None => self.workload_by_hostname(&nh.namespace, &nh.hostname).is_some_and(|w| is_source(&w)),
             },
         }
     }
@@ -324,11 +287,7 @@ impl State {
 /// The service waypoint for this connection: a weighted sample of `weighted_waypoints`, else
 /// `waypoint`.
 fn pick_service_waypoint(svc: &Service) -> Option<&GatewayAddress> {
-    let total: u64 = svc
-        .weighted_waypoints
-        .iter()
-        .map(|w| u64::from(w.weight))
-        .sum();
+    let total: u64 = svc.weighted_waypoints.iter().map(|w| u64::from(w.weight)).sum();
     if total == 0 {
         return svc.waypoint.as_ref();
     }
@@ -354,14 +313,7 @@ fn reachable(w: &Workload, source: &Workload, svc: &Service) -> bool {
 /// Locality rank of `w` for `source` (§4.5); `None` drops the endpoint (STRICT mismatch).
 fn rank(lb: Option<&LoadBalancer>, source: &Workload, w: &Workload) -> Option<usize> {
     let lb = match lb {
-        Some(lb)
-            if matches!(
-                lb.mode,
-                LoadBalancerMode::Strict | LoadBalancerMode::Failover
-            ) =>
-        {
-            lb
-        }
+        Some(lb) if matches!(lb.mode, LoadBalancerMode::Strict | LoadBalancerMode::Failover) => lb,
         _ => return Some(0),
     };
     let prefs = &lb.routing_preferences;
@@ -422,25 +374,14 @@ fn upstream_ip(w: &Workload, dst: IpAddr, svc: Option<&Service>) -> Result<IpAdd
     if w.workload_ips.contains(&dst) {
         return Ok(dst);
     }
-    let allowed = || {
-        w.workload_ips
-            .iter()
-            .copied()
-            .filter(|ip| svc.is_none_or(|s| s.allows_family(*ip)))
-    };
-    if let Some(ip) = allowed()
-        .find(|ip| ip.is_ipv4() == dst.is_ipv4())
-        .or_else(|| allowed().next())
-    {
+    let allowed = || w.workload_ips.iter().copied().filter(|ip| svc.is_none_or(|s| s.allows_family(*ip)));
+    if let Some(ip) = allowed().find(|ip| ip.is_ipv4() == dst.is_ipv4()).or_else(|| allowed().next()) {
         return Ok(ip);
     }
     if w.hostname.is_empty() {
         Err(RouteError::NoValidDestination(w.uid.clone()))
     } else {
-        Err(RouteError::HostnameOnlyWorkload(
-            w.uid.clone(),
-            w.hostname.clone(),
-        ))
+        Err(RouteError::HostnameOnlyWorkload(w.uid.clone(), w.hostname.clone()))
     }
 }
 

@@ -46,9 +46,7 @@ impl StateStore {
         let policies_changed = !old.same_policies(&new);
         self.inner.changes.send_modify(|v| *v = v.wrapping_add(1));
         if policies_changed {
-            self.inner
-                .policy_changes
-                .send_modify(|v| *v = v.wrapping_add(1));
+            self.inner.policy_changes.send_modify(|v| *v = v.wrapping_add(1));
         }
     }
 
@@ -65,9 +63,7 @@ impl StateStore {
 
 impl std::fmt::Debug for StateStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StateStore")
-            .field("version", &*self.inner.changes.borrow())
-            .finish()
+        f.debug_struct("StateStore").field("version", &*self.inner.changes.borrow()).finish()
     }
 }
 
@@ -106,11 +102,7 @@ pub async fn watch_local_file(
         let settled = mtime
             .and_then(|m| SystemTime::now().duration_since(m).ok())
             .is_some_and(|age| age > MTIME_GRANULARITY);
-        if settled
-            && seen
-                .as_ref()
-                .is_some_and(|s| s.mtime == mtime && s.len == len)
-        {
+        if settled && seen.as_ref().is_some_and(|s| s.mtime == mtime && s.len == len) {
             continue;
         }
         let text = match tokio::fs::read_to_string(&path).await {
@@ -121,11 +113,7 @@ pub async fn watch_local_file(
                 continue;
             }
         };
-        let fp = Fingerprint {
-            mtime,
-            len,
-            hash: hash(&text),
-        };
+        let fp = Fingerprint { mtime, len, hash: hash(&text) };
         let unchanged = seen.as_ref().is_some_and(|s| s.hash == fp.hash);
         seen = Some(fp);
         if unchanged {
@@ -165,11 +153,7 @@ impl Fingerprint {
     async fn read(path: &std::path::Path) -> std::io::Result<Self> {
         let meta = tokio::fs::metadata(path).await?;
         let text = tokio::fs::read_to_string(path).await?;
-        Ok(Fingerprint {
-            mtime: meta.modified().ok(),
-            len: meta.len(),
-            hash: hash(&text),
-        })
+        Ok(Fingerprint { mtime: meta.modified().ok(), len: meta.len(), hash: hash(&text) })
     }
 }
 

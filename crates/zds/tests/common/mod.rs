@@ -48,11 +48,7 @@ pub fn regular_fd() -> (tempfile::NamedTempFile, OwnedFd) {
 }
 
 pub fn info(name: &str) -> WorkloadInfo {
-    WorkloadInfo {
-        name: name.into(),
-        namespace: "ns".into(),
-        service_account: "sa".into(),
-    }
+    WorkloadInfo { name: name.into(), namespace: "ns".into(), service_account: "sa".into() }
 }
 
 #[repr(C, align(16))]
@@ -62,10 +58,7 @@ struct Control([u8; 256]);
 pub async fn raw_recv(socket: &UnixSeqpacket) -> (Vec<u8>, usize) {
     let mut buf = [0u8; 4 * MAX_MESSAGE];
     let mut control = Control([0; 256]);
-    let (info, ancillary) = socket
-        .recv_with_ancillary(&mut buf, &mut control.0)
-        .await
-        .unwrap();
+    let (info, ancillary) = socket.recv_with_ancillary(&mut buf, &mut control.0).await.unwrap();
     assert!(!info.truncated() && !info.ancillary_truncated());
     let mut fds = 0;
     for message in ancillary.into_messages() {

@@ -9,30 +9,22 @@ use super::ConvertError;
 use crate::authz::{Action, Authorization, Match, Scope, ServiceAccountMatch, StringMatch};
 
 fn sm(t: MatchType) -> proto::StringMatch {
-    proto::StringMatch {
-        match_type: Some(t),
-    }
+    proto::StringMatch { match_type: Some(t) }
 }
 
 fn addr(bytes: &[u8], length: u32) -> proto::Address {
-    proto::Address {
-        address: bytes.to_vec(),
-        length,
-    }
+    proto::Address { address: bytes.to_vec(), length }
 }
 
 fn net(s: &str) -> IpNet {
-    s.parse()
-        .unwrap_or_else(|e| panic!("bad test CIDR {s}: {e}"))
+    s.parse().unwrap_or_else(|e| panic!("bad test CIDR {s}: {e}"))
 }
 
 fn wrap(m: proto::Match) -> proto::Authorization {
     proto::Authorization {
         name: "p".into(),
         namespace: "ns".into(),
-        rules: vec![proto::Rule {
-            clauses: vec![proto::Clause { matches: vec![m] }],
-        }],
+        rules: vec![proto::Rule { clauses: vec![proto::Clause { matches: vec![m] }] }],
         ..Default::default()
     }
 }
@@ -114,22 +106,12 @@ fn full_policy_converts() {
 
 #[test]
 fn enum_values() {
-    for (scope, want) in [
-        (0, Scope::Global),
-        (1, Scope::Namespace),
-        (2, Scope::WorkloadSelector),
-    ] {
-        let p = proto::Authorization {
-            scope,
-            ..Default::default()
-        };
+    for (scope, want) in [(0, Scope::Global), (1, Scope::Namespace), (2, Scope::WorkloadSelector)] {
+        let p = proto::Authorization { scope, ..Default::default() };
         assert_eq!(Authorization::try_from(&p).map(|a| a.scope), Ok(want));
     }
     for (action, want) in [(0, Action::Allow), (1, Action::Deny)] {
-        let p = proto::Authorization {
-            action,
-            ..Default::default()
-        };
+        let p = proto::Authorization { action, ..Default::default() };
         assert_eq!(Authorization::try_from(&p).map(|a| a.action), Ok(want));
     }
 }
@@ -151,15 +133,9 @@ fn unknown_enums_are_rejected_with_the_policy_key() {
         })
     );
     let text = err.map(|e| e.to_string()).unwrap_or_default();
-    assert!(
-        text.starts_with("authorization policy ns/p: unknown action value 2"),
-        "{text}"
-    );
+    assert!(text.starts_with("authorization policy ns/p: unknown action value 2"), "{text}");
 
-    let p = proto::Authorization {
-        scope: -1,
-        ..Default::default()
-    };
+    let p = proto::Authorization { scope: -1, ..Default::default() };
     assert!(matches!(
         Authorization::try_from(&p),
         Err(ConvertError::InPolicy { error, .. }) if *error == ConvertError::UnknownScope(-1)
@@ -169,14 +145,8 @@ fn unknown_enums_are_rejected_with_the_policy_key() {
 #[test]
 fn ports_above_u16_are_rejected() {
     for m in [
-        proto::Match {
-            destination_ports: vec![80, 65536],
-            ..Default::default()
-        },
-        proto::Match {
-            not_destination_ports: vec![u32::MAX],
-            ..Default::default()
-        },
+        proto::Match { destination_ports: vec![80, 65536], ..Default::default() },
+        proto::Match { not_destination_ports: vec![u32::MAX], ..Default::default() },
     ] {
         let err = Authorization::try_from(&wrap(m)).err();
         let Some(ConvertError::InPolicy { policy, error }) = err else {
@@ -208,15 +178,9 @@ fn invalid_addresses_are_dropped() {
     };
     let a = Authorization::try_from(&wrap(m)).unwrap_or_else(|e| panic!("{e}"));
     let got = only_match(&a);
-    assert_eq!(
-        got.source_ips,
-        vec![net("10.0.0.1/32"), net("192.168.0.0/0")]
-    );
+    assert_eq!(got.source_ips, vec![net("10.0.0.1/32"), net("192.168.0.0/0")]);
     assert!(got.not_source_ips.is_empty());
-    assert_eq!(
-        got.destination_ips,
-        vec![net("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff/64")]
-    );
+    assert_eq!(got.destination_ips, vec![net("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff/64")]);
     assert!(got.not_destination_ips.is_empty());
 }
 
@@ -232,20 +196,14 @@ fn string_match_without_type_is_dropped() {
     };
     let a = Authorization::try_from(&wrap(m)).unwrap_or_else(|e| panic!("{e}"));
     let got = only_match(&a);
-    assert_eq!(
-        got.principals,
-        vec![StringMatch::Exact("cluster.local/ns/a/sa/b".into())]
-    );
+    assert_eq!(got.principals, vec![StringMatch::Exact("cluster.local/ns/a/sa/b".into())]);
     assert!(got.not_namespaces.is_empty());
 }
 
 /// A match whose only entries were dropped becomes empty, and an empty match never matches.
 #[test]
 fn match_emptied_by_dropping_never_matches() {
-    let m = proto::Match {
-        source_ips: vec![addr(&[1, 2, 3], 8)],
-        ..Default::default()
-    };
+    let m = proto::Match { source_ips: vec![addr(&[1, 2, 3], 8)], ..Default::default() };
     let a = Authorization::try_from(&wrap(m)).unwrap_or_else(|e| panic!("{e}"));
     assert!(only_match(&a).is_empty());
 }
@@ -276,12 +234,8 @@ fn arb_address() -> impl Strategy<Value = proto::Address> {
 }
 
 fn arb_sa() -> impl Strategy<Value = proto::ServiceAccountMatch> {
-    ("[a-z]{0,3}", "[a-z]{0,3}").prop_map(|(namespace, service_account)| {
-        proto::ServiceAccountMatch {
-            namespace,
-            service_account,
-        }
-    })
+    ("[a-z]{0,3}", "[a-z]{0,3}")
+        .prop_map(|(namespace, service_account)| proto::ServiceAccountMatch { namespace, service_account })
 }
 
 fn arb_match() -> impl Strategy<Value = proto::Match> {
@@ -305,32 +259,27 @@ fn arb_match() -> impl Strategy<Value = proto::Match> {
             ports(),
         ),
     )
-        .prop_map(
-            |((ns, nns, sas, nsas, pr, npr), (sip, nsip, dip, ndip, dp, ndp))| proto::Match {
-                namespaces: ns,
-                not_namespaces: nns,
-                service_accounts: sas,
-                not_service_accounts: nsas,
-                principals: pr,
-                not_principals: npr,
-                source_ips: sip,
-                not_source_ips: nsip,
-                destination_ips: dip,
-                not_destination_ips: ndip,
-                destination_ports: dp,
-                not_destination_ports: ndp,
-                extensions: vec![],
-            },
-        )
+        .prop_map(|((ns, nns, sas, nsas, pr, npr), (sip, nsip, dip, ndip, dp, ndp))| proto::Match {
+            namespaces: ns,
+            not_namespaces: nns,
+            service_accounts: sas,
+            not_service_accounts: nsas,
+            principals: pr,
+            not_principals: npr,
+            source_ips: sip,
+            not_source_ips: nsip,
+            destination_ips: dip,
+            not_destination_ips: ndip,
+            destination_ports: dp,
+            not_destination_ports: ndp,
+            extensions: vec![],
+        })
 }
 
 fn arb_authorization() -> impl Strategy<Value = proto::Authorization> {
     use prop::collection::vec;
-    let rule = vec(
-        vec(arb_match(), 0..3).prop_map(|matches| proto::Clause { matches }),
-        0..3,
-    )
-    .prop_map(|clauses| proto::Rule { clauses });
+    let rule = vec(vec(arb_match(), 0..3).prop_map(|matches| proto::Clause { matches }), 0..3)
+        .prop_map(|clauses| proto::Rule { clauses });
     (
         "[a-z]{0,4}",
         "[a-z]{0,4}",
@@ -339,17 +288,15 @@ fn arb_authorization() -> impl Strategy<Value = proto::Authorization> {
         vec(rule, 0..3),
         any::<bool>(),
     )
-        .prop_map(
-            |(name, namespace, scope, action, rules, dry_run)| proto::Authorization {
-                name,
-                namespace,
-                scope,
-                action,
-                rules,
-                dry_run,
-                extensions: vec![],
-            },
-        )
+        .prop_map(|(name, namespace, scope, action, rules, dry_run)| proto::Authorization {
+            name,
+            namespace,
+            scope,
+            action,
+            rules,
+            dry_run,
+            extensions: vec![],
+        })
 }
 
 proptest! {

@@ -9,8 +9,7 @@ use ipnet::IpNet;
 
 use super::{evaluate, net_contains, policy_matches};
 use crate::authz::{
-    Action, Authorization, Connection, Decision, DenyReason, Match, Scope, ServiceAccountMatch,
-    StringMatch,
+    Action, Authorization, Connection, Decision, DenyReason, Match, Scope, ServiceAccountMatch, StringMatch,
 };
 
 // ---- helpers -------------------------------------------------------------------------------
@@ -23,8 +22,7 @@ fn ip(s: &str) -> IpAddr {
 }
 
 fn net(s: &str) -> IpNet {
-    s.parse()
-        .unwrap_or_else(|e| panic!("bad test CIDR {s}: {e}"))
+    s.parse().unwrap_or_else(|e| panic!("bad test CIDR {s}: {e}"))
 }
 
 fn ident(ns: &str, sa: &str) -> Identity {
@@ -43,12 +41,7 @@ fn mtls(ns: &str, sa: &str, port: u16) -> Connection {
 
 /// Plaintext connection from 10.0.0.1 to 10.0.0.2:port.
 fn plain(port: u16) -> Connection {
-    Connection {
-        src_ip: ip("10.0.0.1"),
-        src_identity: None,
-        dst_ip: ip("10.0.0.2"),
-        dst_port: port,
-    }
+    Connection { src_ip: ip("10.0.0.1"), src_identity: None, dst_ip: ip("10.0.0.2"), dst_port: port }
 }
 
 fn exact(s: &str) -> StringMatch {
@@ -64,10 +57,7 @@ fn suffix(s: &str) -> StringMatch {
 }
 
 fn sa(ns: &str, sa: &str) -> ServiceAccountMatch {
-    ServiceAccountMatch {
-        namespace: ns.into(),
-        service_account: sa.into(),
-    }
+    ServiceAccountMatch { namespace: ns.into(), service_account: sa.into() }
 }
 
 fn policy(name: &str, action: Action, rules: Rules) -> Authorization {
@@ -87,10 +77,7 @@ fn single(m: Match) -> Rules {
 }
 
 fn ports(p: &[u16]) -> Match {
-    Match {
-        destination_ports: p.to_vec(),
-        ..Match::default()
-    }
+    Match { destination_ports: p.to_vec(), ..Match::default() }
 }
 
 fn denied_by(key: &str) -> Decision {
@@ -103,16 +90,8 @@ const NOT_ALLOWED: Decision = Decision::Deny(DenyReason::NoAllowMatch);
 
 #[test]
 fn match_field_families() {
-    let mapped_src = Connection {
-        src_ip: ip("::ffff:10.0.0.1"),
-        dst_ip: ip("::ffff:10.0.0.2"),
-        ..plain(80)
-    };
-    let v6 = Connection {
-        src_ip: ip("2001:db8::1"),
-        dst_ip: ip("2001:db8::2"),
-        ..plain(80)
-    };
+    let mapped_src = Connection { src_ip: ip("::ffff:10.0.0.1"), dst_ip: ip("::ffff:10.0.0.2"), ..plain(80) };
+    let v6 = Connection { src_ip: ip("2001:db8::1"), dst_ip: ip("2001:db8::2"), ..plain(80) };
     let m = Match::default;
     #[rustfmt::skip]
     let table: Vec<(&str, Match, Connection, bool)> = vec![
@@ -243,10 +222,7 @@ fn evaluation_order() {
     let deny_hit = policy("deny-hit", Action::Deny, single(ports(&[80])));
     let deny_hit2 = policy("deny-hit2", Action::Deny, single(ports(&[80])));
     let deny_miss = policy("deny-miss", Action::Deny, single(ports(&[81])));
-    let dry = |p: &Authorization| Authorization {
-        dry_run: true,
-        ..p.clone()
-    };
+    let dry = |p: &Authorization| Authorization { dry_run: true, ..p.clone() };
     #[rustfmt::skip]
     let table: Vec<(&str, Vec<Authorization>, Decision)> = vec![
         ("no policies: default allow", vec![], Decision::Allow),
@@ -273,41 +249,25 @@ fn evaluation_order() {
 #[test]
 fn scope_does_not_matter_to_evaluate() {
     for scope in [Scope::Global, Scope::Namespace, Scope::WorkloadSelector] {
-        let p = Authorization {
-            scope,
-            ..policy("d", Action::Deny, single(ports(&[80])))
-        };
+        let p = Authorization { scope, ..policy("d", Action::Deny, single(ports(&[80]))) };
         assert_eq!(evaluate([&p], &plain(80)), denied_by("ns/d"), "{scope:?}");
     }
 }
 
 #[test]
 fn deny_reason_texts() {
-    assert_eq!(
-        DenyReason::ExplicitDeny("ns/name".into()).to_string(),
-        "explicitly denied by: ns/name"
-    );
-    assert_eq!(
-        DenyReason::NoAllowMatch.to_string(),
-        "allow policies exist, but none allowed"
-    );
+    assert_eq!(DenyReason::ExplicitDeny("ns/name".into()).to_string(), "explicitly denied by: ns/name");
+    assert_eq!(DenyReason::NoAllowMatch.to_string(), "allow policies exist, but none allowed");
 }
 
 #[test]
 fn dry_run_results_are_logged_at_debug() {
     let conn = mtls("a", "b", 80);
-    let dry_deny = Authorization {
-        dry_run: true,
-        ..policy("dry-deny", Action::Deny, single(ports(&[80])))
-    };
-    let dry_allow = Authorization {
-        dry_run: true,
-        ..policy("dry-allow", Action::Allow, single(ports(&[80])))
-    };
-    let dry_allow_miss = Authorization {
-        dry_run: true,
-        ..policy("dry-allow-miss", Action::Allow, single(ports(&[81])))
-    };
+    let dry_deny = Authorization { dry_run: true, ..policy("dry-deny", Action::Deny, single(ports(&[80]))) };
+    let dry_allow =
+        Authorization { dry_run: true, ..policy("dry-allow", Action::Allow, single(ports(&[80]))) };
+    let dry_allow_miss =
+        Authorization { dry_run: true, ..policy("dry-allow-miss", Action::Allow, single(ports(&[81]))) };
 
     let (d, logs) = with_debug_logs(|| evaluate([&dry_deny, &dry_allow], &conn));
     assert_eq!(d, Decision::Allow);
@@ -331,16 +291,10 @@ fn static_strict_policy() {
         namespace: "istio-system".into(),
         scope: Scope::WorkloadSelector,
         action: Action::Deny,
-        rules: single(Match {
-            not_principals: vec![StringMatch::Presence()],
-            ..Match::default()
-        }),
+        rules: single(Match { not_principals: vec![StringMatch::Presence()], ..Match::default() }),
         dry_run: false,
     };
-    assert_eq!(
-        evaluate([&strict], &plain(80)),
-        denied_by("istio-system/istio_converted_static_strict")
-    );
+    assert_eq!(evaluate([&strict], &plain(80)), denied_by("istio-system/istio_converted_static_strict"));
     assert_eq!(
         evaluate([&strict], &plain(80)).to_deny_text().as_deref(),
         Some("explicitly denied by: istio-system/istio_converted_static_strict")
@@ -356,25 +310,13 @@ fn converted_port_level_peer_authentication() {
         "converted_peer_authentication_pa",
         Action::Deny,
         vec![vec![
-            vec![Match {
-                not_principals: vec![StringMatch::Presence()],
-                ..Match::default()
-            }],
-            vec![Match {
-                not_destination_ports: vec![8080],
-                ..Match::default()
-            }],
+            vec![Match { not_principals: vec![StringMatch::Presence()], ..Match::default() }],
+            vec![Match { not_destination_ports: vec![8080], ..Match::default() }],
         ]],
     );
     assert_eq!(evaluate([&permissive_port], &plain(8080)), Decision::Allow);
-    assert!(matches!(
-        evaluate([&permissive_port], &plain(9090)),
-        Decision::Deny(_)
-    ));
-    assert_eq!(
-        evaluate([&permissive_port], &mtls("a", "b", 9090)),
-        Decision::Allow
-    );
+    assert!(matches!(evaluate([&permissive_port], &plain(9090)), Decision::Deny(_)));
+    assert_eq!(evaluate([&permissive_port], &mtls("a", "b", 9090)), Decision::Allow);
 
     // PERMISSIVE workload, port 9090 STRICT: one match with both fields.
     let strict_port = policy(
@@ -386,15 +328,9 @@ fn converted_port_level_peer_authentication() {
             ..Match::default()
         }),
     );
-    assert!(matches!(
-        evaluate([&strict_port], &plain(9090)),
-        Decision::Deny(_)
-    ));
+    assert!(matches!(evaluate([&strict_port], &plain(9090)), Decision::Deny(_)));
     assert_eq!(evaluate([&strict_port], &plain(8080)), Decision::Allow);
-    assert_eq!(
-        evaluate([&strict_port], &mtls("a", "b", 9090)),
-        Decision::Allow
-    );
+    assert_eq!(evaluate([&strict_port], &mtls("a", "b", 9090)), Decision::Allow);
 }
 
 /// §5.5: an AuthorizationPolicy with `spec: {}` denies everything; a rule `{}` allows all.
@@ -405,10 +341,7 @@ fn empty_policy_and_empty_rule() {
     assert_eq!(evaluate([&deny_all], &plain(80)), NOT_ALLOWED);
     let allow_all = policy("allow-all", Action::Allow, vec![vec![]]);
     assert_eq!(evaluate([&allow_all], &plain(80)), Decision::Allow);
-    assert_eq!(
-        evaluate([&deny_all, &allow_all], &plain(80)),
-        Decision::Allow
-    );
+    assert_eq!(evaluate([&deny_all, &allow_all], &plain(80)), Decision::Allow);
 }
 
 /// §5.5: `from`/`to` clauses and the `*`, `x*`, `*x` value patterns.
@@ -421,14 +354,8 @@ fn converted_authorization_policy() {
         vec![vec![
             vec![ports(&[80])],
             vec![
-                Match {
-                    principals: vec![prefix("cluster.local/ns/a/")],
-                    ..Match::default()
-                },
-                Match {
-                    namespaces: vec![exact("b")],
-                    ..Match::default()
-                },
+                Match { principals: vec![prefix("cluster.local/ns/a/")], ..Match::default() },
+                Match { namespaces: vec![exact("b")], ..Match::default() },
             ],
         ]],
     );
@@ -442,10 +369,7 @@ fn converted_authorization_policy() {
     let any_peer = policy(
         "any",
         Action::Allow,
-        single(Match {
-            principals: vec![StringMatch::Presence()],
-            ..Match::default()
-        }),
+        single(Match { principals: vec![StringMatch::Presence()], ..Match::default() }),
     );
     assert_eq!(evaluate([&any_peer], &mtls("z", "z", 1)), Decision::Allow);
     assert_eq!(evaluate([&any_peer], &plain(1)), NOT_ALLOWED);
@@ -455,20 +379,11 @@ fn converted_authorization_policy() {
         "deny-bad",
         Action::Deny,
         vec![vec![
-            vec![Match {
-                principals: vec![suffix("/sa/bad")],
-                ..Match::default()
-            }],
-            vec![Match {
-                source_ips: vec![net("10.0.0.0/8")],
-                ..Match::default()
-            }],
+            vec![Match { principals: vec![suffix("/sa/bad")], ..Match::default() }],
+            vec![Match { source_ips: vec![net("10.0.0.0/8")], ..Match::default() }],
         ]],
     );
-    assert_eq!(
-        evaluate([&d], &mtls("a", "bad", 80)),
-        denied_by("ns/deny-bad")
-    );
+    assert_eq!(evaluate([&d], &mtls("a", "bad", 80)), denied_by("ns/deny-bad"));
     assert_eq!(evaluate([&d], &mtls("a", "good", 80)), Decision::Allow);
 }
 
@@ -486,10 +401,7 @@ fn waypoint_allow_policy() {
         }),
         dry_run: false,
     };
-    assert_eq!(
-        evaluate([&p], &mtls("app", "waypoint", 80)),
-        Decision::Allow
-    );
+    assert_eq!(evaluate([&p], &mtls("app", "waypoint", 80)), Decision::Allow);
     assert_eq!(evaluate([&p], &mtls("app", "client", 80)), NOT_ALLOWED);
 }
 
@@ -501,10 +413,7 @@ fn localhost_example_policy() {
         namespace: "default".into(),
         scope: Scope::Namespace,
         action: Action::Allow,
-        rules: single(Match {
-            not_destination_ports: vec![9999],
-            ..Match::default()
-        }),
+        rules: single(Match { not_destination_ports: vec![9999], ..Match::default() }),
         dry_run: false,
     };
     assert_eq!(evaluate([&p], &plain(8080)), Decision::Allow);
@@ -536,10 +445,7 @@ pub(crate) fn with_debug_logs<T>(f: impl FnOnce() -> T) -> (T, String) {
         .with_writer(buf.clone())
         .finish();
     let out = tracing::subscriber::with_default(subscriber, f);
-    let text = buf
-        .0
-        .lock()
-        .map(|b| String::from_utf8_lossy(&b).into_owned());
+    let text = buf.0.lock().map(|b| String::from_utf8_lossy(&b).into_owned());
     (out, text.unwrap_or_default())
 }
 

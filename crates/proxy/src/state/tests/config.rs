@@ -44,37 +44,22 @@ fn parses_ztunnel_local_config_verbatim() {
     // Local config does not apply proto defaults.
     assert_eq!(w.trust_domain, "");
     assert_eq!(w.cluster_id, "");
-    assert_eq!(
-        w.services["default/example.com"],
-        BTreeMap::from([(80u16, 8080u16)])
-    );
+    assert_eq!(w.services["default/example.com"], BTreeMap::from([(80u16, 8080u16)]));
 
     let p = &cfg.policies[0];
     assert_eq!(p.key(), "default/deny-9999");
-    assert_eq!(
-        (p.scope, p.action, p.dry_run),
-        (Scope::Namespace, Action::Allow, false)
-    );
+    assert_eq!((p.scope, p.action, p.dry_run), (Scope::Namespace, Action::Allow, false));
     assert_eq!(p.rules.len(), 1);
     assert_eq!(p.rules[0][0][0].not_destination_ports, vec![9999]);
 
     let s = &cfg.services[0];
     assert_eq!(s.key(), "default/example.com");
-    assert_eq!(
-        s.vips,
-        vec![NetworkAddress {
-            network: String::new(),
-            address: ip("127.10.0.1")
-        }]
-    );
+    assert_eq!(s.vips, vec![NetworkAddress { network: String::new(), address: ip("127.10.0.1") }]);
     assert_eq!(s.ports, BTreeMap::from([(80, 8080)]));
 
     let st = State::from_config(cfg, Some("local")).unwrap();
     let local = st.find_local("default", "local", "default").unwrap();
-    assert_eq!(
-        local.identity().to_string(),
-        "spiffe://cluster.local/ns/default/sa/default"
-    );
+    assert_eq!(local.identity().to_string(), "spiffe://cluster.local/ns/default/sa/default");
     assert_eq!(st.policies_for(&local).len(), 1);
     let svc = st.service_by_vip("", ip("127.10.0.1"), "default").unwrap();
     assert!(svc.endpoints.contains_key("cluster1//v1/Pod/default/local"));
@@ -104,10 +89,7 @@ policies:
 "#;
     let cfg = LocalConfig::parse(yaml).unwrap();
     let p = &cfg.policies[0];
-    assert_eq!(
-        (p.scope, p.action, p.dry_run),
-        (Scope::WorkloadSelector, Action::Deny, true)
-    );
+    assert_eq!((p.scope, p.action, p.dry_run), (Scope::WorkloadSelector, Action::Deny, true));
     let m = &p.rules[0][0][0];
     assert_eq!(
         m.principals,
@@ -119,16 +101,10 @@ policies:
     assert_eq!(m.not_namespaces, vec![StringMatch::Suffix("-test".into())]);
     assert_eq!(
         m.service_accounts,
-        vec![ServiceAccountMatch {
-            namespace: "shop".into(),
-            service_account: "frontend".into()
-        }]
+        vec![ServiceAccountMatch { namespace: "shop".into(), service_account: "frontend".into() }]
     );
     assert_eq!(m.source_ips.len(), 2);
-    assert_eq!(
-        (m.destination_ports.clone(), m.not_destination_ports.clone()),
-        (vec![8080], vec![9999])
-    );
+    assert_eq!((m.destination_ports.clone(), m.not_destination_ports.clone()), (vec![8080], vec![9999]));
     assert_eq!(p.rules[0][1][0].namespaces, vec![StringMatch::Presence()]);
 
     // Selector-scoped: applies only to workloads listing it.
@@ -214,26 +190,17 @@ services:
     let cfg = LocalConfig::parse(yaml).unwrap();
     let w = &cfg.workloads[0];
     assert_eq!(w.waypoint, Some(gw_addr("127.0.0.10", 15008)));
-    assert_eq!(
-        w.network_gateway,
-        Some(gw_host("istio-system", "eastwest.example", 15009))
-    );
+    assert_eq!(w.network_gateway, Some(gw_host("istio-system", "eastwest.example", 15009)));
     assert_eq!(
         w.application_tunnel,
-        Some(ApplicationTunnel {
-            protocol: AppTunnelProtocol::Proxy,
-            port: Some(15088)
-        })
+        Some(ApplicationTunnel { protocol: AppTunnelProtocol::Proxy, port: Some(15088) })
     );
     assert_eq!((w.capacity, w.status), (7, HealthStatus::Unhealthy));
     assert_eq!(cfg.workloads[1].network_mode, NetworkMode::HostNetwork);
     let s = &cfg.services[0];
     let lb = s.load_balancer.as_ref().unwrap();
     assert_eq!(lb.routing_preferences.len(), 6);
-    assert_eq!(
-        (lb.mode, lb.health_policy),
-        (LoadBalancerMode::Failover, HealthPolicy::AllowAll)
-    );
+    assert_eq!((lb.mode, lb.health_policy), (LoadBalancerMode::Failover, HealthPolicy::AllowAll));
     assert_eq!(s.weighted_waypoints[0].weight, 3);
     assert_eq!(s.visibility, Visibility::Namespace);
     assert_eq!(s.endpoints.len(), 1);
@@ -245,12 +212,7 @@ services:
     let svc = st.service_by_name("default", "example.com").unwrap();
     assert_eq!(svc.endpoints.len(), 2);
     // example2.com has no ALLOW_ALL: the unhealthy endpoint is dropped.
-    assert!(
-        st.service_by_name("default", "example2.com")
-            .unwrap()
-            .endpoints
-            .is_empty()
-    );
+    assert!(st.service_by_name("default", "example2.com").unwrap().endpoints.is_empty());
     // Host-network workloads are not indexed by address.
     assert!(st.workload_by_addr("", ip("127.0.0.2")).is_none());
 }
@@ -261,60 +223,39 @@ fn dump_is_sorted_and_camel_case() {
     let mut second = cfg.workloads[0].clone();
     second.uid = "a-first".into();
     second.workload_ips = vec![ip("127.0.0.5")];
-    second
-        .services
-        .insert("default/staged.example".into(), BTreeMap::new());
+    second.services.insert("default/staged.example".into(), BTreeMap::new());
     cfg.workloads.push(second);
     let mut s2 = cfg.services[0].clone();
     s2.hostname = "a.example".into();
     cfg.services.push(s2);
     let st = State::from_config(cfg, None).unwrap();
     let d = st.dump();
-    let uids: Vec<&str> = d["workloads"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|w| w["uid"].as_str().unwrap())
-        .collect();
+    let uids: Vec<&str> =
+        d["workloads"].as_array().unwrap().iter().map(|w| w["uid"].as_str().unwrap()).collect();
     assert_eq!(uids, ["a-first", "cluster1//v1/Pod/default/local"]);
-    let hosts: Vec<&str> = d["services"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["hostname"].as_str().unwrap())
-        .collect();
+    let hosts: Vec<&str> =
+        d["services"].as_array().unwrap().iter().map(|s| s["hostname"].as_str().unwrap()).collect();
     assert_eq!(hosts, ["a.example", "example.com"]);
     assert_eq!(d["workloads"][1]["workloadIps"][0], "127.0.0.1");
     assert_eq!(d["workloads"][1]["protocol"], "HBONE");
     assert_eq!(d["services"][1]["vips"][0], "/127.10.0.1");
     assert_eq!(d["policies"][0]["name"], "deny-9999");
-    assert_eq!(
-        d["policies"][0]["rules"][0][0][0]["notDestinationPorts"][0],
-        9999
-    );
+    assert_eq!(d["policies"][0]["rules"][0][0][0]["notDestinationPorts"][0], 9999);
     assert!(d["stagedServices"]["default/staged.example"]["a-first"].is_object());
 }
 
 #[test]
 fn empty_and_comment_only_documents_are_empty_configs() {
     assert_eq!(LocalConfig::parse("").unwrap(), LocalConfig::default());
-    assert_eq!(
-        LocalConfig::parse("# nothing\n\n").unwrap(),
-        LocalConfig::default()
-    );
-    assert_eq!(
-        LocalConfig::parse("workloads: []").unwrap(),
-        LocalConfig::default()
-    );
+    assert_eq!(LocalConfig::parse("# nothing\n\n").unwrap(), LocalConfig::default());
+    assert_eq!(LocalConfig::parse("workloads: []").unwrap(), LocalConfig::default());
 }
 
 #[test]
 fn errors_carry_location() {
     let yaml = "workloads:\n- uid: a\n  namespace: default\n  workloadIps: [\"not-an-ip\"]\n";
     let e = LocalConfig::parse(yaml).unwrap_err();
-    let LocalConfigError::Yaml { line, .. } = &e else {
-        panic!("want a YAML error, got {e}")
-    };
+    let LocalConfigError::Yaml { line, .. } = &e else { panic!("want a YAML error, got {e}") };
     assert_eq!(*line, Some(4), "{e}");
     assert!(e.to_string().contains("line 4"), "{e}");
 
@@ -325,14 +266,10 @@ fn errors_carry_location() {
     let e = LocalConfig::parse("services:\n- hostname: h\n  vips: [\"10.0.0.1\"]\n").unwrap_err();
     assert!(e.to_string().contains("<network>/<ip>"), "{e}");
     // Bad services key is rejected when building the state.
-    let cfg = LocalConfig::parse(
-        "workloads:\n- namespace: d\n  workloadIps: []\n  services: {nokey: {80: 80}}\n",
-    )
-    .unwrap();
-    assert!(matches!(
-        State::from_config(cfg, None),
-        Err(LocalConfigError::ServiceKey { .. })
-    ));
+    let cfg =
+        LocalConfig::parse("workloads:\n- namespace: d\n  workloadIps: []\n  services: {nokey: {80: 80}}\n")
+            .unwrap();
+    assert!(matches!(State::from_config(cfg, None), Err(LocalConfigError::ServiceKey { .. })));
 }
 
 #[test]
@@ -345,19 +282,10 @@ fn load_reports_the_path() {
 fn gateway_destination_forms() {
     assert_eq!(
         "net1/10.0.0.1".parse::<Destination>(),
-        Ok(Destination::Address(NetworkAddress {
-            network: "net1".into(),
-            address: ip("10.0.0.1")
-        }))
+        Ok(Destination::Address(NetworkAddress { network: "net1".into(), address: ip("10.0.0.1") }))
     );
-    assert_eq!(
-        "/ff06::1".parse::<Destination>().unwrap().to_string(),
-        "/ff06::1"
-    );
-    assert_eq!(
-        "ns/wp.example".parse::<Destination>().unwrap().to_string(),
-        "ns/wp.example"
-    );
+    assert_eq!("/ff06::1".parse::<Destination>().unwrap().to_string(), "/ff06::1");
+    assert_eq!("ns/wp.example".parse::<Destination>().unwrap().to_string(), "ns/wp.example");
     assert!("no-slash".parse::<Destination>().is_err());
     assert!("ns/".parse::<Destination>().is_err());
 }
@@ -368,9 +296,6 @@ fn string_match_tag_form() {
     let cfg = LocalConfig::parse(yaml).unwrap();
     assert_eq!(
         cfg.policies[0].rules[0][0][0].principals,
-        vec![
-            StringMatch::Exact("x".into()),
-            StringMatch::Suffix("y".into())
-        ]
+        vec![StringMatch::Exact("x".into()), StringMatch::Suffix("y".into())]
     );
 }

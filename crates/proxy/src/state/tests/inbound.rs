@@ -26,11 +26,7 @@ fn setup(wp: Wp) -> State {
     };
     let mut services = Vec::new();
     for (name, vip) in [("waypoint", WAYPOINT_SVC_IP), ("server", SERVER_SVC_IP)] {
-        let mut s = svc(
-            &format!("{name}.default.svc.cluster.local"),
-            &[vip],
-            &[(80, 8080)],
-        );
+        let mut s = svc(&format!("{name}.default.svc.cluster.local"), &[vip], &[(80, 8080)]);
         s.endpoints.insert(
             format!("cluster1//v1/Pod/default/{name}"),
             Endpoint {
@@ -45,11 +41,8 @@ fn setup(wp: Wp) -> State {
         services.push(s);
     }
     let mut workloads = Vec::new();
-    for (name, addr) in [
-        ("waypoint", WAYPOINT_POD_IP),
-        ("client", CLIENT_POD_IP),
-        ("server", SERVER_POD_IP),
-    ] {
+    for (name, addr) in [("waypoint", WAYPOINT_POD_IP), ("client", CLIENT_POD_IP), ("server", SERVER_POD_IP)]
+    {
         let mut w = wl(&format!("cluster1//v1/Pod/default/{name}"), &[addr]);
         w.protocol = Protocol::Hbone;
         w.service_account = format!("sa-{name}");
@@ -57,10 +50,8 @@ fn setup(wp: Wp) -> State {
             w.waypoint = wl_wp.clone();
         }
         if name == "waypoint" && tunnel {
-            w.application_tunnel = Some(ApplicationTunnel {
-                protocol: AppTunnelProtocol::Proxy,
-                port: Some(15088),
-            });
+            w.application_tunnel =
+                Some(ApplicationTunnel { protocol: AppTunnelProtocol::Proxy, port: Some(15088) });
         }
         workloads.push(w);
     }
@@ -79,47 +70,18 @@ fn conformance_table() {
     let host = format!("{SERVER_HOST}:80");
     let ok = |r: Result<SocketAddr, InboundError>, want: &str| assert_eq!(r, Ok(sa(want)));
     // Server, no waypoint: by pod IP and by service hostname.
-    ok(
-        upstream(Wp::None, SERVER_POD_IP, "10.0.0.2:8080"),
-        "10.0.0.2:8080",
-    );
+    ok(upstream(Wp::None, SERVER_POD_IP, "10.0.0.2:8080"), "10.0.0.2:8080");
     ok(upstream(Wp::None, SERVER_POD_IP, &host), "10.0.0.2:8080");
     // Waypoint sandwich: workload- or service-attached, referenced by pod IP or VIP.
-    for wp in [
-        Wp::Workload(WAYPOINT_POD_IP, false),
-        Wp::Workload(WAYPOINT_SVC_IP, false),
-    ] {
-        ok(
-            upstream(wp, WAYPOINT_POD_IP, "10.0.0.2:8080"),
-            "10.0.0.3:8080",
-        );
+    for wp in [Wp::Workload(WAYPOINT_POD_IP, false), Wp::Workload(WAYPOINT_SVC_IP, false)] {
+        ok(upstream(wp, WAYPOINT_POD_IP, "10.0.0.2:8080"), "10.0.0.3:8080");
     }
-    for wp in [
-        Wp::Service(WAYPOINT_POD_IP, false),
-        Wp::Service(WAYPOINT_SVC_IP, false),
-    ] {
-        ok(
-            upstream(wp, WAYPOINT_POD_IP, "10.10.0.1:8080"),
-            "10.0.0.3:8080",
-        );
+    for wp in [Wp::Service(WAYPOINT_POD_IP, false), Wp::Service(WAYPOINT_SVC_IP, false)] {
+        ok(upstream(wp, WAYPOINT_POD_IP, "10.10.0.1:8080"), "10.0.0.3:8080");
     }
     // Waypoint with a PROXY application tunnel on port 15088.
-    ok(
-        upstream(
-            Wp::Workload(WAYPOINT_SVC_IP, true),
-            WAYPOINT_POD_IP,
-            "10.0.0.2:8080",
-        ),
-        "10.0.0.3:15088",
-    );
-    ok(
-        upstream(
-            Wp::Service(WAYPOINT_SVC_IP, true),
-            WAYPOINT_POD_IP,
-            "10.10.0.1:8080",
-        ),
-        "10.0.0.3:15088",
-    );
+    ok(upstream(Wp::Workload(WAYPOINT_SVC_IP, true), WAYPOINT_POD_IP, "10.0.0.2:8080"), "10.0.0.3:15088");
+    ok(upstream(Wp::Service(WAYPOINT_SVC_IP, true), WAYPOINT_POD_IP, "10.10.0.1:8080"), "10.0.0.3:15088");
 }
 
 #[test]
@@ -134,16 +96,8 @@ fn conformance_rejections() {
     // A waypoint that is not attached to the target.
     mismatch(upstream(Wp::None, WAYPOINT_POD_IP, "10.0.0.1:8080"));
     // Attached to the service, but the pod was addressed (and vice versa).
-    mismatch(upstream(
-        Wp::Service(WAYPOINT_POD_IP, false),
-        WAYPOINT_POD_IP,
-        "10.0.0.2:8080",
-    ));
-    mismatch(upstream(
-        Wp::Workload(WAYPOINT_POD_IP, false),
-        WAYPOINT_POD_IP,
-        "10.10.0.1:8080",
-    ));
+    mismatch(upstream(Wp::Service(WAYPOINT_POD_IP, false), WAYPOINT_POD_IP, "10.0.0.2:8080"));
+    mismatch(upstream(Wp::Workload(WAYPOINT_POD_IP, false), WAYPOINT_POD_IP, "10.10.0.1:8080"));
     assert_eq!(
         InboundError::IpMismatch(ip("10.0.0.2"), ip("10.0.0.1")).to_string(),
         "ip mismatch: 10.0.0.2 != 10.0.0.1"
@@ -155,27 +109,15 @@ fn hostname_authority_errors() {
     let r = upstream(Wp::None, SERVER_POD_IP, "unknown.example:80");
     assert_eq!(r, Err(InboundError::NoHostname("unknown.example".into())));
     let r = upstream(Wp::None, SERVER_POD_IP, &format!("{SERVER_HOST}:81"));
-    assert_eq!(
-        r,
-        Err(InboundError::NoPortForService(SERVER_HOST.into(), 81))
-    );
+    assert_eq!(r, Err(InboundError::NoPortForService(SERVER_HOST.into(), 81)));
     assert_eq!(r.unwrap_err().http_status(), 503);
 }
 
 #[test]
 fn authority_parsing() {
-    assert_eq!(
-        "10.0.0.2:8080".parse::<Authority>(),
-        Ok(Authority::Addr(sa("10.0.0.2:8080")))
-    );
-    assert_eq!(
-        "[ff06::c3]:80".parse::<Authority>(),
-        Ok(Authority::Addr(sa("[ff06::c3]:80")))
-    );
-    assert_eq!(
-        "example.com:80".parse::<Authority>(),
-        Ok(Authority::Host("example.com".into(), 80))
-    );
+    assert_eq!("10.0.0.2:8080".parse::<Authority>(), Ok(Authority::Addr(sa("10.0.0.2:8080"))));
+    assert_eq!("[ff06::c3]:80".parse::<Authority>(), Ok(Authority::Addr(sa("[ff06::c3]:80"))));
+    assert_eq!("example.com:80".parse::<Authority>(), Ok(Authority::Host("example.com".into(), 80)));
     let a: Authority = "[::1]:15008".parse().unwrap();
     assert_eq!(a.to_string(), "[::1]:15008");
     assert_eq!(a.port(), 15008);
@@ -204,11 +146,7 @@ fn authority_parsing() {
 fn guess_service_by_target_port() {
     let s1 = svc("one.example", &["10.10.0.5"], &[(80, 8080)]);
     let s2 = svc("two.example", &["10.10.0.6"], &[(90, 0)]);
-    let mut w = endpoint_of(
-        wl("c//Pod/default/p", &["10.0.0.5"]),
-        "default/one.example",
-        &[],
-    );
+    let mut w = endpoint_of(wl("c//Pod/default/p", &["10.0.0.5"]), "default/one.example", &[]);
     w = endpoint_of(w, "default/two.example", &[(90, 9090)]);
     let st = state(vec![w], vec![s1, s2]);
     let w = st.workload_by_uid("c//Pod/default/p").unwrap();

@@ -30,10 +30,7 @@ fn address_rank_prefers_hbone_pods() {
     remote.network = "remote".into();
     let st = state(vec![remote], vec![]);
     assert!(st.workload_by_addr("", ip("10.0.0.1")).is_none());
-    assert_eq!(
-        st.workload_by_addr("remote", ip("10.0.0.1")).unwrap().name,
-        "remote"
-    );
+    assert_eq!(st.workload_by_addr("remote", ip("10.0.0.1")).unwrap().name, "remote");
 }
 
 #[test]
@@ -47,11 +44,7 @@ fn find_local_by_node_and_identity() {
     b.name = "b".into();
     b.node = "n2".into();
     let st = State::from_config(
-        LocalConfig {
-            workloads: vec![a, b],
-            services: vec![],
-            policies: vec![],
-        },
+        LocalConfig { workloads: vec![a, b], services: vec![], policies: vec![] },
         Some("n1"),
     )
     .unwrap();
@@ -78,11 +71,7 @@ fn policy(ns: &str, name: &str, scope: Scope) -> Authorization {
 fn policies_for_workload() {
     let mut w = wl("c//Pod/ns/a", &["10.0.0.1"]);
     w.namespace = "ns".into();
-    w.authorization_policies = vec![
-        "ns/selected".into(),
-        "ns/ns-wide".into(),
-        "ns/missing".into(),
-    ];
+    w.authorization_policies = vec!["ns/selected".into(), "ns/ns-wide".into(), "ns/missing".into()];
     let st = State::from_config(
         LocalConfig {
             workloads: vec![w.clone()],

@@ -52,13 +52,7 @@ fn svc(hostname: &str, vips: &[&str], ports: &[(u16, u16)]) -> Service {
         name: hostname.split('.').next().unwrap_or(hostname).to_owned(),
         namespace: "default".to_owned(),
         hostname: hostname.to_owned(),
-        vips: vips
-            .iter()
-            .map(|v| NetworkAddress {
-                network: String::new(),
-                address: ip(v),
-            })
-            .collect(),
+        vips: vips.iter().map(|v| NetworkAddress { network: String::new(), address: ip(v) }).collect(),
         cidr_vips: vec![],
         ports: ports.iter().copied().collect(),
         endpoints: BTreeMap::new(),
@@ -74,18 +68,14 @@ fn svc(hostname: &str, vips: &[&str], ports: &[(u16, u16)]) -> Service {
 
 /// Makes `w` an endpoint of `svc_key` with the given port map.
 fn endpoint_of(mut w: Workload, svc_key: &str, ports: &[(u16, u16)]) -> Workload {
-    w.services
-        .insert(svc_key.to_owned(), ports.iter().copied().collect());
+    w.services.insert(svc_key.to_owned(), ports.iter().copied().collect());
     w
 }
 
 /// Address-form gateway on the default network.
 fn gw_addr(a: &str, port: u16) -> GatewayAddress {
     GatewayAddress {
-        destination: Destination::Address(NetworkAddress {
-            network: String::new(),
-            address: ip(a),
-        }),
+        destination: Destination::Address(NetworkAddress { network: String::new(), address: ip(a) }),
         hbone_mtls_port: port,
     }
 }
@@ -102,15 +92,7 @@ fn gw_host(ns: &str, host: &str, port: u16) -> GatewayAddress {
 }
 
 fn state(workloads: Vec<Workload>, services: Vec<Service>) -> State {
-    State::from_config(
-        LocalConfig {
-            workloads,
-            services,
-            policies: vec![],
-        },
-        None,
-    )
-    .unwrap()
+    State::from_config(LocalConfig { workloads, services, policies: vec![] }, None).unwrap()
 }
 
 fn ip(s: &str) -> IpAddr {

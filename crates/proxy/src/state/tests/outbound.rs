@@ -15,10 +15,7 @@ fn base() -> Vec<Workload> {
     waypoint.namespace = "ns".into();
     waypoint.service_account = "waypoint-sa".into();
     waypoint.protocol = Protocol::Hbone;
-    let mut dual = wl(
-        "cluster1//v1/Pod/ns/waypoint-workload-dual",
-        &["127.0.0.11", "ff06::c5"],
-    );
+    let mut dual = wl("cluster1//v1/Pod/ns/waypoint-workload-dual", &["127.0.0.11", "ff06::c5"]);
     dual.namespace = "ns".into();
     dual.service_account = "waypoint-sa".into();
     vec![source, waypoint, dual]
@@ -35,9 +32,9 @@ fn run(workloads: Vec<Workload>, services: Vec<Service>, dst: &str) -> Result<Ro
 /// (protocol, HBONE authority, L4 destination), as in the conformance table.
 fn summary(r: &Result<Route, RouteError>) -> (&'static str, String, String) {
     match r.as_ref().map(|r| &r.kind) {
-        Ok(RouteKind::Hbone {
-            target, authority, ..
-        }) => ("HBONE", authority.to_string(), target.to_string()),
+        Ok(RouteKind::Hbone { target, authority, .. }) => {
+            ("HBONE", authority.to_string(), target.to_string())
+        }
         Ok(RouteKind::Tcp { target }) => ("TCP", String::new(), target.to_string()),
         Ok(RouteKind::Passthrough { target }) => ("PASSTHROUGH", String::new(), target.to_string()),
         Err(e) => ("ERROR", String::new(), e.to_string()),
@@ -68,11 +65,7 @@ fn hbone_workload(uid: &str, ips: &[&str]) -> Workload {
 
 #[test]
 fn unknown_destination_is_passthrough() {
-    let r = run(
-        vec![wl("cluster1//v1/Pod/default/my-pod", &["127.0.0.2"])],
-        vec![],
-        "1.2.3.4:80",
-    );
+    let r = run(vec![wl("cluster1//v1/Pod/default/my-pod", &["127.0.0.2"])], vec![], "1.2.3.4:80");
     let r = expect(r, "PASSTHROUGH", "", "1.2.3.4:80");
     assert!(r.destination_workload.is_none() && r.destination_service.is_none());
 }
@@ -82,12 +75,7 @@ fn known_tcp_workload_any_node() {
     for node in ["remote-node", "local-node"] {
         let mut w = wl("cluster1//v1/Pod/ns/test-tcp", &["127.0.0.2"]);
         w.node = node.into();
-        let r = expect(
-            run(vec![w], vec![], "127.0.0.2:80"),
-            "TCP",
-            "",
-            "127.0.0.2:80",
-        );
+        let r = expect(run(vec![w], vec![], "127.0.0.2:80"), "TCP", "", "127.0.0.2:80");
         assert_eq!(r.destination_workload.unwrap().name, "test-tcp");
     }
 }
@@ -100,13 +88,8 @@ fn known_hbone_workload_any_node() {
         w.namespace = "ns".into();
         let r = run(vec![w], vec![], "127.0.0.2:80");
         let r = expect(r, "HBONE", "127.0.0.2:80", "127.0.0.2:15008");
-        let RouteKind::Hbone { expected, .. } = r.kind else {
-            unreachable!()
-        };
-        assert_eq!(
-            expected,
-            vec![Identity::new("cluster.local", "ns", "default")]
-        );
+        let RouteKind::Hbone { expected, .. } = r.kind else { unreachable!() };
+        assert_eq!(expected, vec![Identity::new("cluster.local", "ns", "default")]);
     }
 }
 
@@ -125,11 +108,7 @@ fn service_vip_uses_endpoint_port_map() {
         &[(8080, 9999)],
     );
     for _ in 0..20 {
-        let r = run(
-            vec![matching.clone(), unmatching.clone()],
-            vec![s.clone()],
-            "127.0.0.3:80",
-        );
+        let r = run(vec![matching.clone(), unmatching.clone()], vec![s.clone()], "127.0.0.3:80");
         let r = expect(r, "TCP", "", "127.0.0.2:1234");
         assert_eq!(r.destination_service.unwrap().hostname, "example.com");
     }
@@ -142,13 +121,8 @@ fn workload_waypoint() {
     let r = run(vec![w], vec![], "127.0.0.2:80");
     let r = expect(r, "HBONE", "127.0.0.2:80", "127.0.0.10:15008");
     assert_eq!(r.destination_workload.unwrap().uid, WAYPOINT);
-    let RouteKind::Hbone { expected, .. } = r.kind else {
-        unreachable!()
-    };
-    assert_eq!(
-        expected,
-        vec![Identity::new("cluster.local", "ns", "waypoint-sa")]
-    );
+    let RouteKind::Hbone { expected, .. } = r.kind else { unreachable!() };
+    assert_eq!(expected, vec![Identity::new("cluster.local", "ns", "waypoint-sa")]);
 }
 
 #[test]
@@ -170,10 +144,7 @@ fn source_is_the_destination_waypoint() {
 
 #[test]
 fn address_waypoint_keeps_its_family() {
-    let mut w = wl(
-        "cluster1//v1/Pod/default/my-pod",
-        &["127.0.0.2", "ff06::c3"],
-    );
+    let mut w = wl("cluster1//v1/Pod/default/my-pod", &["127.0.0.2", "ff06::c3"]);
     w.waypoint = Some(gw_addr("127.0.0.11", 15008));
     let r = run(vec![w], vec![], "[ff06::c3]:80");
     expect(r, "HBONE", "[ff06::c3]:80", "127.0.0.11:15008");
@@ -182,30 +153,15 @@ fn address_waypoint_keeps_its_family() {
 #[test]
 fn dual_stack_tcp_workload_keeps_dialed_family() {
     let w = wl("cluster1//v1/Pod/ns/test-tcp", &["127.0.0.2", "ff06::c3"]);
-    expect(
-        run(vec![w.clone()], vec![], "127.0.0.2:80"),
-        "TCP",
-        "",
-        "127.0.0.2:80",
-    );
-    expect(
-        run(vec![w], vec![], "[ff06::c3]:80"),
-        "TCP",
-        "",
-        "[ff06::c3]:80",
-    );
+    expect(run(vec![w.clone()], vec![], "127.0.0.2:80"), "TCP", "", "127.0.0.2:80");
+    expect(run(vec![w], vec![], "[ff06::c3]:80"), "TCP", "", "[ff06::c3]:80");
 }
 
 #[test]
 fn service_waypoint() {
     let mut s = svc("example.com", &["127.0.0.3"], &[(80, 8080)]);
     s.waypoint = Some(gw_addr("127.0.0.10", 15008));
-    let r = expect(
-        run(vec![], vec![s], "127.0.0.3:80"),
-        "HBONE",
-        "127.0.0.3:80",
-        "127.0.0.10:15008",
-    );
+    let r = expect(run(vec![], vec![s], "127.0.0.3:80"), "HBONE", "127.0.0.3:80", "127.0.0.10:15008");
     assert_eq!(r.destination_service.unwrap().hostname, "example.com");
     assert_eq!(r.destination_workload.unwrap().uid, WAYPOINT);
 }
@@ -223,10 +179,7 @@ fn service_without_endpoints_fails() {
 
 fn passthrough_svc() -> Service {
     let mut s = svc("external.example", &["1.2.3.4"], &[(80, 80)]);
-    s.load_balancer = Some(LoadBalancer {
-        mode: LoadBalancerMode::Passthrough,
-        ..Default::default()
-    });
+    s.load_balancer = Some(LoadBalancer { mode: LoadBalancerMode::Passthrough, ..Default::default() });
     s
 }
 
@@ -245,11 +198,8 @@ fn passthrough_service_with_waypoint() {
 }
 
 fn remote_endpoint(with_gateway: bool) -> Workload {
-    let mut w = endpoint_of(
-        wl("cluster1//v1/Pod/default/remote-pod", &[]),
-        "default/example.com",
-        &[(80, 8080)],
-    );
+    let mut w =
+        endpoint_of(wl("cluster1//v1/Pod/default/remote-pod", &[]), "default/example.com", &[(80, 8080)]);
     w.network = "remote".into();
     if with_gateway {
         let mut gw = gw_addr("10.22.1.1", 15009);
@@ -287,48 +237,27 @@ fn failover_prefers_local_network() {
         &[(80, 8080)],
     );
     for _ in 0..20 {
-        let r = run(
-            vec![local.clone(), remote_endpoint(true)],
-            vec![s.clone()],
-            "127.0.0.3:80",
-        );
+        let r = run(vec![local.clone(), remote_endpoint(true)], vec![s.clone()], "127.0.0.3:80");
         expect(r, "HBONE", "127.0.0.2:8080", "127.0.0.2:15008");
     }
     let mut unhealthy = local;
     unhealthy.status = HealthStatus::Unhealthy;
-    let r = run(
-        vec![unhealthy, remote_endpoint(true)],
-        vec![s],
-        "127.0.0.3:80",
-    );
+    let r = run(vec![unhealthy, remote_endpoint(true)], vec![s], "127.0.0.3:80");
     assert_eq!(r, Err(RouteError::DoubleHboneUnsupported));
 }
 
 #[test]
 fn host_network_workloads_sharing_an_ip() {
     let s = svc("example.com", &["127.0.0.3"], &[(80, 80)]);
-    let mut pod1 = endpoint_of(
-        wl("cluster1//v1/Pod/default/pod1", &["127.0.0.2"]),
-        "default/example.com",
-        &[(80, 80)],
-    );
+    let mut pod1 =
+        endpoint_of(wl("cluster1//v1/Pod/default/pod1", &["127.0.0.2"]), "default/example.com", &[(80, 80)]);
     pod1.network_mode = NetworkMode::HostNetwork;
     let mut pod2 = wl("cluster1//v1/Pod/default/pod2", &["127.0.0.2"]);
     pod2.network_mode = NetworkMode::HostNetwork;
     let ws = vec![pod1, pod2];
-    let r = expect(
-        run(ws.clone(), vec![s.clone()], "127.0.0.3:80"),
-        "TCP",
-        "",
-        "127.0.0.2:80",
-    );
+    let r = expect(run(ws.clone(), vec![s.clone()], "127.0.0.3:80"), "TCP", "", "127.0.0.2:80");
     assert_eq!(r.destination_workload.unwrap().name, "pod1");
-    let r = expect(
-        run(ws, vec![s], "127.0.0.2:80"),
-        "PASSTHROUGH",
-        "",
-        "127.0.0.2:80",
-    );
+    let r = expect(run(ws, vec![s], "127.0.0.2:80"), "PASSTHROUGH", "", "127.0.0.2:80");
     assert!(r.destination_workload.is_none());
 }
 
@@ -345,30 +274,10 @@ fn service_ip_families() {
         s
     };
     let cases = [
-        (
-            Some(IpFamily::IPv6),
-            "127.0.0.3:80",
-            "[ff06::c3]:80",
-            "[ff06::c3]:15008",
-        ),
-        (
-            Some(IpFamily::IPv4),
-            "127.0.0.3:80",
-            "127.0.0.2:80",
-            "127.0.0.2:15008",
-        ),
-        (
-            Some(IpFamily::Dual),
-            "127.0.0.3:80",
-            "127.0.0.2:80",
-            "127.0.0.2:15008",
-        ),
-        (
-            Some(IpFamily::Dual),
-            "[::3]:80",
-            "[ff06::c3]:80",
-            "[ff06::c3]:15008",
-        ),
+        (Some(IpFamily::IPv6), "127.0.0.3:80", "[ff06::c3]:80", "[ff06::c3]:15008"),
+        (Some(IpFamily::IPv4), "127.0.0.3:80", "127.0.0.2:80", "127.0.0.2:15008"),
+        (Some(IpFamily::Dual), "127.0.0.3:80", "127.0.0.2:80", "127.0.0.2:15008"),
+        (Some(IpFamily::Dual), "[::3]:80", "[ff06::c3]:80", "[ff06::c3]:15008"),
         (None, "[::3]:80", "[ff06::c3]:80", "[ff06::c3]:15008"),
     ];
     for (family, dst, authority, target) in cases {
@@ -380,19 +289,11 @@ fn service_ip_families() {
 #[test]
 fn direct_hbone_expects_service_sans_too() {
     let mut s = svc("example.com", &["127.0.0.3"], &[(80, 8080)]);
-    s.subject_alt_names = vec![
-        "spiffe://cluster.local/ns/default/sa/extra".into(),
-        "not-a-spiffe-id".into(),
-    ];
-    let w = endpoint_of(
-        hbone_workload("cluster1//v1/Pod/default/p", &["127.0.0.2"]),
-        "default/example.com",
-        &[],
-    );
+    s.subject_alt_names = vec!["spiffe://cluster.local/ns/default/sa/extra".into(), "not-a-spiffe-id".into()];
+    let w =
+        endpoint_of(hbone_workload("cluster1//v1/Pod/default/p", &["127.0.0.2"]), "default/example.com", &[]);
     let r = run(vec![w], vec![s], "127.0.0.3:80");
-    let RouteKind::Hbone { expected, .. } = r.unwrap().kind else {
-        panic!("want HBONE")
-    };
+    let RouteKind::Hbone { expected, .. } = r.unwrap().kind else { panic!("want HBONE") };
     assert_eq!(
         expected,
         vec![
@@ -404,32 +305,21 @@ fn direct_hbone_expects_service_sans_too() {
 
 fn zoned(uid: &str, ip_: &str, zone: &str, region: &str) -> Workload {
     let mut w = endpoint_of(wl(uid, &[ip_]), "default/example.com", &[(80, 8080)]);
-    w.locality = Locality {
-        region: region.into(),
-        zone: zone.into(),
-        subzone: String::new(),
-    };
+    w.locality = Locality { region: region.into(), zone: zone.into(), subzone: String::new() };
     w
 }
 
 fn lb_svc(mode: LoadBalancerMode, prefs: Vec<LoadBalancerScope>) -> Service {
     let mut s = svc("example.com", &["127.0.0.3"], &[(80, 8080)]);
-    s.load_balancer = Some(LoadBalancer {
-        routing_preferences: prefs,
-        mode,
-        health_policy: HealthPolicy::OnlyHealthy,
-    });
+    s.load_balancer =
+        Some(LoadBalancer { routing_preferences: prefs, mode, health_policy: HealthPolicy::OnlyHealthy });
     s
 }
 
 /// Routes `n` times from a source in region r1 / zone z1 and returns the distinct targets.
 fn targets(ws: Vec<Workload>, s: Service, n: usize) -> Result<Vec<String>, RouteError> {
     let mut all = base();
-    all[0].locality = Locality {
-        region: "r1".into(),
-        zone: "z1".into(),
-        subzone: String::new(),
-    };
+    all[0].locality = Locality { region: "r1".into(), zone: "z1".into(), subzone: String::new() };
     all.extend(ws);
     let st = state(all, vec![s]);
     let src = st.workload_by_uid(SOURCE).unwrap();
@@ -451,14 +341,8 @@ fn strict_mode_requires_every_preference() {
     let same = zoned("c//Pod/default/a", "127.0.0.2", "z1", "r1");
     let other_zone = zoned("c//Pod/default/b", "127.0.0.4", "z2", "r1");
     let s = lb_svc(LoadBalancerMode::Strict, vec![Region, Zone]);
-    assert_eq!(
-        targets(vec![same, other_zone.clone()], s.clone(), 30).unwrap(),
-        ["127.0.0.2:8080"]
-    );
-    assert_eq!(
-        targets(vec![other_zone], s, 1),
-        Err(RouteError::NoHealthyUpstream(sa("127.0.0.3:80")))
-    );
+    assert_eq!(targets(vec![same, other_zone.clone()], s.clone(), 30).unwrap(), ["127.0.0.2:8080"]);
+    assert_eq!(targets(vec![other_zone], s, 1), Err(RouteError::NoHealthyUpstream(sa("127.0.0.3:80"))));
 }
 
 #[test]
@@ -470,10 +354,7 @@ fn failover_mode_falls_back_by_rank() {
     let far = zoned("c//Pod/default/c", "127.0.0.5", "z9", "r9");
     let all = vec![same_zone, same_region.clone(), far.clone()];
     assert_eq!(targets(all, s.clone(), 30).unwrap(), ["127.0.0.2:8080"]);
-    assert_eq!(
-        targets(vec![same_region, far.clone()], s.clone(), 30).unwrap(),
-        ["127.0.0.4:8080"]
-    );
+    assert_eq!(targets(vec![same_region, far.clone()], s.clone(), 30).unwrap(), ["127.0.0.4:8080"]);
     assert_eq!(targets(vec![far], s, 5).unwrap(), ["127.0.0.5:8080"]);
 }
 
@@ -482,10 +363,7 @@ fn standard_mode_ignores_preferences() {
     let s = lb_svc(LoadBalancerMode::Standard, vec![LoadBalancerScope::Zone]);
     let a = zoned("c//Pod/default/a", "127.0.0.2", "z1", "r1");
     let b = zoned("c//Pod/default/b", "127.0.0.4", "z2", "r1");
-    assert_eq!(
-        targets(vec![a, b], s, 200).unwrap(),
-        ["127.0.0.2:8080", "127.0.0.4:8080"]
-    );
+    assert_eq!(targets(vec![a, b], s, 200).unwrap(), ["127.0.0.2:8080", "127.0.0.4:8080"]);
 }
 
 #[test]
@@ -526,19 +404,13 @@ fn capacity_weights() {
 #[test]
 fn hostname_waypoint_through_its_service() {
     let wp_svc = {
-        let mut s = svc(
-            "waypoint.ns.svc.cluster.local",
-            &["127.0.0.20"],
-            &[(15008, 15008)],
-        );
+        let mut s = svc("waypoint.ns.svc.cluster.local", &["127.0.0.20"], &[(15008, 15008)]);
         s.namespace = "ns".into();
         s.subject_alt_names = vec!["spiffe://cluster.local/ns/ns/sa/waypoint-svc-san".into()];
         s
     };
     let mut base_wp = base();
-    base_wp[1]
-        .services
-        .insert("ns/waypoint.ns.svc.cluster.local".into(), BTreeMap::new());
+    base_wp[1].services.insert("ns/waypoint.ns.svc.cluster.local".into(), BTreeMap::new());
     let mut target = wl("cluster1//v1/Pod/default/my-pod", &["127.0.0.2"]);
     target.waypoint = Some(gw_host("ns", "waypoint.ns.svc.cluster.local", 15008));
     base_wp.push(target);
@@ -546,9 +418,7 @@ fn hostname_waypoint_through_its_service() {
     let src = st.workload_by_uid(SOURCE).unwrap();
     let r = st.route_outbound(&src, "", sa("127.0.0.2:80"));
     let r = expect(r, "HBONE", "127.0.0.2:80", "127.0.0.10:15008");
-    let RouteKind::Hbone { expected, .. } = r.kind else {
-        unreachable!()
-    };
+    let RouteKind::Hbone { expected, .. } = r.kind else { unreachable!() };
     assert_eq!(
         expected,
         vec![
@@ -567,12 +437,7 @@ fn hostname_waypoint_through_a_workload_hostname() {
     let st = state(all, vec![s]);
     let src = st.workload_by_uid(SOURCE).unwrap();
     // Family-adaptive: the waypoint address follows the dialed family.
-    expect(
-        st.route_outbound(&src, "", sa("127.0.0.3:80")),
-        "HBONE",
-        "127.0.0.3:80",
-        "127.0.0.11:15008",
-    );
+    expect(st.route_outbound(&src, "", sa("127.0.0.3:80")), "HBONE", "127.0.0.3:80", "127.0.0.11:15008");
 }
 
 #[test]
@@ -591,14 +456,8 @@ fn weighted_waypoints_skip_zero_weights() {
     let mut s = svc("example.com", &["127.0.0.3"], &[(80, 8080)]);
     s.waypoint = Some(gw_addr("127.0.0.11", 15008));
     s.weighted_waypoints = vec![
-        WeightedWaypoint {
-            destination: gw_addr("127.0.0.11", 15008),
-            weight: 0,
-        },
-        WeightedWaypoint {
-            destination: gw_addr("127.0.0.10", 15008),
-            weight: 5,
-        },
+        WeightedWaypoint { destination: gw_addr("127.0.0.11", 15008), weight: 0 },
+        WeightedWaypoint { destination: gw_addr("127.0.0.10", 15008), weight: 5 },
     ];
     for _ in 0..20 {
         let r = run(vec![], vec![s.clone()], "127.0.0.3:80");
@@ -632,15 +491,9 @@ fn vip_selection_namespace_visibility_and_cidr() {
 
     // CIDR VIPs: longest prefix wins, and only on an exact-VIP miss.
     let mut wide = svc("wide.example", &[], &[(80, 80)]);
-    wide.cidr_vips = vec![CidrVip {
-        network: String::new(),
-        cidr: "10.0.0.0/8".parse().unwrap(),
-    }];
+    wide.cidr_vips = vec![CidrVip { network: String::new(), cidr: "10.0.0.0/8".parse().unwrap() }];
     let mut narrow = svc("narrow.example", &[], &[(80, 80)]);
-    narrow.cidr_vips = vec![CidrVip {
-        network: String::new(),
-        cidr: "10.1.0.0/16".parse().unwrap(),
-    }];
+    narrow.cidr_vips = vec![CidrVip { network: String::new(), cidr: "10.1.0.0/16".parse().unwrap() }];
     let ws = vec![
         ep("c//Pod/default/w", "127.0.0.2", "default/wide.example"),
         ep("c//Pod/default/n", "127.0.0.4", "default/narrow.example"),
@@ -657,11 +510,7 @@ fn vip_selection_namespace_visibility_and_cidr() {
 #[test]
 fn service_port_missing_from_service_has_no_upstream() {
     let s = svc("example.com", &["127.0.0.3"], &[(80, 8080)]);
-    let w = endpoint_of(
-        wl("c//Pod/default/p", &["127.0.0.2"]),
-        "default/example.com",
-        &[(81, 9090)],
-    );
+    let w = endpoint_of(wl("c//Pod/default/p", &["127.0.0.2"]), "default/example.com", &[(81, 9090)]);
     let r = run(vec![w], vec![s], "127.0.0.3:81");
     assert_eq!(r, Err(RouteError::NoHealthyUpstream(sa("127.0.0.3:81"))));
 }

@@ -14,29 +14,25 @@ fn bytes() -> impl Strategy<Value = Vec<u8>> {
 }
 
 fn gateway() -> impl Strategy<Value = Option<pb::GatewayAddress>> {
-    prop::option::of(
-        (
-            any::<u32>(),
-            prop::option::of((any::<bool>(), bytes(), ".{0,8}")),
-        )
-            .prop_map(|(port, dest)| pb::GatewayAddress {
-                hbone_mtls_port: port,
-                destination: dest.map(|(addr, b, s)| {
-                    if addr {
-                        pb::gateway_address::Destination::Address(pb::NetworkAddress {
-                            network: s,
-                            address: b,
-                            length: None,
-                        })
-                    } else {
-                        pb::gateway_address::Destination::Hostname(pb::NamespacedHostname {
-                            namespace: s.clone(),
-                            hostname: s,
-                        })
-                    }
-                }),
+    prop::option::of((any::<u32>(), prop::option::of((any::<bool>(), bytes(), ".{0,8}"))).prop_map(
+        |(port, dest)| pb::GatewayAddress {
+            hbone_mtls_port: port,
+            destination: dest.map(|(addr, b, s)| {
+                if addr {
+                    pb::gateway_address::Destination::Address(pb::NetworkAddress {
+                        network: s,
+                        address: b,
+                        length: None,
+                    })
+                } else {
+                    pb::gateway_address::Destination::Hostname(pb::NamespacedHostname {
+                        namespace: s.clone(),
+                        hostname: s,
+                    })
+                }
             }),
-    )
+        },
+    ))
 }
 
 fn ports() -> impl Strategy<Value = Vec<pb::Port>> {
@@ -66,27 +62,21 @@ fn workload() -> impl Strategy<Value = pb::Workload> {
         prop::option::of((small_enum(), any::<u32>())),
         (small_enum(), small_enum()),
     )
-        .prop_map(
-            |(uid, addresses, tp, status, waypoint, services, capacity, tunnel, (wt, nm))| {
-                pb::Workload {
-                    uid,
-                    addresses,
-                    tunnel_protocol: tp,
-                    status,
-                    waypoint,
-                    services: services
-                        .into_iter()
-                        .map(|(k, p)| (k, pb::PortList { ports: p }))
-                        .collect(),
-                    capacity,
-                    application_tunnel: tunnel
-                        .map(|(protocol, port)| pb::ApplicationTunnel { protocol, port }),
-                    workload_type: wt,
-                    network_mode: nm,
-                    ..Default::default()
-                }
-            },
-        )
+        .prop_map(|(uid, addresses, tp, status, waypoint, services, capacity, tunnel, (wt, nm))| {
+            pb::Workload {
+                uid,
+                addresses,
+                tunnel_protocol: tp,
+                status,
+                waypoint,
+                services: services.into_iter().map(|(k, p)| (k, pb::PortList { ports: p })).collect(),
+                capacity,
+                application_tunnel: tunnel.map(|(protocol, port)| pb::ApplicationTunnel { protocol, port }),
+                workload_type: wt,
+                network_mode: nm,
+                ..Default::default()
+            }
+        })
 }
 
 fn service() -> impl Strategy<Value = pb::Service> {
@@ -94,11 +84,7 @@ fn service() -> impl Strategy<Value = pb::Service> {
         prop::collection::vec((bytes(), prop::option::of(any::<u32>())), 0..3),
         ports(),
         gateway(),
-        prop::option::of((
-            prop::collection::vec(small_enum(), 0..3),
-            small_enum(),
-            small_enum(),
-        )),
+        prop::option::of((prop::collection::vec(small_enum(), 0..3), small_enum(), small_enum())),
         (small_enum(), small_enum()),
         prop::collection::vec((gateway(), any::<u32>()), 0..2),
     )
@@ -106,29 +92,20 @@ fn service() -> impl Strategy<Value = pb::Service> {
             hostname: "h".into(),
             addresses: addrs
                 .into_iter()
-                .map(|(address, length)| pb::NetworkAddress {
-                    network: String::new(),
-                    address,
-                    length,
-                })
+                .map(|(address, length)| pb::NetworkAddress { network: String::new(), address, length })
                 .collect(),
             ports,
             waypoint,
-            load_balancing: lb.map(
-                |(routing_preference, mode, health_policy)| pb::LoadBalancing {
-                    routing_preference,
-                    mode,
-                    health_policy,
-                },
-            ),
+            load_balancing: lb.map(|(routing_preference, mode, health_policy)| pb::LoadBalancing {
+                routing_preference,
+                mode,
+                health_policy,
+            }),
             ip_families: fam,
             visibility: vis,
             weighted_waypoints: ww
                 .into_iter()
-                .map(|(destination, weight)| pb::WeightedWaypoint {
-                    destination,
-                    weight,
-                })
+                .map(|(destination, weight)| pb::WeightedWaypoint { destination, weight })
                 .collect(),
             ..Default::default()
         })

@@ -36,9 +36,7 @@ fn publish_notifies_and_tracks_policy_changes() {
     any.mark_unchanged();
 
     // Changed policy content fires the policy watcher.
-    store.publish(parse(
-        &ONE_POLICY.replace("scope: Namespace", "scope: Global"),
-    ));
+    store.publish(parse(&ONE_POLICY.replace("scope: Namespace", "scope: Global")));
     assert!(any.has_changed().unwrap() && pol.has_changed().unwrap());
     let cur = store.current();
     assert_eq!(cur.policies().next().unwrap().scope, Scope::Global);
@@ -59,15 +57,9 @@ async fn watcher_reloads_and_keeps_state_on_bad_files() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("local.yaml");
     std::fs::write(&path, ONE_POLICY).unwrap();
-    let store =
-        StateStore::new(State::from_config(LocalConfig::load(&path).unwrap(), None).unwrap());
+    let store = StateStore::new(State::from_config(LocalConfig::load(&path).unwrap(), None).unwrap());
     let pol = store.subscribe_policies();
-    let task = tokio::spawn(watch_local_file(
-        store.clone(),
-        path.clone(),
-        None,
-        Duration::from_millis(20),
-    ));
+    let task = tokio::spawn(watch_local_file(store.clone(), path.clone(), None, Duration::from_millis(20)));
 
     // Let the watcher take its initial fingerprint.
     tokio::time::sleep(Duration::from_millis(100)).await;

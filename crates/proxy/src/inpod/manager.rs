@@ -1,0 +1,405 @@
+//! The per-pod proxy manager: follows the node agent over ZDS and keeps one proxy instance
+//! per pod, with listeners bound inside the pod's network namespace.
+//!
+//! Protocol (per connection): hello, then a snapshot of Add/Keep until SnapshotSent (pods not
+//! named in it are drained), then Add/Del as pods come and go; every message is acked, and an
+//! Add is acked only once the pod's listeners are bound. Where ztunnel exits on a protocol
+//! violation (a second SnapshotSent, Keep after the snapshot, Add without WorkloadInfo), this
+//! manager NACKs, logs, and reconnects instead: the pods it serves keep their traffic, and the
+//! fresh connection's snapshot re-establishes the agreed state.
+
+use std::collections::{HashMap, HashSet};
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use ambit_zds::{ProtocolError, RecvError, Request, ZdsClient};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use serde::Serialize;
+
+use super::netns::{InpodNetns, NetnsId};
+use crate::config::WorkloadInfo;
+use crate::drain::Drain;
+use crate::inputs::Inputs;
+use crate::instance::Shared;
+use crate::readiness::{Pending, Readiness};
+
+/// Keeps one proxy instance per pod.
+pub struct Manager {
+    shared: Shared,
+    drain: Drain,
+    inner: Mutex<Inner>,
+    metrics: ManagerMetrics,
+}
+
+#[derive(Default)]
+struct Inner {
+    pods: HashMap<String, Pod>,
+    connected: bool,
+    snapshot_done: bool,
+    seen: HashSet<String>,
+    not_ready: Option<Pending>,
+}
+
+struct Pod {
+    info: WorkloadInfo,
+    netns: Arc<InpodNetns>,
+    state: PodState,
+}
+
+enum PodState {
+    Up { inputs: Arc<Inputs>, drain: Drain },
+    Pending { error: String },
+}
+
+#[derive(Clone, Default)]
+struct ManagerMetrics {
+    active: Gauge,
+    pending: Gauge,
+    started: Counter,
+    stopped: Counter,
+}
+
+/// A request that breaks the protocol's state machine (as opposed to a malformed packet).
+#[derive(Debug, thiserror::Error)]
+enum StateError {
+    #[error("a second SnapshotSent on the same connection")]
+    DuplicateSnapshot,
+    #[error("KeepWorkload {0} after SnapshotSent")]
+    KeepAfterSnapshot(String),
+}
+
+const RETRY_PENDING: Duration = Duration::from_secs(5);
+const BACKOFF_START: Duration = Duration::from_millis(10);
+const BACKOFF_MAX: Duration = Duration::from_secs(15);
+
+impl Manager {
+    /// A manager with no pods; registers the `workload_manager_*` metrics.
+    pub fn new(shared: Shared, drain: Drain, registry: &mut Registry) -> Arc<Manager> {
+        let metrics = ManagerMetrics::default();
+        let r = registry.sub_registry_with_prefix("workload_manager");
+        r.register("active_proxy_count", "Pods with running proxies (unstable)", metrics.active.clone());
+        r.register(
+            "pending_proxy_count",
+            "Pods whose proxies could not start yet (unstable)",
+            metrics.pending.clone(),
+        );
+        r.register("proxies_started", "Pod proxies started (unstable)", metrics.started.clone());
+        r.register("proxies_stopped", "Pod proxies stopped (unstable)", metrics.stopped.clone());
+        Arc::new(Manager { shared, drain, inner: Mutex::new(Inner::default()), metrics })
+    }
+
+    /// Follows the node agent on `path` until the process drains: connects (with backoff),
+    /// applies its requests, reconnects when the connection ends.
+    pub async fn run(self: Arc<Self>, path: PathBuf, readiness: Readiness) {
+        self.lock().not_ready = Some(readiness.pending("workload proxy manager"));
+        let retry = self.clone();
+        tokio::spawn(async move { retry.retry_pending().await });
+        let mut backoff = BACKOFF_START;
+        loop {
+            let conn = tokio::select! {
+                c = ZdsClient::connect(&path) => c,
+                _ = self.drain.started() => return,
+            };
+            match conn {
+                Ok(client) => {
+                    tracing::info!(path = %path.display(), "connected to the node agent (ZDS)");
+                    backoff = BACKOFF_START;
+                    self.on_connect(&readiness);
+                    let clean = tokio::select! {
+                        c = self.serve(client) => c,
+                        _ = self.drain.started() => return,
+                    };
+                    self.on_disconnect(&readiness);
+                    if clean {
+                        continue;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, retry_in = ?backoff,
+                        "cannot reach the node agent's ZDS socket; is the node agent running?");
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = self.drain.started() => return,
+            }
+            backoff = (backoff * 2).min(BACKOFF_MAX);
+        }
+    }
+
+    /// Serves one connection; returns true when it ended cleanly (EOF).
+    async fn serve(&self, mut client: ZdsClient) -> bool {
+        loop {
+            let req = match client.recv().await {
+                Ok(Some(r)) => r,
+                Ok(None) => {
+                    tracing::info!("node agent closed the ZDS connection");
+                    return true;
+                }
+                // One pod's message is unusable but the stream is intact: refuse that pod only.
+                Err(RecvError::Protocol(
+                    e @ (ProtocolError::NotANetns { .. }
+                    | ProtocolError::AddWithoutFd
+                    | ProtocolError::AddWithoutWorkloadInfo { .. }
+                    | ProtocolError::EmptyUid),
+                )) => {
+                    tracing::error!(error = %e, "refusing a pod from the node agent");
+                    if let Err(e) = client.ack(Err(protocol_error(&e))).await {
+                        tracing::warn!(error = %e, "cannot ack the node agent; reconnecting");
+                        return false;
+                    }
+                    continue;
+                }
+                Err(RecvError::Protocol(e)) => {
+                    self.protocol_violation(&mut client, protocol_error(&e)).await;
+                    return false;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading from the node agent failed; reconnecting");
+                    return false;
+                }
+            };
+            let result = match req {
+                Request::Add { uid, info, netns } => self.add(uid, info, netns),
+                Request::Keep { uid } => match self.keep(&uid) {
+                    Ok(()) => Ok(()),
+                    Err(e) => {
+                        self.protocol_violation(&mut client, e.to_string()).await;
+                        return false;
+                    }
+                },
+                Request::Del { uid } => {
+                    self.del(&uid);
+                    Ok(())
+                }
+                Request::SnapshotSent => match self.snapshot_sent() {
+                    Ok(()) => Ok(()),
+                    Err(e) => {
+                        self.protocol_violation(&mut client, e.to_string()).await;
+                        return false;
+                    }
+                },
+            };
+            if let Err(e) = client.ack(result).await {
+                tracing::warn!(error = %e, "cannot ack the node agent; reconnecting");
+                return false;
+            }
+            self.update_readiness();
+        }
+    }
+
+    async fn protocol_violation(&self, client: &mut ZdsClient, error: String) {
+        tracing::error!(%error, "ZDS protocol violation by the node agent; NACKing and reconnecting (pods keep their proxies)");
+        let _ = client.ack(Err(error)).await;
+    }
+
+    fn on_connect(&self, readiness: &Readiness) {
+        let mut inner = self.lock();
+        inner.connected = true;
+        inner.snapshot_done = false;
+        inner.seen.clear();
+        if inner.not_ready.is_none() {
+            inner.not_ready = Some(readiness.pending("workload proxy manager"));
+        }
+    }
+
+    fn on_disconnect(&self, readiness: &Readiness) {
+        let mut inner = self.lock();
+        inner.connected = false;
+        if inner.not_ready.is_none() {
+            inner.not_ready = Some(readiness.pending("workload proxy manager"));
+        }
+    }
+
+    fn update_readiness(&self) {
+        let mut inner = self.lock();
+        let pending = inner.pods.values().any(|p| matches!(p.state, PodState::Pending { .. }));
+        if inner.connected && inner.snapshot_done && !pending {
+            inner.not_ready = None;
+        }
+    }
+
+    fn add(&self, uid: String, info: ambit_zds::WorkloadInfo, fd: OwnedFd) -> Result<(), String> {
+        let netns = InpodNetns::new(fd).map_err(|e| format!("pod {uid}: unusable netns fd: {e}"))?;
+        let info = WorkloadInfo {
+            namespace: info.namespace,
+            name: info.name,
+            service_account: info.service_account,
+        };
+        let mut inner = self.lock();
+        if !inner.snapshot_done {
+            inner.seen.insert(uid.clone());
+        }
+        if let Some(existing) = inner.pods.get(&uid) {
+            if existing.netns.id() == netns.id() {
+                if let PodState::Up { .. } = existing.state {
+                    return Ok(());
+                }
+            } else {
+                tracing::info!(%uid, "pod has a new network namespace; replacing its proxy");
+            }
+            if let Some(old) = inner.pods.remove(&uid) {
+                self.stop(&uid, old);
+            }
+        }
+        let mut pod = Pod { info, netns: Arc::new(netns), state: PodState::Pending { error: String::new() } };
+        let result = self.start(&uid, &mut pod);
+        inner.pods.insert(uid, pod);
+        self.count(&inner);
+        result
+    }
+
+    fn start(&self, uid: &str, pod: &mut Pod) -> Result<(), String> {
+        let drain = self.drain.child();
+        let mut sockets = self.shared.cfg.socket_options();
+        sockets.netns = Some(pod.netns.clone());
+        match self.shared.start(pod.info.clone(), sockets, drain.clone()) {
+            Ok(inputs) => {
+                tracing::info!(%uid, workload = %format!("{}/{}", pod.info.namespace, pod.info.name),
+                    netns = ?pod.netns.id(), "pod proxy started");
+                self.metrics.started.inc();
+                pod.state = PodState::Up { inputs, drain };
+                Ok(())
+            }
+            Err(e) => {
+                drain.close_now();
+                let error = format!("pod {uid}: cannot start the proxy in the pod's network namespace: {e}");
+                tracing::warn!("{error}; retrying every {}s", RETRY_PENDING.as_secs());
+                pod.state = PodState::Pending { error: error.clone() };
+                Err(error)
+            }
+        }
+    }
+
+    fn stop(&self, uid: &str, pod: Pod) {
+        if let PodState::Up { drain, .. } = pod.state {
+            // The pod is gone (or replaced): no grace, close its listeners and connections now.
+            drain.close_now();
+            self.metrics.stopped.inc();
+            tracing::info!(%uid, "pod proxy stopped");
+        }
+    }
+
+    fn keep(&self, uid: &str) -> Result<(), StateError> {
+        let mut inner = self.lock();
+        if inner.snapshot_done {
+            return Err(StateError::KeepAfterSnapshot(uid.to_owned()));
+        }
+        inner.seen.insert(uid.to_owned());
+        Ok(())
+    }
+
+    fn del(&self, uid: &str) {
+        let mut inner = self.lock();
+        if !inner.snapshot_done {
+            inner.seen.remove(uid);
+        }
+        if let Some(pod) = inner.pods.remove(uid) {
+            self.stop(uid, pod);
+        }
+        self.count(&inner);
+    }
+
+    fn snapshot_sent(&self) -> Result<(), StateError> {
+        let mut inner = self.lock();
+        if inner.snapshot_done {
+            return Err(StateError::DuplicateSnapshot);
+        }
+        inner.snapshot_done = true;
+        let stale: Vec<String> = inner.pods.keys().filter(|u| !inner.seen.contains(*u)).cloned().collect();
+        for uid in stale {
+            if let Some(pod) = inner.pods.remove(&uid) {
+                tracing::info!(%uid, "pod not in the node agent's snapshot; stopping its proxy");
+                self.stop(&uid, pod);
+            }
+        }
+        self.count(&inner);
+        Ok(())
+    }
+
+    async fn retry_pending(self: Arc<Self>) {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(RETRY_PENDING) => {}
+                _ = self.drain.started() => return,
+            }
+            let mut inner = self.lock();
+            let uids: Vec<String> = inner
+                .pods
+                .iter()
+                .filter(|(_, p)| matches!(p.state, PodState::Pending { .. }))
+                .map(|(u, _)| u.clone())
+                .collect();
+            for uid in uids {
+                if let Some(pod) = inner.pods.get_mut(&uid) {
+                    let _ = self.start(&uid, pod);
+                }
+            }
+            self.count(&inner);
+            drop(inner);
+            self.update_readiness();
+        }
+    }
+
+    fn count(&self, inner: &Inner) {
+        let pending = inner.pods.values().filter(|p| matches!(p.state, PodState::Pending { .. })).count();
+        self.metrics.pending.set(pending as i64);
+        self.metrics.active.set((inner.pods.len() - pending) as i64);
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `workloadState` for `/config_dump`: uid → {state, info, netns, error?}.
+    pub fn dump(&self) -> serde_json::Value {
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct PodDump<'a> {
+            state: &'static str,
+            info: &'a WorkloadInfo,
+            netns: NetnsId,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            error: Option<&'a str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pooled_hbone_connections: Option<usize>,
+        }
+        let inner = self.lock();
+        let mut map = serde_json::Map::new();
+        let mut uids: Vec<&String> = inner.pods.keys().collect();
+        uids.sort();
+        for uid in uids {
+            let Some(p) = inner.pods.get(uid) else { continue };
+            let d = match &p.state {
+                PodState::Up { inputs, .. } => PodDump {
+                    state: "Up",
+                    info: &p.info,
+                    netns: p.netns.id(),
+                    error: None,
+                    pooled_hbone_connections: Some(inputs.pool.connections()),
+                },
+                PodState::Pending { error } => PodDump {
+                    state: "Pending",
+                    info: &p.info,
+                    netns: p.netns.id(),
+                    error: Some(error),
+                    pooled_hbone_connections: None,
+                },
+            };
+            map.insert(uid.clone(), serde_json::to_value(d).unwrap_or_default());
+        }
+        serde_json::Value::Object(map)
+    }
+}
+
+fn protocol_error(e: &ProtocolError) -> String {
+    if e.is_fatal() {
+        format!("{e} (ztunnel would exit here; Ambit keeps serving its pods and reconnects)")
+    } else {
+        e.to_string()
+    }
+}
