@@ -33,16 +33,26 @@ pub fn netns_id(fd: BorrowedFd<'_>) -> io::Result<(u64, u64)> {
 
 /// `Ok` if `fd` is a netns, else a short description of what it is instead.
 ///
-/// The kernel names every nsfs dentry `TYPE:[INODE]` however the file was reached (a bind
-/// mount under `/var/run/netns` included), while a regular file's link is an absolute path,
-/// so the prefix `net:[` cannot be forged by naming a file.
+/// An nsfs file reached through `/proc/PID/ns/net` reads back as `net:[INODE]`; one reached
+/// through a bind mount (`/var/run/netns/NAME`, as container runtimes make them) reads back as
+/// the mount path, so the filesystem type (nsfs) is what tells it is a namespace. The kind of
+/// namespace of a bind-mounted one is confirmed by `setns(CLONE_NEWNET)` when the proxy
+/// enters it (which fails with EINVAL for any other kind).
 pub(crate) fn check_netns(fd: BorrowedFd<'_>) -> Result<(), String> {
     let link = Path::new("/proc/self/fd").join(fd.as_raw_fd().to_string());
-    match std::fs::read_link(&link) {
-        Ok(target) => {
-            let target = target.to_string_lossy();
-            if target.starts_with("net:[") { Ok(()) } else { Err(format!("it refers to {target}")) }
-        }
-        Err(e) => Err(format!("cannot read {}: {e}", link.display())),
+    let target = match std::fs::read_link(&link) {
+        Ok(t) => t.to_string_lossy().into_owned(),
+        Err(e) => return Err(format!("cannot read {}: {e}", link.display())),
+    };
+    if target.starts_with("net:[") {
+        return Ok(());
+    }
+    if target.contains(":[") && !target.starts_with('/') {
+        return Err(format!("it is another kind of namespace ({target})"));
+    }
+    match nix::sys::statfs::fstatfs(fd) {
+        Ok(fs) if fs.filesystem_type() == nix::sys::statfs::NSFS_MAGIC => Ok(()),
+        Ok(_) => Err(format!("it refers to {target}")),
+        Err(e) => Err(format!("cannot fstatfs it ({e}); it refers to {target}")),
     }
 }
