@@ -6,6 +6,7 @@ pub mod authz;
 pub mod config;
 pub mod connections;
 pub mod copy;
+pub mod dns;
 pub mod drain;
 pub mod hbone;
 pub mod inbound;

@@ -172,6 +172,13 @@ impl State {
         out
     }
 
+    /// Every service named `hostname`, one per namespace, in namespace order.
+    pub fn services_with_hostname(&self, hostname: &str) -> &[Arc<Service>] {
+        self.services_by_hostname
+            .get(hostname)
+            .map_or(&[], Vec::as_slice)
+    }
+
     /// Service by namespace and hostname.
     pub fn service_by_name(&self, namespace: &str, hostname: &str) -> Option<Arc<Service>> {
         self.services_by_hostname.get(hostname)?.iter().find(|s| s.namespace == namespace).cloned()
