@@ -14,6 +14,7 @@ use tokio::sync::Notify;
 
 use crate::config::{CaSource, Config, ProxyMode};
 use crate::connections::ConnectionManager;
+use crate::dns::DnsConfig;
 use crate::drain::Drain;
 use crate::instance::Shared;
 use crate::metrics::Metrics;
@@ -101,6 +102,17 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
             connections: ConnectionManager::default(),
             transparent: cfg.require_original_source.unwrap_or_else(crate::socket::transparent_available),
             data: data_rt,
+            dns: cfg.dns_proxy.then(|| {
+                let text = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+                let mut dns = DnsConfig::from_resolv_conf(&text, &cfg.cluster_domain, cfg.ipv6_enabled);
+                dns.preferred_namespace = cfg.prefered_service_namespace.clone();
+                if dns.upstreams.is_empty() {
+                    tracing::warn!(
+                        "no nameserver in /etc/resolv.conf: the DNS proxy answers mesh names only"
+                    );
+                }
+                Arc::new(dns)
+            }),
         };
         let drain = Drain::new();
         let readiness = Readiness::new();

@@ -25,6 +25,11 @@ impl Drain {
         self.start.cancelled().await
     }
 
+    /// A token cancelled when the drain starts (for loops that take one).
+    pub fn start_token(&self) -> CancellationToken {
+        self.start.clone()
+    }
+
     /// Whether a drain has started.
     pub fn is_draining(&self) -> bool {
         self.start.is_cancelled()

@@ -1,14 +1,17 @@
 //! One proxy instance: the listeners and state serving one workload (the process's own in
 //! dedicated mode, one per pod in shared mode), on top of what the whole process shares.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
 use ambit_identity::CertManager;
 
-use crate::config::{Config, WorkloadInfo};
+use futures::future::BoxFuture;
+
+use crate::config::{Config, ProxyMode, WorkloadInfo};
 use crate::connections::ConnectionManager;
+use crate::dns::{DnsClient, DnsConfig, DnsProxy, UpstreamSockets};
 use crate::drain::Drain;
 use crate::hbone::H2Settings;
 use crate::hbone::pool::Pool;
@@ -34,6 +37,8 @@ pub struct Shared {
     pub transparent: bool,
     /// The data-plane runtime.
     pub data: tokio::runtime::Handle,
+    /// DNS proxy settings (resolvers from the proxy's resolv.conf), when the DNS proxy is on.
+    pub dns: Option<Arc<DnsConfig>>,
 }
 
 impl Shared {
@@ -60,6 +65,10 @@ impl Shared {
         let outbound = listen(&sockets, cfg.outbound_addr)?;
         let inbound = listen(&sockets, cfg.inbound_addr)?;
         let plaintext = listen(&sockets, cfg.inbound_plaintext_addr)?;
+        let dns = match &self.dns {
+            Some(base) => Some(self.dns_proxy(base, &local, &sockets)?),
+            None => None,
+        };
         let pool = Pool::new(
             self.certs.clone(),
             sockets.clone(),
@@ -93,6 +102,14 @@ impl Shared {
             drain.clone(),
             move |s, p| crate::passthrough::serve_connection(i.clone(), s, p),
         ));
+        if let Some((proxy, udp, tcp)) = dns {
+            for u in udp {
+                self.data.spawn(proxy.clone().serve_udp(u, drain.start_token()));
+            }
+            for t in tcp {
+                self.data.spawn(proxy.clone().serve_tcp(t, drain.start_token()));
+            }
+        }
         self.data.spawn(async move {
             loop {
                 tokio::select! {
@@ -102,6 +119,70 @@ impl Shared {
             }
         });
         Ok(inputs)
+    }
+}
+
+type DnsSockets = (Arc<DnsProxy>, Vec<tokio::net::UdpSocket>, Vec<tokio::net::TcpListener>);
+
+impl Shared {
+    /// The DNS proxy of one instance, bound on 127.0.0.1:15053 (and [::1]:15053 when IPv6 is
+    /// on and available) in the instance's namespace.
+    fn dns_proxy(
+        &self,
+        base: &DnsConfig,
+        local: &WorkloadInfo,
+        sockets: &SocketOptions,
+    ) -> Result<DnsSockets, BindError> {
+        let mut cfg = base.clone();
+        if self.cfg.proxy_mode == ProxyMode::Shared {
+            cfg.search_domains = DnsConfig::pod_search_domains(&local.namespace, &self.cfg.cluster_domain);
+        }
+        let client = DnsClient { namespace: local.namespace.clone(), network: self.cfg.network.clone() };
+        let proxy = DnsProxy::new(
+            self.state.clone(),
+            Arc::new(cfg),
+            client,
+            Arc::new(NetnsUpstream(sockets.clone())),
+        );
+        let mut addrs = vec![SocketAddr::new(Ipv4Addr::LOCALHOST.into(), DNS_PORT)];
+        if self.cfg.ipv6_enabled {
+            addrs.push(SocketAddr::new(Ipv6Addr::LOCALHOST.into(), DNS_PORT));
+        }
+        let (mut udp, mut tcp) = (Vec::new(), Vec::new());
+        for (i, addr) in addrs.into_iter().enumerate() {
+            let bound = sockets
+                .bind_udp(addr, true)
+                .map_err(|source| BindError { addr, source })
+                .and_then(|u| Ok((u, sockets.listen(addr, true)?)));
+            match bound {
+                Ok((u, t)) => {
+                    udp.push(u);
+                    tcp.push(t);
+                }
+                // ::1 missing (IPv6 disabled on lo in the pod): serve IPv4 only.
+                Err(e) if i > 0 && ipv6_unavailable(&e.source) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok((proxy, udp, tcp))
+    }
+}
+
+/// Port of the DNS proxy.
+pub const DNS_PORT: u16 = 15053;
+
+/// Upstream DNS sockets in the instance's namespace, marked so capture lets them through.
+struct NetnsUpstream(SocketOptions);
+
+impl UpstreamSockets for NetnsUpstream {
+    fn udp(&self, upstream: SocketAddr) -> std::io::Result<tokio::net::UdpSocket> {
+        let any =
+            if upstream.is_ipv4() { Ipv4Addr::UNSPECIFIED.into() } else { Ipv6Addr::UNSPECIFIED.into() };
+        self.0.bind_udp(SocketAddr::new(any, 0), false)
+    }
+
+    fn tcp(&self, upstream: SocketAddr) -> BoxFuture<'_, std::io::Result<tokio::net::TcpStream>> {
+        Box::pin(self.0.connect(upstream, None))
     }
 }
 
@@ -118,5 +199,5 @@ fn listen(sockets: &SocketOptions, addr: SocketAddr) -> Result<tokio::net::TcpLi
 }
 
 fn ipv6_unavailable(e: &std::io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::EAFNOSUPPORT) | Some(libc::EADDRNOTAVAIL))
+    matches!(e.raw_os_error(), Some(libc::EAFNOSUPPORT) | Some(libc::EADDRNOTAVAIL) | Some(libc::EINVAL))
 }

@@ -82,13 +82,16 @@ impl SocketOptions {
         Ok(sock)
     }
 
-    /// Binds a UDP socket (in the namespace, marked).
-    pub fn bind_udp(&self, addr: SocketAddr) -> io::Result<UdpSocket> {
+    /// Binds a UDP socket (in the namespace, marked), optionally with `SO_REUSEPORT`.
+    pub fn bind_udp(&self, addr: SocketAddr, reuse_port: bool) -> io::Result<UdpSocket> {
         let sock = self.socket(Domain::for_address(addr), Type::DGRAM, Protocol::UDP)?;
         if addr.is_ipv6() {
             sock.set_only_v6(true)?;
         }
         sock.set_reuse_address(true)?;
+        if reuse_port {
+            sock.set_reuse_port(true)?;
+        }
         sock.set_nonblocking(true)?;
         sock.bind(&addr.into())?;
         UdpSocket::from_std(sock.into())

@@ -61,10 +61,6 @@ impl DnsConfig {
     /// `svc.<domain>`, `<domain>`), for in-pod proxies whose pods' resolv.conf is not read.
     pub fn pod_search_domains(namespace: &str, cluster_domain: &str) -> Vec<String> {
         let domain = cluster_domain.trim_end_matches('.');
-        vec![
-            format!("{namespace}.svc.{domain}"),
-            format!("svc.{domain}"),
-            domain.to_owned(),
-        ]
+        vec![format!("{namespace}.svc.{domain}"), format!("svc.{domain}"), domain.to_owned()]
     }
 }

@@ -88,19 +88,11 @@ impl Forwarder {
         sockets: Arc<dyn UpstreamSockets>,
         timeout: Duration,
     ) -> Forwarder {
-        Forwarder {
-            upstreams,
-            sockets,
-            timeout,
-        }
+        Forwarder { upstreams, sockets, timeout }
     }
 
     /// The upstream response to `query`, with `query`'s id; `protocol` is how the client asked.
-    pub(super) async fn forward(
-        &self,
-        query: &Message,
-        protocol: Protocol,
-    ) -> Result<Vec<u8>, ForwardError> {
+    pub(super) async fn forward(&self, query: &Message, protocol: Protocol) -> Result<Vec<u8>, ForwardError> {
         let mut last = ForwardError::NoUpstreams;
         for &upstream in &self.upstreams {
             match self.exchange(upstream, query, protocol).await {
@@ -129,33 +121,18 @@ impl Forwarder {
         let mut out = query.clone();
         out.metadata.id = rand::random();
         let id = out.metadata.id;
-        let bytes = out
-            .to_vec()
-            .map_err(|source| ForwardError::Encode { upstream, source })?;
+        let bytes = out.to_vec().map_err(|source| ForwardError::Encode { upstream, source })?;
         let question = query.queries.first();
         let mut reply = None;
         if protocol == Protocol::Udp {
-            let r = self
-                .timed(
-                    upstream,
-                    Protocol::Udp,
-                    self.udp(upstream, &bytes, id, question),
-                )
-                .await?;
+            let r = self.timed(upstream, Protocol::Udp, self.udp(upstream, &bytes, id, question)).await?;
             if !r.truncated {
                 reply = Some(r);
             }
         }
         let reply = match reply {
             Some(r) => r,
-            None => {
-                self.timed(
-                    upstream,
-                    Protocol::Tcp,
-                    self.tcp(upstream, &bytes, id, question),
-                )
-                .await?
-            }
+            None => self.timed(upstream, Protocol::Tcp, self.tcp(upstream, &bytes, id, question)).await?,
         };
         Ok(reply.bytes)
     }
@@ -166,13 +143,11 @@ impl Forwarder {
         protocol: Protocol,
         f: impl Future<Output = Result<Reply, ForwardError>>,
     ) -> Result<Reply, ForwardError> {
-        tokio::time::timeout(self.timeout, f)
-            .await
-            .map_err(|_| ForwardError::Timeout {
-                upstream,
-                protocol,
-                timeout: self.timeout,
-            })?
+        tokio::time::timeout(self.timeout, f).await.map_err(|_| ForwardError::Timeout {
+            upstream,
+            protocol,
+            timeout: self.timeout,
+        })?
     }
 
     async fn udp(
@@ -182,11 +157,7 @@ impl Forwarder {
         id: u16,
         question: Option<&Query>,
     ) -> Result<Reply, ForwardError> {
-        let io = |source| ForwardError::Io {
-            upstream,
-            protocol: Protocol::Udp,
-            source,
-        };
+        let io = |source| ForwardError::Io { upstream, protocol: Protocol::Udp, source };
         let socket = self.sockets.udp(upstream).map_err(io)?;
         // Connected: only the upstream's datagrams arrive, and ICMP errors surface.
         socket.connect(upstream).await.map_err(io)?;
@@ -197,10 +168,7 @@ impl Forwarder {
             let datagram = &buf[..n];
             match check(upstream, datagram, id, question) {
                 Ok(truncated) => {
-                    return Ok(Reply {
-                        bytes: datagram.to_vec(),
-                        truncated,
-                    });
+                    return Ok(Reply { bytes: datagram.to_vec(), truncated });
                 }
                 // A stray or spoofed datagram: keep waiting for the real answer.
                 Err(ForwardError::BadResponse { reason, .. }) => {
@@ -218,11 +186,7 @@ impl Forwarder {
         id: u16,
         question: Option<&Query>,
     ) -> Result<Reply, ForwardError> {
-        let io = |source| ForwardError::Io {
-            upstream,
-            protocol: Protocol::Tcp,
-            source,
-        };
+        let io = |source| ForwardError::Io { upstream, protocol: Protocol::Tcp, source };
         let len = u16::try_from(bytes.len()).map_err(|_| ForwardError::BadResponse {
             upstream,
             reason: "query too large for TCP".to_owned(),
@@ -236,10 +200,7 @@ impl Forwarder {
         let mut buf = vec![0u8; usize::from(len)];
         stream.read_exact(&mut buf).await.map_err(io)?;
         let truncated = check(upstream, &buf, id, question)?;
-        Ok(Reply {
-            bytes: buf,
-            truncated,
-        })
+        Ok(Reply { bytes: buf, truncated })
     }
 }
 
@@ -251,10 +212,7 @@ fn check(
     id: u16,
     question: Option<&Query>,
 ) -> Result<bool, ForwardError> {
-    let bad = |reason: &str| ForwardError::BadResponse {
-        upstream,
-        reason: reason.to_owned(),
-    };
+    let bad = |reason: &str| ForwardError::BadResponse { upstream, reason: reason.to_owned() };
     let msg = Message::from_vec(bytes).map_err(|e| bad(&format!("undecodable: {e}")))?;
     if msg.metadata.id != id {
         return Err(bad("message id does not match the query"));

@@ -56,26 +56,14 @@ impl Names {
     /// Precomputes the domain names for `client`.
     pub(super) fn new(cfg: &DnsConfig, client: &DnsClient) -> Names {
         let domain = split(&cfg.cluster_domain);
-        let svc_domain: Vec<String> = std::iter::once("svc".to_owned())
-            .chain(domain.iter().cloned())
-            .collect();
+        let svc_domain: Vec<String> =
+            std::iter::once("svc".to_owned()).chain(domain.iter().cloned()).collect();
         let ns_domain: Vec<String> = std::iter::once(client.namespace.to_ascii_lowercase())
             .chain(svc_domain.iter().cloned())
             .collect();
-        let search = cfg
-            .search_domains
-            .iter()
-            .map(|d| split(d))
-            .filter(|d| !d.is_empty())
-            .collect();
+        let search = cfg.search_domains.iter().map(|d| split(d)).filter(|d| !d.is_empty()).collect();
         let headless_suffix = format!(".{}", svc_domain.join("."));
-        Names {
-            domain,
-            svc_domain,
-            ns_domain,
-            search,
-            headless_suffix,
-        }
+        Names { domain, svc_domain, ns_domain, search, headless_suffix }
     }
 }
 
@@ -101,10 +89,7 @@ pub(super) fn find(
     for candidate in candidates(names, query) {
         for (hostname, wildcard) in wildcards(&candidate.labels) {
             if let Some(service) = best_service(state, cfg, names, client, &hostname) {
-                return Some(Found {
-                    service,
-                    cname_labels: candidate.stripped.filter(|_| !wildcard),
-                });
+                return Some(Found { service, cname_labels: candidate.stripped.filter(|_| !wildcard) });
             }
         }
     }
@@ -183,16 +168,12 @@ fn candidates(names: &Names, query: &[String]) -> Vec<Candidate> {
 /// The candidate names of `query`, joined, in order (for tests).
 #[cfg(test)]
 pub(super) fn candidates_for_test(names: &Names, query: &[String]) -> Vec<String> {
-    candidates(names, query)
-        .into_iter()
-        .map(|c| c.labels.join("."))
-        .collect()
+    candidates(names, query).into_iter().map(|c| c.labels.join(".")).collect()
 }
 
 /// The Kubernetes FQDNs a short name may stand for.
 fn expansions(names: &Names, labels: &[String]) -> Vec<Vec<String>> {
-    let with =
-        |suffix: &[String]| -> Vec<String> { labels.iter().chain(suffix).cloned().collect() };
+    let with = |suffix: &[String]| -> Vec<String> { labels.iter().chain(suffix).cloned().collect() };
     let ends_in_svc = labels.last().is_some_and(|l| l == "svc");
     match labels.len() {
         1 => vec![with(&names.ns_domain)],
@@ -239,11 +220,7 @@ fn best_service(
             && s.visible_to(&client.namespace)
     });
     for s in eligible {
-        let key = (
-            s.namespace == client.namespace,
-            s.canonical,
-            preferred == Some(s.namespace.as_str()),
-        );
+        let key = (s.namespace == client.namespace, s.canonical, preferred == Some(s.namespace.as_str()));
         if best.as_ref().is_none_or(|(k, _)| key > *k) {
             best = Some((key, s));
         }
@@ -256,10 +233,5 @@ type Rank = (bool, bool, bool);
 
 /// Lower-case labels of a configured domain (`cluster.local.` → `["cluster", "local"]`).
 fn split(domain: &str) -> Vec<String> {
-    domain
-        .trim_end_matches('.')
-        .split('.')
-        .filter(|l| !l.is_empty())
-        .map(str::to_ascii_lowercase)
-        .collect()
+    domain.trim_end_matches('.').split('.').filter(|l| !l.is_empty()).map(str::to_ascii_lowercase).collect()
 }

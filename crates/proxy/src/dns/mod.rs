@@ -20,9 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use hickory_proto::op::{
-    Edns, Header, Message, MessageType, Metadata, OpCode, Query, ResponseCode,
-};
+use hickory_proto::op::{Edns, Header, Message, MessageType, Metadata, OpCode, Query, ResponseCode};
 use hickory_proto::rr::rdata::{A, AAAA, CNAME};
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
 use hickory_proto::serialize::binary::{BinDecodable, BinDecoder};
@@ -98,13 +96,7 @@ impl DnsProxy {
     ) -> DnsProxy {
         let names = Names::new(&cfg, &client);
         let forwarder = forward::Forwarder::new(cfg.upstreams.clone(), upstream, timeout);
-        DnsProxy {
-            state,
-            cfg,
-            client,
-            names,
-            forwarder,
-        }
+        DnsProxy { state, cfg, client, names, forwarder }
     }
 
     /// Answers one query message (bytes in, bytes out) — the core, used by both loops and by tests.
@@ -120,10 +112,9 @@ impl DnsProxy {
         }
         let request = Message::from_vec(query).ok()?;
         let limit = match protocol {
-            Protocol::Udp => request
-                .edns
-                .as_ref()
-                .map_or(MIN_UDP_PAYLOAD, |e| e.max_payload().max(MIN_UDP_PAYLOAD)),
+            Protocol::Udp => {
+                request.edns.as_ref().map_or(MIN_UDP_PAYLOAD, |e| e.max_payload().max(MIN_UDP_PAYLOAD))
+            }
             Protocol::Tcp => u16::MAX,
         };
         let [question] = request.queries.as_slice() else {
@@ -185,11 +176,7 @@ impl DnsProxy {
                 response.add_answer(Record::from_rdata(owner.clone(), TTL_SECONDS, rdata));
             }
         }
-        let result = if addrs.is_empty() {
-            "no records"
-        } else {
-            "success"
-        };
+        let result = if addrs.is_empty() { "no records" } else { "success" };
         self.log(question, result, addrs.len());
         response.to_vec().ok()
     }
@@ -227,9 +214,7 @@ impl fmt::Debug for DnsProxy {
 /// The header alone, so that responses and other opcodes are refused even when the body is
 /// something hickory cannot decode.
 fn read_metadata(bytes: &[u8]) -> Option<Metadata> {
-    Header::read(&mut BinDecoder::new(bytes))
-        .ok()
-        .map(|h| h.metadata)
+    Header::read(&mut BinDecoder::new(bytes)).ok().map(|h| h.metadata)
 }
 
 /// An empty response to `request`: same id, opcode, RD/CD and question, RA set, EDNS echoed.

@@ -105,11 +105,10 @@ impl DnsProxy {
     /// [`TCP_REQUEST_TIMEOUT`], or sends something that is not a DNS message.
     async fn serve_connection(&self, mut stream: TcpStream) {
         loop {
-            let query =
-                match tokio::time::timeout(TCP_REQUEST_TIMEOUT, read_frame(&mut stream)).await {
-                    Ok(Ok(Some(q))) => q,
-                    _ => return,
-                };
+            let query = match tokio::time::timeout(TCP_REQUEST_TIMEOUT, read_frame(&mut stream)).await {
+                Ok(Ok(Some(q))) => q,
+                _ => return,
+            };
             let Some(response) = self.answer(&query, Protocol::Tcp).await else {
                 return;
             };

@@ -174,9 +174,7 @@ impl State {
 
     /// Every service named `hostname`, one per namespace, in namespace order.
     pub fn services_with_hostname(&self, hostname: &str) -> &[Arc<Service>] {
-        self.services_by_hostname
-            .get(hostname)
-            .map_or(&[], Vec::as_slice)
+        self.services_by_hostname.get(hostname).map_or(&[], Vec::as_slice)
     }
 
     /// Service by namespace and hostname.

@@ -73,9 +73,7 @@ async fn upstream() -> Upstream {
             let q = Message::from_vec(&buf[..n]).unwrap();
             s.lock().unwrap().push((Protocol::Udp, q.metadata.id));
             let big = q.queries[0].name().to_ascii().starts_with("big.");
-            udp.send_to(&upstream_reply(&buf[..n], big), peer)
-                .await
-                .unwrap();
+            udp.send_to(&upstream_reply(&buf[..n], big), peer).await.unwrap();
         }
     });
     let (s, st) = (seen.clone(), stop.clone());
@@ -103,10 +101,7 @@ async fn upstream() -> Upstream {
 }
 
 fn with_upstreams(upstreams: Vec<SocketAddr>) -> DnsConfig {
-    DnsConfig {
-        upstreams,
-        ..config("ns1")
-    }
+    DnsConfig { upstreams, ..config("ns1") }
 }
 
 /// An address where nothing listens (UDP gets ICMP port unreachable, TCP a reset).
@@ -139,12 +134,7 @@ async fn non_mesh_names_are_forwarded_over_udp() {
 async fn other_types_for_mesh_names_are_forwarded() {
     let up = upstream().await;
     let proxy = proxy_with(MESH, with_upstreams(vec![up.addr]), "ns1");
-    let m = ask(
-        &proxy,
-        "productpage.ns1.svc.cluster.local.",
-        RecordType::TXT,
-    )
-    .await;
+    let m = ask(&proxy, "productpage.ns1.svc.cluster.local.", RecordType::TXT).await;
     assert_eq!(m.metadata.response_code, ResponseCode::NoError);
     assert_eq!(seen(&up).len(), 1);
     // Mesh A queries never reach the upstream.
@@ -156,12 +146,7 @@ async fn other_types_for_mesh_names_are_forwarded() {
 async fn tcp_queries_are_forwarded_over_tcp() {
     let up = upstream().await;
     let proxy = proxy_with(MESH, with_upstreams(vec![up.addr]), "ns1");
-    let m = ask_msg(
-        &proxy,
-        &query("nothing.example.", RecordType::A, None),
-        Protocol::Tcp,
-    )
-    .await;
+    let m = ask_msg(&proxy, &query("nothing.example.", RecordType::A, None), Protocol::Tcp).await;
     assert_eq!(rendered(&m), vec!["nothing.example. A 1.2.3.4"]);
     let seen = seen(&up);
     assert_eq!(seen.len(), 1);
@@ -185,17 +170,8 @@ async fn the_next_upstream_is_tried() {
     let dead = dead_addr().await;
     let proxy = proxy_with(MESH, with_upstreams(vec![dead, up.addr]), "ns1");
     for protocol in [Protocol::Udp, Protocol::Tcp] {
-        let m = ask_msg(
-            &proxy,
-            &query("nothing.example.", RecordType::A, None),
-            protocol,
-        )
-        .await;
-        assert_eq!(
-            rendered(&m),
-            vec!["nothing.example. A 1.2.3.4"],
-            "{protocol}"
-        );
+        let m = ask_msg(&proxy, &query("nothing.example.", RecordType::A, None), protocol).await;
+        assert_eq!(rendered(&m), vec!["nothing.example. A 1.2.3.4"], "{protocol}");
     }
 }
 
@@ -206,11 +182,7 @@ async fn servfail_when_the_upstream_is_down() {
     for protocol in [Protocol::Udp, Protocol::Tcp] {
         let q = query("nothing.example.", RecordType::A, Some(1232));
         let m = ask_msg(&proxy, &q, protocol).await;
-        assert_eq!(
-            m.metadata.response_code,
-            ResponseCode::ServFail,
-            "{protocol}"
-        );
+        assert_eq!(m.metadata.response_code, ResponseCode::ServFail, "{protocol}");
         assert_eq!(m.metadata.id, 0x1234);
         assert_eq!(m.queries.len(), 1);
         assert!(m.edns.is_some());
@@ -225,17 +197,8 @@ async fn servfail_when_the_upstream_is_silent() {
     let proxy = proxy_with_timeout(with_upstreams(vec![addr]), Duration::from_millis(200));
     let started = std::time::Instant::now();
     for protocol in [Protocol::Udp, Protocol::Tcp] {
-        let m = ask_msg(
-            &proxy,
-            &query("nothing.example.", RecordType::A, None),
-            protocol,
-        )
-        .await;
-        assert_eq!(
-            m.metadata.response_code,
-            ResponseCode::ServFail,
-            "{protocol}"
-        );
+        let m = ask_msg(&proxy, &query("nothing.example.", RecordType::A, None), protocol).await;
+        assert_eq!(m.metadata.response_code, ResponseCode::ServFail, "{protocol}");
     }
     assert!(started.elapsed() < Duration::from_secs(3));
     drop((udp, tcp));
@@ -254,42 +217,24 @@ async fn udp_loop_end_to_end() {
     client.connect(addr).await.unwrap();
     let mut buf = vec![0u8; 4096];
     for (name, want) in [
-        (
-            "productpage.ns1.svc.cluster.local.",
-            "productpage.ns1.svc.cluster.local. A 9.9.9.9",
-        ),
+        ("productpage.ns1.svc.cluster.local.", "productpage.ns1.svc.cluster.local. A 9.9.9.9"),
         ("nothing.example.", "nothing.example. A 1.2.3.4"),
     ] {
         let q = query(name, RecordType::A, None);
         client.send(&q.to_vec().unwrap()).await.unwrap();
-        let n = tokio::time::timeout(Duration::from_secs(5), client.recv(&mut buf))
-            .await
-            .unwrap()
-            .unwrap();
+        let n = tokio::time::timeout(Duration::from_secs(5), client.recv(&mut buf)).await.unwrap().unwrap();
         let m = Message::from_vec(&buf[..n]).unwrap();
         assert_eq!(m.metadata.id, 0x1234);
         assert_eq!(rendered(&m), vec![want]);
     }
     // Garbage gets no reply, and the loop keeps serving.
     client.send(b"garbage").await.unwrap();
-    client
-        .send(&query("productpage.", RecordType::A, None).to_vec().unwrap())
-        .await
-        .unwrap();
-    let n = tokio::time::timeout(Duration::from_secs(5), client.recv(&mut buf))
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(
-        rendered(&Message::from_vec(&buf[..n]).unwrap()),
-        vec!["productpage. A 9.9.9.9"]
-    );
+    client.send(&query("productpage.", RecordType::A, None).to_vec().unwrap()).await.unwrap();
+    let n = tokio::time::timeout(Duration::from_secs(5), client.recv(&mut buf)).await.unwrap().unwrap();
+    assert_eq!(rendered(&Message::from_vec(&buf[..n]).unwrap()), vec!["productpage. A 9.9.9.9"]);
 
     stop.cancel();
-    tokio::time::timeout(Duration::from_secs(5), task)
-        .await
-        .unwrap()
-        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();
 }
 
 async fn tcp_exchange(conn: &mut TcpStream, q: &[u8]) -> Message {
@@ -312,43 +257,26 @@ async fn tcp_loop_end_to_end() {
 
     // Several queries on one connection.
     let mut conn = TcpStream::connect(addr).await.unwrap();
-    let m = tcp_exchange(
-        &mut conn,
-        &query("productpage.", RecordType::A, None).to_vec().unwrap(),
-    )
-    .await;
+    let m = tcp_exchange(&mut conn, &query("productpage.", RecordType::A, None).to_vec().unwrap()).await;
     assert_eq!(rendered(&m), vec!["productpage. A 9.9.9.9"]);
-    let m = tcp_exchange(
-        &mut conn,
-        &query("nothing.example.", RecordType::A, None)
-            .to_vec()
-            .unwrap(),
-    )
-    .await;
+    let m = tcp_exchange(&mut conn, &query("nothing.example.", RecordType::A, None).to_vec().unwrap()).await;
     assert_eq!(rendered(&m), vec!["nothing.example. A 1.2.3.4"]);
     assert_eq!(seen(&up)[0].0, Protocol::Tcp);
 
     // Garbage closes the connection.
     conn.write_all(b"\x00\x07garbage").await.unwrap();
     let mut rest = Vec::new();
-    let n = tokio::time::timeout(Duration::from_secs(5), conn.read_to_end(&mut rest))
-        .await
-        .unwrap()
-        .unwrap_or(0);
+    let n =
+        tokio::time::timeout(Duration::from_secs(5), conn.read_to_end(&mut rest)).await.unwrap().unwrap_or(0);
     assert_eq!(n, 0);
 
     // Stopping closes open connections and ends the loop.
     let mut idle = TcpStream::connect(addr).await.unwrap();
     tokio::time::sleep(Duration::from_millis(50)).await;
     stop.cancel();
-    tokio::time::timeout(Duration::from_secs(5), task)
-        .await
-        .unwrap()
-        .unwrap();
-    let n = tokio::time::timeout(Duration::from_secs(5), idle.read_to_end(&mut rest))
-        .await
-        .unwrap()
-        .unwrap_or(0);
+    tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();
+    let n =
+        tokio::time::timeout(Duration::from_secs(5), idle.read_to_end(&mut rest)).await.unwrap().unwrap_or(0);
     assert_eq!(n, 0);
 }
 

@@ -24,38 +24,16 @@ struct Case {
 }
 
 const fn case(name: &'static str, host: &'static str, rtype: RecordType, expect: Expect) -> Case {
-    Case {
-        name,
-        host,
-        rtype,
-        client_ns: "ns1",
-        ipv6: true,
-        expect,
-    }
+    Case { name, host, rtype, client_ns: "ns1", ipv6: true, expect }
 }
 
 use Expect::{Answers, Forwarded};
 use RecordType::{A, AAAA, TXT};
 
 const CASES: &[Case] = &[
-    case(
-        "shortname",
-        "productpage.",
-        A,
-        Answers(&["productpage. A 9.9.9.9"]),
-    ),
-    case(
-        "name.namespace",
-        "productpage.ns1.",
-        A,
-        Answers(&["productpage.ns1. A 9.9.9.9"]),
-    ),
-    case(
-        "name.namespace.svc",
-        "productpage.ns1.svc.",
-        A,
-        Answers(&["productpage.ns1.svc. A 9.9.9.9"]),
-    ),
+    case("shortname", "productpage.", A, Answers(&["productpage. A 9.9.9.9"])),
+    case("name.namespace", "productpage.ns1.", A, Answers(&["productpage.ns1. A 9.9.9.9"])),
+    case("name.namespace.svc", "productpage.ns1.svc.", A, Answers(&["productpage.ns1.svc. A 9.9.9.9"])),
     case(
         "fqdn",
         "productpage.ns1.svc.cluster.local.",
@@ -74,18 +52,8 @@ const CASES: &[Case] = &[
         A,
         Answers(&["ProductPage.NS1. A 9.9.9.9"]),
     ),
-    case(
-        "other namespace shortname is not expanded",
-        "example.",
-        A,
-        Forwarded,
-    ),
-    case(
-        "other namespace name.namespace",
-        "example.ns2.",
-        A,
-        Answers(&["example.ns2. A 10.10.10.10"]),
-    ),
+    case("other namespace shortname is not expanded", "example.", A, Forwarded),
+    case("other namespace name.namespace", "example.ns2.", A, Answers(&["example.ns2. A 10.10.10.10"])),
     case(
         "other namespace name.namespace.svc",
         "example.ns2.svc.",
@@ -105,10 +73,7 @@ const CASES: &[Case] = &[
         "search domain svc.domain stripped",
         "productpage.svc.cluster.local.",
         A,
-        Answers(&[
-            "productpage.svc.cluster.local. CNAME productpage.",
-            "productpage. A 9.9.9.9",
-        ]),
+        Answers(&["productpage.svc.cluster.local. CNAME productpage.", "productpage. A 9.9.9.9"]),
     ),
     case(
         "stripped AAAA",
@@ -119,12 +84,7 @@ const CASES: &[Case] = &[
             "productpage.ns1. AAAA fd00::9",
         ]),
     ),
-    case(
-        "non-k8s mesh host",
-        "www.google.com.",
-        A,
-        Answers(&["www.google.com. A 1.1.1.1"]),
-    ),
+    case("non-k8s mesh host", "www.google.com.", A, Answers(&["www.google.com. A 1.1.1.1"])),
     case(
         "non-k8s mesh host with a search domain",
         "www.google.com.ns1.svc.cluster.local.",
@@ -134,30 +94,15 @@ const CASES: &[Case] = &[
             "www.google.com. A 1.1.1.1",
         ]),
     ),
-    case(
-        "wildcard",
-        "foo.wild.example.",
-        A,
-        Answers(&["foo.wild.example. A 8.8.8.8"]),
-    ),
-    case(
-        "deep wildcard",
-        "a.b.wild.example.",
-        A,
-        Answers(&["a.b.wild.example. A 8.8.8.8"]),
-    ),
+    case("wildcard", "foo.wild.example.", A, Answers(&["foo.wild.example. A 8.8.8.8"])),
+    case("deep wildcard", "a.b.wild.example.", A, Answers(&["a.b.wild.example. A 8.8.8.8"])),
     case(
         "wildcard through a stripped search domain: no CNAME",
         "foo.wild.example.ns1.svc.cluster.local.",
         A,
         Answers(&["foo.wild.example.ns1.svc.cluster.local. A 8.8.8.8"]),
     ),
-    case(
-        "wildcard does not match its base",
-        "wild.example.",
-        A,
-        Forwarded,
-    ),
+    case("wildcard does not match its base", "wild.example.", A, Forwarded),
     case(
         "headless: one address per endpoint",
         "headless.ns1.svc.cluster.local.",
@@ -167,30 +112,15 @@ const CASES: &[Case] = &[
             "headless.ns1.svc.cluster.local. A 10.0.0.2",
         ]),
     ),
-    case(
-        "headless shortname",
-        "headless.",
-        A,
-        Answers(&["headless. A 10.0.0.1", "headless. A 10.0.0.2"]),
-    ),
+    case("headless shortname", "headless.", A, Answers(&["headless. A 10.0.0.1", "headless. A 10.0.0.2"])),
     case(
         "headless AAAA: only endpoints with an IPv6 address",
         "headless.ns1.svc.cluster.local.",
         AAAA,
         Answers(&["headless.ns1.svc.cluster.local. AAAA fd00::1"]),
     ),
-    case(
-        "headless outside the cluster domain is forwarded",
-        "external.headless.example.",
-        A,
-        Forwarded,
-    ),
-    case(
-        "namespace-visible service hidden from other namespaces",
-        "private.ns2.",
-        A,
-        Forwarded,
-    ),
+    case("headless outside the cluster domain is forwarded", "external.headless.example.", A, Forwarded),
+    case("namespace-visible service hidden from other namespaces", "private.ns2.", A, Forwarded),
     Case {
         client_ns: "ns2",
         ..case(
@@ -200,60 +130,17 @@ const CASES: &[Case] = &[
             Answers(&["private. A 10.2.2.2"]),
         )
     },
-    case(
-        "IPV4_ONLY service: A",
-        "v4only.",
-        A,
-        Answers(&["v4only. A 10.4.4.4"]),
-    ),
-    case(
-        "IPV4_ONLY service: AAAA suppressed",
-        "v4only.",
-        AAAA,
-        Answers(&[]),
-    ),
-    case(
-        "IPV6_ONLY service: A suppressed",
-        "v6only.",
-        A,
-        Answers(&[]),
-    ),
-    case(
-        "IPV6_ONLY service: AAAA",
-        "v6only.",
-        AAAA,
-        Answers(&["v6only. AAAA fd00::6"]),
-    ),
+    case("IPV4_ONLY service: A", "v4only.", A, Answers(&["v4only. A 10.4.4.4"])),
+    case("IPV4_ONLY service: AAAA suppressed", "v4only.", AAAA, Answers(&[])),
+    case("IPV6_ONLY service: A suppressed", "v6only.", A, Answers(&[])),
+    case("IPV6_ONLY service: AAAA", "v6only.", AAAA, Answers(&["v6only. AAAA fd00::6"])),
+    Case { ipv6: false, ..case("IPv6 disabled: AAAA suppressed", "productpage.", AAAA, Answers(&[])) },
     Case {
         ipv6: false,
-        ..case(
-            "IPv6 disabled: AAAA suppressed",
-            "productpage.",
-            AAAA,
-            Answers(&[]),
-        )
+        ..case("IPv6 disabled: A still answered", "productpage.", A, Answers(&["productpage. A 9.9.9.9"]))
     },
-    Case {
-        ipv6: false,
-        ..case(
-            "IPv6 disabled: A still answered",
-            "productpage.",
-            A,
-            Answers(&["productpage. A 9.9.9.9"]),
-        )
-    },
-    case(
-        "best match: client namespace",
-        "shared.example.",
-        A,
-        Answers(&["shared.example. A 10.20.0.1"]),
-    ),
-    case(
-        "best match: canonical",
-        "shared2.example.",
-        A,
-        Answers(&["shared2.example. A 10.21.0.3"]),
-    ),
+    case("best match: client namespace", "shared.example.", A, Answers(&["shared.example. A 10.20.0.1"])),
+    case("best match: canonical", "shared2.example.", A, Answers(&["shared2.example. A 10.21.0.3"])),
     case(
         "best match: preferred namespace",
         "shared3.example.",
@@ -266,18 +153,8 @@ const CASES: &[Case] = &[
         A,
         Answers(&["shared4.example. A 10.23.0.2"]),
     ),
-    case(
-        "other record types are forwarded",
-        "productpage.ns1.svc.cluster.local.",
-        TXT,
-        Forwarded,
-    ),
-    case(
-        "unknown names are forwarded",
-        "nothing.example.",
-        A,
-        Forwarded,
-    ),
+    case("other record types are forwarded", "productpage.ns1.svc.cluster.local.", TXT, Forwarded),
+    case("unknown names are forwarded", "nothing.example.", A, Forwarded),
     case("root is forwarded", ".", A, Forwarded),
 ];
 
@@ -319,12 +196,7 @@ async fn resolution_table() {
 async fn vips_on_other_networks_are_not_returned() {
     let mut c = client("ns1");
     c.network = "nw2".to_owned();
-    let proxy = DnsProxy::new(
-        store(MESH),
-        Arc::new(config("ns1")),
-        c,
-        Arc::new(LocalSockets),
-    );
+    let proxy = DnsProxy::new(store(MESH), Arc::new(config("ns1")), c, Arc::new(LocalSockets));
     let m = ask(&proxy, "productpage.", RecordType::A).await;
     assert_eq!(rendered(&m), vec!["productpage. A 9.9.9.10"]);
 }
@@ -334,12 +206,7 @@ async fn without_search_domains_nothing_is_stripped() {
     let mut cfg = config("ns1");
     cfg.search_domains.clear();
     let proxy = proxy_with(MESH, cfg, "ns1");
-    let m = ask(
-        &proxy,
-        "productpage.ns1.ns1.svc.cluster.local.",
-        RecordType::A,
-    )
-    .await;
+    let m = ask(&proxy, "productpage.ns1.ns1.svc.cluster.local.", RecordType::A).await;
     assert_eq!(m.metadata.response_code, ResponseCode::ServFail);
 }
 
@@ -352,48 +219,21 @@ async fn answers_are_shuffled() {
         let q = query("big.ns1.svc.cluster.local.", RecordType::A, None);
         orders.insert(rendered(&ask_msg(&proxy, &q, Protocol::Tcp).await));
     }
-    assert!(
-        orders.len() > 1,
-        "20 answers of 16 records all came in one order"
-    );
+    assert!(orders.len() > 1, "20 answers of 16 records all came in one order");
     assert!(orders.iter().all(|o| o.len() == 16));
 }
 
 #[test]
 fn candidate_names() {
     let names = crate::dns::lookup::Names::new(&config("ns1"), &client("ns1"));
-    let labels = |s: &str| -> Vec<String> {
-        s.split('.')
-            .filter(|l| !l.is_empty())
-            .map(str::to_owned)
-            .collect()
-    };
+    let labels =
+        |s: &str| -> Vec<String> { s.split('.').filter(|l| !l.is_empty()).map(str::to_owned).collect() };
     let cases: &[(&str, &[&str])] = &[
         ("name", &["name", "name.ns1.svc.cluster.local"]),
-        (
-            "name.ns2",
-            &[
-                "name.ns2",
-                "name.ns2.svc.cluster.local",
-                "name.ns2.ns1.svc.cluster.local",
-            ],
-        ),
-        (
-            "name.ns2.svc",
-            &[
-                "name.ns2.svc",
-                "name.ns2.svc.cluster.local",
-                "name.ns2.svc.svc.cluster.local",
-            ],
-        ),
-        (
-            "name.ns2.other",
-            &["name.ns2.other", "name.ns2.other.svc.cluster.local"],
-        ),
-        (
-            "pod.sub.ns.svc",
-            &["pod.sub.ns.svc", "pod.sub.ns.svc.cluster.local"],
-        ),
+        ("name.ns2", &["name.ns2", "name.ns2.svc.cluster.local", "name.ns2.ns1.svc.cluster.local"]),
+        ("name.ns2.svc", &["name.ns2.svc", "name.ns2.svc.cluster.local", "name.ns2.svc.svc.cluster.local"]),
+        ("name.ns2.other", &["name.ns2.other", "name.ns2.other.svc.cluster.local"]),
+        ("pod.sub.ns.svc", &["pod.sub.ns.svc", "pod.sub.ns.svc.cluster.local"]),
         ("pod.sub.ns.other", &["pod.sub.ns.other"]),
         (
             "a.ns1.svc.cluster.local",

@@ -73,10 +73,7 @@ fn config(ns: &str) -> DnsConfig {
 }
 
 fn client(ns: &str) -> DnsClient {
-    DnsClient {
-        namespace: ns.to_owned(),
-        network: String::new(),
-    }
+    DnsClient { namespace: ns.to_owned(), network: String::new() }
 }
 
 /// Upstream sockets bound on 127.0.0.1 in the test's own network namespace.
@@ -95,23 +92,12 @@ impl UpstreamSockets for LocalSockets {
 }
 
 fn proxy_with(yaml: &str, cfg: DnsConfig, ns: &str) -> Arc<DnsProxy> {
-    DnsProxy::new(
-        store(yaml),
-        Arc::new(cfg),
-        client(ns),
-        Arc::new(LocalSockets),
-    )
+    DnsProxy::new(store(yaml), Arc::new(cfg), client(ns), Arc::new(LocalSockets))
 }
 
 /// A proxy whose upstream exchanges time out after `timeout`.
 fn proxy_with_timeout(cfg: DnsConfig, timeout: Duration) -> Arc<DnsProxy> {
-    Arc::new(DnsProxy::build(
-        store(MESH),
-        Arc::new(cfg),
-        client("ns1"),
-        Arc::new(LocalSockets),
-        timeout,
-    ))
+    Arc::new(DnsProxy::build(store(MESH), Arc::new(cfg), client("ns1"), Arc::new(LocalSockets), timeout))
 }
 
 /// A recursive query for `name`/`rtype` with id 0x1234, optionally with EDNS.
@@ -139,10 +125,7 @@ async fn ask(proxy: &DnsProxy, name: &str, rtype: RecordType) -> Message {
 
 /// Answers rendered as `owner TYPE rdata`, in message order.
 fn rendered(m: &Message) -> Vec<String> {
-    m.answers
-        .iter()
-        .map(|r| format!("{} {} {}", r.name, r.record_type(), r.data))
-        .collect()
+    m.answers.iter().map(|r| format!("{} {} {}", r.name, r.record_type(), r.data)).collect()
 }
 
 /// A mesh with one headless service `big.ns1.svc.cluster.local` of `n` endpoints.
@@ -156,8 +139,6 @@ pub(super) fn headless_mesh(n: usize) -> String {
             i % 250 + 1
         ));
     }
-    yaml.push_str(
-        "services:\n- {name: big, namespace: ns1, hostname: big.ns1.svc.cluster.local}\n",
-    );
+    yaml.push_str("services:\n- {name: big, namespace: ns1, hostname: big.ns1.svc.cluster.local}\n");
     yaml
 }

@@ -43,10 +43,7 @@ async fn a_query_count_other_than_one_gets_formerr() {
     assert_eq!(m.metadata.response_code, ResponseCode::FormErr);
 
     let mut two = query("productpage.", RecordType::A, None);
-    two.add_query(Query::query(
-        Name::from_ascii("www.google.com.").unwrap(),
-        RecordType::A,
-    ));
+    two.add_query(Query::query(Name::from_ascii("www.google.com.").unwrap(), RecordType::A));
     let m = raw(&proxy, &two.to_vec().unwrap()).await.unwrap();
     assert_eq!(m.metadata.response_code, ResponseCode::FormErr);
     assert!(m.answers.is_empty());
@@ -67,12 +64,7 @@ async fn undecodable_input_gets_no_answer() {
 async fn edns_is_echoed_with_at_least_512() {
     let proxy = proxy_with(MESH, config("ns1"), "ns1");
     for (asked, echoed) in [(100u16, 512u16), (1232, 1232), (4096, 4096)] {
-        let m = ask_msg(
-            &proxy,
-            &query("productpage.", RecordType::A, Some(asked)),
-            Protocol::Udp,
-        )
-        .await;
+        let m = ask_msg(&proxy, &query("productpage.", RecordType::A, Some(asked)), Protocol::Udp).await;
         let edns = m.edns.as_ref().unwrap();
         assert_eq!(edns.max_payload(), echoed);
         assert_eq!(rendered(&m), vec!["productpage. A 9.9.9.9"]);
@@ -88,10 +80,7 @@ async fn unknown_edns_version_gets_badvers() {
     q.edns.as_mut().unwrap().set_version(1);
     let m = ask_msg(&proxy, &q, Protocol::Udp).await;
     // BADVERS and BADSIG share the value 16; the decoder names it BADSIG.
-    assert_eq!(
-        u16::from(m.metadata.response_code),
-        u16::from(ResponseCode::BADVERS)
-    );
+    assert_eq!(u16::from(m.metadata.response_code), u16::from(ResponseCode::BADVERS));
     assert!(m.answers.is_empty());
 }
 
@@ -100,10 +89,7 @@ async fn large_udp_answers_are_truncated_tcp_ones_are_not() {
     let proxy = proxy_with(&headless_mesh(100), config("ns1"), "ns1");
     let q = query("big.ns1.svc.cluster.local.", RecordType::A, None);
 
-    let udp = proxy
-        .answer(&q.to_vec().unwrap(), Protocol::Udp)
-        .await
-        .unwrap();
+    let udp = proxy.answer(&q.to_vec().unwrap(), Protocol::Udp).await.unwrap();
     assert!(udp.len() <= 512);
     let udp = Message::from_vec(&udp).unwrap();
     assert!(udp.metadata.truncation);
@@ -124,12 +110,7 @@ async fn large_udp_answers_are_truncated_tcp_ones_are_not() {
 #[tokio::test]
 async fn state_changes_are_seen() {
     let st = store("");
-    let proxy = DnsProxy::new(
-        st.clone(),
-        Arc::new(config("ns1")),
-        client("ns1"),
-        Arc::new(LocalSockets),
-    );
+    let proxy = DnsProxy::new(st.clone(), Arc::new(config("ns1")), client("ns1"), Arc::new(LocalSockets));
     let m = ask(&proxy, "productpage.", RecordType::A).await;
     assert_eq!(m.metadata.response_code, ResponseCode::ServFail);
     st.publish(State::from_config(LocalConfig::parse(MESH).unwrap(), None).unwrap());
@@ -152,19 +133,9 @@ options ndots:5
 garbage line
 ";
     let cfg = DnsConfig::from_resolv_conf(text, "cluster.local", false);
-    let up: Vec<SocketAddr> = vec![
-        "10.96.0.10:53".parse().unwrap(),
-        "[fd00::53]:53".parse().unwrap(),
-    ];
+    let up: Vec<SocketAddr> = vec!["10.96.0.10:53".parse().unwrap(), "[fd00::53]:53".parse().unwrap()];
     assert_eq!(cfg.upstreams, up);
-    assert_eq!(
-        cfg.search_domains,
-        vec![
-            "ns1.svc.cluster.local",
-            "svc.cluster.local",
-            "cluster.local"
-        ]
-    );
+    assert_eq!(cfg.search_domains, vec!["ns1.svc.cluster.local", "svc.cluster.local", "cluster.local"]);
     assert_eq!(cfg.cluster_domain, "cluster.local");
     assert!(!cfg.ipv6_enabled);
     assert_eq!(cfg.preferred_namespace, None);
@@ -173,20 +144,13 @@ garbage line
     let cfg = DnsConfig::from_resolv_conf("search a.example\ndomain b.example\n", "c.local", true);
     assert_eq!(cfg.search_domains, vec!["b.example"]);
     assert!(cfg.upstreams.is_empty());
-    assert_eq!(
-        DnsConfig::from_resolv_conf("", "cluster.local", true).upstreams,
-        vec![]
-    );
+    assert_eq!(DnsConfig::from_resolv_conf("", "cluster.local", true).upstreams, vec![]);
 }
 
 #[test]
 fn pod_search_domains() {
     assert_eq!(
         DnsConfig::pod_search_domains("ns1", "cluster.local."),
-        vec![
-            "ns1.svc.cluster.local",
-            "svc.cluster.local",
-            "cluster.local"
-        ]
+        vec!["ns1.svc.cluster.local", "svc.cluster.local", "cluster.local"]
     );
 }
