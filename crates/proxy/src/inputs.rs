@@ -35,6 +35,8 @@ pub struct Inputs {
     pub transparent: bool,
     /// The workload this proxy serves.
     pub local: WorkloadInfo,
+    /// Downstream connections being handled (all listeners of this instance).
+    pub open: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// How long a connection waits for the local workload to appear in state.

@@ -86,20 +86,30 @@ impl Shared {
             connections: self.connections.clone(),
             transparent: self.transparent,
             local,
+            open: Default::default(),
         });
         let i = inputs.clone();
-        self.data.spawn(crate::listener::accept_loop("outbound", outbound, drain.clone(), move |s, p| {
-            crate::outbound::serve_connection(i.clone(), s, p)
-        }));
+        self.data.spawn(crate::listener::accept_loop(
+            "outbound",
+            outbound,
+            drain.clone(),
+            inputs.open.clone(),
+            move |s, p| crate::outbound::serve_connection(i.clone(), s, p),
+        ));
         let i = inputs.clone();
-        self.data.spawn(crate::listener::accept_loop("inbound", inbound, drain.clone(), move |s, p| {
-            crate::inbound::serve_connection(i.clone(), s, p)
-        }));
+        self.data.spawn(crate::listener::accept_loop(
+            "inbound",
+            inbound,
+            drain.clone(),
+            inputs.open.clone(),
+            move |s, p| crate::inbound::serve_connection(i.clone(), s, p),
+        ));
         let i = inputs.clone();
         self.data.spawn(crate::listener::accept_loop(
             "inbound_plaintext",
             plaintext,
             drain.clone(),
+            inputs.open.clone(),
             move |s, p| crate::passthrough::serve_connection(i.clone(), s, p),
         ));
         if let Some((proxy, udp, tcp)) = dns {

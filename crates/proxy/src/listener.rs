@@ -2,14 +2,21 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::drain::Drain;
 
-/// Accepts until a drain starts, spawning `handle` for each connection as a tracked task.
-pub async fn accept_loop<F, Fut>(name: &'static str, listener: TcpListener, drain: Drain, handle: F)
-where
+/// Accepts until a drain starts, spawning `handle` for each connection as a tracked task;
+/// `open` counts the connections being handled.
+pub async fn accept_loop<F, Fut>(
+    name: &'static str,
+    listener: TcpListener,
+    drain: Drain,
+    open: Arc<AtomicUsize>,
+    handle: F,
+) where
     F: Fn(TcpStream, SocketAddr) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
@@ -22,7 +29,11 @@ where
             r = listener.accept() => match r {
                 Ok((stream, peer)) => {
                     let h = handle.clone();
-                    drain.spawn(async move { h(stream, peer).await });
+                    let guard = OpenGuard::new(open.clone());
+                    drain.spawn(async move {
+                        h(stream, peer).await;
+                        drop(guard);
+                    });
                 }
                 Err(e) => {
                     // EMFILE and friends: back off briefly instead of spinning.
@@ -34,6 +45,21 @@ where
     }
     drop(listener);
     tracing::info!(listener = name, addr = ?local, "listener closed for drain");
+}
+
+struct OpenGuard(Arc<AtomicUsize>);
+
+impl OpenGuard {
+    fn new(n: Arc<AtomicUsize>) -> OpenGuard {
+        n.fetch_add(1, Ordering::Relaxed);
+        OpenGuard(n)
+    }
+}
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Ports a connection must never be forwarded to (they would loop back into the proxy).

@@ -259,6 +259,20 @@ impl Manager {
         sockets.netns = Some(pod.netns.clone());
         match self.shared.start(pod.info.clone(), sockets, drain.clone()) {
             Ok(inputs) => {
+                // Warm the pod's certificate so its first connection does not wait for the CA.
+                let state = self.shared.state.current();
+                let id =
+                    match state.find_local(&pod.info.namespace, &pod.info.name, &pod.info.service_account) {
+                        Some(w) => inputs.identity_of(&w),
+                        None => ambit_identity::Identity::new(
+                            &self.shared.cfg.trust_domain,
+                            &pod.info.namespace,
+                            &pod.info.service_account,
+                        ),
+                    };
+                if !id.namespace.is_empty() && !id.service_account.is_empty() {
+                    self.shared.certs.prefetch(&id);
+                }
                 tracing::info!(%uid, workload = %format!("{}/{}", pod.info.namespace, pod.info.name),
                     netns = ?pod.netns.id(), "pod proxy started");
                 self.metrics.started.inc();
@@ -367,6 +381,8 @@ impl Manager {
             error: Option<&'a str>,
             #[serde(skip_serializing_if = "Option::is_none")]
             pooled_hbone_connections: Option<usize>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            connections: Option<usize>,
         }
         let inner = self.lock();
         let mut map = serde_json::Map::new();
@@ -381,6 +397,7 @@ impl Manager {
                     netns: p.netns.id(),
                     error: None,
                     pooled_hbone_connections: Some(inputs.pool.connections()),
+                    connections: Some(inputs.open.load(std::sync::atomic::Ordering::Relaxed)),
                 },
                 PodState::Pending { error } => PodDump {
                     state: "Pending",
@@ -388,6 +405,7 @@ impl Manager {
                     netns: p.netns.id(),
                     error: Some(error),
                     pooled_hbone_connections: None,
+                    connections: None,
                 },
             };
             map.insert(uid.clone(), serde_json::to_value(d).unwrap_or_default());
