@@ -26,7 +26,7 @@ fn hbone_between_two_pods() {
     let b = mesh.pod("b", "server");
     mesh.write_config(&[&a, &b], &[], &[]);
     let pa = mesh.start_proxy(&a);
-    let pb = mesh.start_proxy(&b);
+    let pb = mesh.start_proxy_with(&b, &[("LOG_FORMAT", "json")]);
     let echo = b.pod.echo_server(8080);
     let cap = mesh.cluster.node().tcpdump(None);
 
@@ -87,10 +87,18 @@ fn hbone_between_two_pods() {
         pa.logs(),
         pb.logs()
     );
-    for logs in [pa.logs(), pb.logs()] {
-        let line = logs.lines().find(|l| l.contains("connection complete")).unwrap_or_default();
-        assert!(line.contains(client_id) && line.contains(server_id), "access log lacks identities: {line}");
-    }
+    let plain = pa.logs();
+    let line = plain.lines().find(|l| l.contains("connection complete")).unwrap_or_default();
+    assert!(line.contains(client_id) && line.contains(server_id), "access log lacks identities: {line}");
+    // B logs JSON (LOG_FORMAT=json): one object per line with Istio's field names.
+    let json = pb.logs();
+    let line = json.lines().find(|l| l.contains("connection complete")).unwrap_or_default();
+    let v: serde_json::Value =
+        serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+    assert_eq!(v["src.identity"], client_id, "{line}");
+    assert_eq!(v["dst.identity"], server_id, "{line}");
+    assert_eq!(v["direction"], "inbound", "{line}");
+    assert_eq!(v["bytes_recv"], MARKER.len() as u64, "{line}");
 }
 
 /// Policies: a Deny on one port, an Allow-only-from-one-service-account, a policy added while a
