@@ -47,12 +47,18 @@ where
         .max_send_buffer_size(400 * 1024)
         .handshake::<_, Bytes>(tls)
         .await?;
+    // The keepalive task lives exactly as long as this connection.
+    // A peer that stops answering PINGs gets its connection closed.
+    let alive = tokio_util::sync::CancellationToken::new();
+    let _alive = alive.clone().drop_guard();
+    let dead = tokio_util::sync::CancellationToken::new();
     if let Some(pp) = conn.ping_pong() {
-        let d = drain.clone();
+        let (d, dead) = (drain.clone(), dead.clone());
         tokio::spawn(async move {
             tokio::select! {
-                _ = keepalive(pp) => {}
+                _ = keepalive(pp) => dead.cancel(),
                 _ = d.forced() => {}
+                _ = alive.cancelled() => {}
             }
         });
     }
@@ -73,6 +79,10 @@ where
                 conn.graceful_shutdown();
             }
             _ = drain.forced() => return Ok(()),
+            _ = dead.cancelled() => {
+                tracing::debug!("HBONE peer stopped answering pings; closing the connection");
+                return Ok(());
+            }
         }
     }
 }
