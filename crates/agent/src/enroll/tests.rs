@@ -1,0 +1,102 @@
+use super::*;
+use crate::model::Phase;
+
+fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+}
+
+fn pod(pod_labels: &[(&str, &str)]) -> Pod {
+    Pod {
+        uid: "u".into(),
+        name: "p".into(),
+        namespace: "demo".into(),
+        labels: labels(pod_labels),
+        phase: Phase::Running,
+        ..Default::default()
+    }
+}
+
+fn ns(ns_labels: &[(&str, &str)]) -> Namespace {
+    Namespace { name: "demo".into(), labels: labels(ns_labels) }
+}
+
+#[test]
+fn istio_default_rules() {
+    let e = Enrollment::default();
+    let amb = [(DATAPLANE_MODE, AMBIENT)];
+    let none = [(DATAPLANE_MODE, NONE)];
+    // (pod labels, namespace labels, enrolled?)
+    type Labels<'a> = &'a [(&'a str, &'a str)];
+    let cases: &[(Labels<'_>, Labels<'_>, bool)] = &[
+        (&[], &[], false),
+        (&amb, &[], true),
+        (&[], &amb, true),
+        (&none, &amb, false),
+        (&amb, &none, true),
+        (&[(DATAPLANE_MODE, "sidecar")], &amb, true),
+        (&[("app", "x")], &[("other", "y")], false),
+    ];
+    for (pl, nl, want) in cases {
+        assert_eq!(e.decide(&pod(pl), &ns(nl)) == Decision::Enroll, *want, "pod {pl:?} ns {nl:?}");
+    }
+}
+
+#[test]
+fn exclusions_win() {
+    let e = Enrollment::default();
+    let amb = [(DATAPLANE_MODE, AMBIENT)];
+    let mut p = pod(&amb);
+    p.host_network = true;
+    assert_eq!(e.decide(&p, &ns(&amb)), Decision::Skip(SkipReason::HostNetwork));
+    let mut p = pod(&amb);
+    p.annotations.insert(SIDECAR_STATUS.into(), "{}".into());
+    assert_eq!(e.decide(&p, &ns(&amb)), Decision::Skip(SkipReason::Sidecar));
+    let mut p = pod(&amb);
+    p.namespace = "kube-system".into();
+    assert_eq!(e.decide(&p, &ns(&amb)), Decision::Skip(SkipReason::ExcludedNamespace));
+    let mut p = pod(&amb);
+    p.phase = Phase::Succeeded;
+    assert_eq!(e.decide(&p, &ns(&amb)), Decision::Skip(SkipReason::Terminal));
+}
+
+#[test]
+fn namespace_enrollment_change_detection() {
+    let e = Enrollment::default();
+    assert!(e.namespace_enrolls(&ns(&[(DATAPLANE_MODE, AMBIENT)])));
+    assert!(!e.namespace_enrolls(&ns(&[])));
+}
+
+#[test]
+fn selector_operators_and_parsing() {
+    let sel = parse_selectors(
+        r#"[{"podSelector": {"matchExpressions": [
+              {"key": "tier", "operator": "In", "values": ["web", "api"]},
+              {"key": "legacy", "operator": "DoesNotExist"}]},
+            "namespaceSelector": {"matchExpressions": [{"key": "team", "operator": "Exists"}]}}]"#,
+    )
+    .expect("valid selectors");
+    let e = Enrollment { selectors: sel, excluded_namespaces: BTreeSet::new() };
+    let team = [("team", "a")];
+    assert_eq!(e.decide(&pod(&[("tier", "web")]), &ns(&team)), Decision::Enroll);
+    assert_ne!(e.decide(&pod(&[("tier", "db")]), &ns(&team)), Decision::Enroll);
+    assert_ne!(e.decide(&pod(&[("tier", "web"), ("legacy", "1")]), &ns(&team)), Decision::Enroll);
+    assert_ne!(e.decide(&pod(&[("tier", "web")]), &ns(&[])), Decision::Enroll);
+    // An empty selector object matches everything.
+    let all = parse_selectors(r#"[{"podSelector": {}, "namespaceSelector": {}}]"#).expect("valid");
+    let e = Enrollment { selectors: all, excluded_namespaces: BTreeSet::new() };
+    assert_eq!(e.decide(&pod(&[]), &ns(&[])), Decision::Enroll);
+    for bad in
+        [r#"[{"podSelector": {"matchExpressions": [{"key": "k", "operator": "Near"}]}}]"#, r#"{"x": 1}"#, "["]
+    {
+        assert!(parse_selectors(bad).is_err(), "{bad}");
+    }
+}
+
+#[test]
+fn no_selectors_enroll_nothing() {
+    let e = Enrollment { selectors: Vec::new(), excluded_namespaces: BTreeSet::new() };
+    assert_eq!(
+        e.decide(&pod(&[(DATAPLANE_MODE, AMBIENT)]), &ns(&[])),
+        Decision::Skip(SkipReason::NotSelected)
+    );
+}
