@@ -6,6 +6,7 @@
 //! server, installer and reconcile loop come next (issue 4).
 
 pub mod enroll;
+pub mod event;
 pub mod model;
 pub mod procfs;
 pub mod zds;
