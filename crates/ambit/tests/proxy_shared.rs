@@ -171,8 +171,10 @@ fn hbone_same_node_and_cross_node() {
     assert_eq!(eb.peers().len(), before, "a denied connection reached b's app");
     assert_echo(&c.pod, d.pod.addr4(8080), "c -> d (no policy): c is served, only b's policy blocks it");
     assert_eq!(ed.peer_ips().last(), Some(&IpAddr::V4(c.pod.ip4)), "d's app did not see c's IP");
-    assert!(p1.logs().contains("connection complete"), "node 1 proxy logged no connection:\n{}", p1.logs());
-    assert!(p2.logs().contains("connection complete"), "node 2 proxy logged no connection:\n{}", p2.logs());
+    for (name, proxy) in [("node 1", &p1), ("node 2", &p2)] {
+        let logged = wait_for(|| proxy.logs().contains("connection complete"), Duration::from_secs(5));
+        assert!(logged, "{name} proxy logged no connection:\n{}", proxy.logs());
+    }
 }
 
 /// Del closes the pod's listeners and connections within 1 s; the same uid added again with a
@@ -476,24 +478,31 @@ impl BadInput {
     }
 }
 
-/// Removes `/etc/netns/<name>` (the per-netns /etc overlay of `ip netns exec`) on drop.
-struct EtcNetns(PathBuf);
+/// Removes `/etc/netns/<name>` (the per-netns /etc overlay of `ip netns exec`) on drop, and
+/// `/etc/netns` too if this guard created it and it is empty again.
+struct EtcNetns {
+    dir: PathBuf,
+    created_parent: bool,
+}
 
 impl EtcNetns {
     fn resolv_conf(netns: &str, text: &str) -> EtcNetns {
-        let dir = Path::new("/etc/netns").join(netns);
+        let parent = Path::new("/etc/netns");
+        let created_parent = !parent.exists();
+        let dir = parent.join(netns);
         std::fs::create_dir_all(&dir).expect("create /etc/netns/<node>");
-        let guard = EtcNetns(dir);
-        std::fs::write(guard.0.join("resolv.conf"), text).expect("write resolv.conf");
+        let guard = EtcNetns { dir, created_parent };
+        std::fs::write(guard.dir.join("resolv.conf"), text).expect("write resolv.conf");
         guard
     }
 }
 
 impl Drop for EtcNetns {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-        // Leave /etc/netns itself only if another test still uses it.
-        let _ = std::fs::remove_dir("/etc/netns");
+        let _ = std::fs::remove_dir_all(&self.dir);
+        if self.created_parent {
+            let _ = std::fs::remove_dir("/etc/netns");
+        }
     }
 }
 
