@@ -23,6 +23,7 @@
 // Each integration test binary uses a different subset of the harness.
 #![allow(dead_code, unused_imports)]
 
+mod agent;
 mod capture;
 mod echo;
 mod netns;
@@ -36,6 +37,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+pub use agent::*;
 pub use capture::{
     DNS_PORT, INBOUND_HBONE_PORT, INBOUND_PLAINTEXT_PORT, OUTBOUND_PORT, PROBE_SNAT_V4, PROBE_SNAT_V6,
     PROXY_MARK, TPROXY_MARK, iptables_v4_rules, iptables_v6_rules, nft_rules,

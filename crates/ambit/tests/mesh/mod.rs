@@ -23,6 +23,8 @@ pub struct Mesh {
 pub struct MeshPod {
     /// The pod.
     pub pod: Pod,
+    /// Workload (Kubernetes pod) name in the config; the pod's name unless renamed.
+    pub workload: String,
     /// Service account.
     pub sa: String,
     policies: Vec<String>,
@@ -69,9 +71,20 @@ impl Mesh {
 
     /// A captured pod that is a mesh workload with service account `sa` in namespace default.
     pub fn pod(&self, name: &str, sa: &str) -> MeshPod {
-        let pod = self.cluster.add_pod(name);
+        self.pod_on(self.cluster.node(), name, sa)
+    }
+
+    /// Like [`Mesh::pod`], on another node.
+    pub fn pod_on(&self, node: &Node, name: &str, sa: &str) -> MeshPod {
+        let pod = node.add_pod(name);
         pod.capture();
-        MeshPod { pod, sa: sa.to_owned(), policies: Vec::new(), services: Vec::new() }
+        MeshPod {
+            workload: name.to_owned(),
+            pod,
+            sa: sa.to_owned(),
+            policies: Vec::new(),
+            services: Vec::new(),
+        }
     }
 
     /// A pod outside the mesh (no capture, no proxy, not in the config).
@@ -161,6 +174,12 @@ impl Mesh {
 }
 
 impl MeshPod {
+    /// Gives the workload another name than its pod namespace (a pod re-created in a new netns).
+    pub fn named(mut self, workload: &str) -> MeshPod {
+        self.workload = workload.to_owned();
+        self
+    }
+
     /// Lists policy keys in the workload's `authorizationPolicies`.
     pub fn with_policies(mut self, keys: &[&str]) -> MeshPod {
         self.policies = keys.iter().map(|k| (*k).to_owned()).collect();
@@ -176,7 +195,7 @@ impl MeshPod {
     fn yaml(&self) -> String {
         let mut y = format!(
             "- uid: cluster1//v1/Pod/default/{name}\n  name: {name}\n  namespace: default\n  serviceAccount: {sa}\n  trustDomain: cluster.local\n  workloadIps: [\"{v4}\", \"{v6}\"]\n  protocol: HBONE\n",
-            name = self.pod.name,
+            name = self.workload,
             sa = self.sa,
             v4 = self.pod.ip4,
             v6 = self.pod.ip6,
@@ -207,6 +226,13 @@ pub fn http_body(p: &MeshPod, port: u16, path: &str) -> String {
     let (status, body) = p.pod.http_get(p.pod.addr4(port), path).expect("GET from the proxy");
     assert_eq!(status, 200, "{path}: {body}");
     body
+}
+
+/// HTTP GET to 127.0.0.1:`port` from inside the node netns (a node proxy's admin ports).
+pub fn node_http_get(node: &Node, port: u16, path: &str) -> std::io::Result<(u16, String)> {
+    // Admin listens on 127.0.0.1 only; metrics and readiness on [::] (also reachable this way).
+    let addr = SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), port);
+    node.run(|| http_get(addr, path))
 }
 
 /// Sum of a counter's samples with `reporter`.
@@ -244,6 +270,40 @@ pub fn roundtrip(s: &mut std::net::TcpStream, data: &[u8]) {
 }
 
 impl Mesh {
+    /// Starts a shared-mode (node) proxy in `node`'s netns, following the ZDS socket `uds`, and
+    /// waits until its readiness endpoint (in the node netns) answers 200.
+    pub fn start_node_proxy(&self, node: &Node, uds: &std::path::Path, env: &[(&str, &str)]) -> ChildGuard {
+        let mut cmd = node.exec(ambit(), &["proxy"]);
+        cmd.env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("PROXY_MODE", "shared")
+            .env("INPOD_UDS", uds)
+            .env("LOCAL_XDS_PATH", self.config_path())
+            .env("FAKE_CA", "true")
+            .env("FAKE_CA_ROOT", self.dir.path().join("ca"))
+            .env("RUST_LOG", "info")
+            .env("ZTUNNEL_WORKER_THREADS", "2");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = ChildGuard::spawn(&format!("node proxy {}", node.name), cmd);
+        let readiness = env
+            .iter()
+            .find(|(k, _)| *k == "AMBIT_READINESS_ADDR")
+            .and_then(|(_, v)| v.rsplit(':').next())
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(15021);
+        let ready = wait_for(
+            || {
+                child.try_wait().is_none()
+                    && node_http_get(node, readiness, "/healthz/ready").is_ok_and(|(s, _)| s == 200)
+            },
+            Duration::from_secs(20),
+        );
+        assert!(ready, "node proxy in {} did not become ready:\n{}", node.name, child.logs());
+        child
+    }
+
     /// The shared dev CA directory (root-cert.pem, root-key.pem).
     pub fn ca_dir(&self) -> PathBuf {
         self.dir.path().join("ca")
