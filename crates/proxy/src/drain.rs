@@ -1,6 +1,7 @@
 //! Graceful drain: stop accepting at once, let open connections finish until a deadline,
 //! then force them closed.
 
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -12,7 +13,12 @@ pub struct Drain {
     start: CancellationToken,
     force: CancellationToken,
     tracker: TaskTracker,
+    /// Why connections were closed, when this scope was closed on purpose (not a deadline).
+    reason: Arc<OnceLock<&'static str>>,
 }
+
+/// What connections report when a drain deadline closes them.
+pub const DEADLINE_REASON: &str = "connection failed to drain within the timeout";
 
 impl Drain {
     /// A fresh, not-draining signal.
@@ -61,13 +67,21 @@ impl Drain {
             start: self.start.child_token(),
             force: self.force.child_token(),
             tracker: self.tracker.clone(),
+            reason: Arc::default(),
         }
     }
 
-    /// Closes everything in this scope now: no grace (the pod is gone).
-    pub fn close_now(&self) {
+    /// Closes everything in this scope now, with no grace (e.g. the pod is gone); connections
+    /// report `reason`.
+    pub fn close_now(&self, reason: &'static str) {
+        let _ = self.reason.set(reason);
         self.start.cancel();
         self.force.cancel();
+    }
+
+    /// Why a forced close happened: the reason given to [`Drain::close_now`], or the deadline.
+    pub fn close_reason(&self) -> &'static str {
+        self.reason.get().copied().unwrap_or(DEADLINE_REASON)
     }
 
     /// Starts the drain without waiting (listeners stop, servers send GOAWAY).
@@ -116,7 +130,7 @@ mod tests {
         let parent = Drain::new();
         let a = parent.child();
         let b = parent.child();
-        a.close_now();
+        a.close_now("test");
         assert!(a.is_draining() && !b.is_draining() && !parent.is_draining());
         parent.begin();
         assert!(b.is_draining());

@@ -200,7 +200,7 @@ impl StreamCtx {
                 (record.snapshot(), Some("connection closed due to policy change".to_owned()))
             }
             _ = inputs.drain.forced() => {
-                (record.snapshot(), Some("connection failed to drain within the timeout".to_owned()))
+                (record.snapshot(), Some(inputs.drain.close_reason().to_owned()))
             }
         };
         record.finish(t, err.as_ref().map(|e| e as &dyn std::fmt::Display));

@@ -141,7 +141,7 @@ async fn finish<F: Future<Output = (copy::Transferred, std::io::Result<()>)>>(
     tokio::select! {
         (t, res) = copy => (t, res.err().map(|e| e.to_string())),
         _ = inputs.drain.forced() => {
-            (record.snapshot(), Some("connection failed to drain within the timeout".to_owned()))
+            (record.snapshot(), Some(inputs.drain.close_reason().to_owned()))
         }
     }
 }

@@ -5,8 +5,11 @@
 //! named in it are drained), then Add/Del as pods come and go; every message is acked, and an
 //! Add is acked only once the pod's listeners are bound. Where ztunnel exits on a protocol
 //! violation (a second SnapshotSent, Keep after the snapshot, Add without WorkloadInfo), this
-//! manager NACKs, logs, and reconnects instead: the pods it serves keep their traffic, and the
-//! fresh connection's snapshot re-establishes the agreed state.
+//! manager never exits: a message that is bad for one pod only (no fd, an fd that is not a
+//! netns, no WorkloadInfo, an empty uid) is NACKed and the stream goes on; a violation of the
+//! stream itself (undecodable or truncated packets, a second SnapshotSent, Keep after the
+//! snapshot) is NACKed and the proxy reconnects, and the fresh snapshot re-establishes the
+//! agreed state. Either way the pods it serves keep their traffic.
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::OwnedFd;
@@ -280,7 +283,7 @@ impl Manager {
                 Ok(())
             }
             Err(e) => {
-                drain.close_now();
+                drain.close_now("the pod's proxy failed to start");
                 let error = format!("pod {uid}: cannot start the proxy in the pod's network namespace: {e}");
                 tracing::warn!("{error}; retrying every {}s", RETRY_PENDING.as_secs());
                 pod.state = PodState::Pending { error: error.clone() };
@@ -292,7 +295,7 @@ impl Manager {
     fn stop(&self, uid: &str, pod: Pod) {
         if let PodState::Up { drain, .. } = pod.state {
             // The pod is gone (or replaced): no grace, close its listeners and connections now.
-            drain.close_now();
+            drain.close_now("connection closed: the pod was removed from the mesh");
             self.metrics.stopped.inc();
             tracing::info!(%uid, "pod proxy stopped");
         }
@@ -416,7 +419,7 @@ impl Manager {
 
 fn protocol_error(e: &ProtocolError) -> String {
     if e.is_fatal() {
-        format!("{e} (ztunnel would exit here; Ambit keeps serving its pods and reconnects)")
+        format!("{e} (ztunnel would exit here; Ambit refuses this pod and keeps serving the others)")
     } else {
         e.to_string()
     }
