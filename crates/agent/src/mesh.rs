@@ -1,0 +1,328 @@
+//! The agent's core: the pod and namespace cache, enrollment decisions, and adding pods to and
+//! removing them from the mesh (capture inside the pod netns, hand-off to the node proxy over
+//! ZDS, the `ambient.istio.io/redirection` annotation).
+//!
+//! Ordering, as in istio-cni: capture first, then the proxy; a pod is marked `enabled` only
+//! after the proxy acked it. If capture fails nothing is left half-applied (rules are removed
+//! again) and the error is final for this attempt; if the proxy is missing or refuses, the pod
+//! is marked `pending` and the attempt is retried (by the caller) — meanwhile its traffic is
+//! captured with no proxy listening, so it cannot bypass the mesh (fail closed).
+
+use std::collections::{HashMap, HashSet};
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use ambit_zds::WorkloadInfo;
+
+use crate::enroll::{Decision, Enrollment};
+use crate::event::PluginEvent;
+use crate::model::{Namespace, Pod};
+use crate::zds::{PodEntry, ZdsError, ZdsServer};
+
+/// Installs and removes the capture rules inside a pod's network namespace.
+pub trait Capture: Send + Sync + 'static {
+    /// Installs (or repairs) the pod's capture; idempotent.
+    fn apply(&self, netns: &OwnedFd, pod: &Pod) -> Result<(), String>;
+    /// Removes the pod's capture; idempotent.
+    fn remove(&self, netns: &OwnedFd) -> Result<(), String>;
+}
+
+/// Records the agent's view on the pod object (Kubernetes: `pods/status` patch).
+pub trait Annotate: Send + Sync + 'static {
+    /// Sets `ambient.istio.io/redirection` to `value`, or removes it (`None`).
+    fn set_redirection(&self, pod: &Pod, value: Option<&'static str>) -> Result<(), String>;
+}
+
+/// What a CNI ADD resulted in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AddOutcome {
+    /// Captured and acked by the proxy.
+    Enrolled,
+    /// The pod is not to be enrolled.
+    NotEnrolled(String),
+}
+
+/// Why adding or removing a pod failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MeshError {
+    /// The pod or its namespace is not known (yet).
+    #[error("pod {0} is not known to the agent (yet); is the pod source in sync?")]
+    UnknownPod(String),
+    /// The pod's network namespace cannot be found or opened.
+    #[error("cannot find the network namespace of pod {pod}: {error}")]
+    Netns {
+        /// `namespace/name`.
+        pod: String,
+        /// Why.
+        error: String,
+    },
+    /// Capture could not be installed or removed.
+    #[error("traffic capture for pod {pod} failed: {error}")]
+    Capture {
+        /// `namespace/name`.
+        pod: String,
+        /// Why.
+        error: String,
+    },
+    /// The node proxy did not take the pod.
+    #[error(transparent)]
+    Proxy(#[from] ZdsError),
+    /// The annotation could not be written.
+    #[error("cannot annotate pod {pod}: {error}")]
+    Annotate {
+        /// `namespace/name`.
+        pod: String,
+        /// Why.
+        error: String,
+    },
+}
+
+impl MeshError {
+    /// Whether trying again later can succeed.
+    pub fn retryable(&self) -> bool {
+        matches!(self, MeshError::Proxy(_) | MeshError::Annotate { .. } | MeshError::UnknownPod(_))
+    }
+}
+
+/// Where the agent finds things on the host.
+#[derive(Clone, Debug)]
+pub struct HostPaths {
+    /// Prefix for netns paths from the CNI runtime (`/host` in a container, else empty).
+    pub netns_prefix: PathBuf,
+    /// The host's `/proc`.
+    pub proc_root: PathBuf,
+}
+
+/// The agent's core state and operations.
+pub struct Mesh {
+    enrollment: Enrollment,
+    zds: Arc<ZdsServer>,
+    capture: Arc<dyn Capture>,
+    annotate: Arc<dyn Annotate>,
+    paths: HostPaths,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    namespaces: HashMap<String, Namespace>,
+    pods: HashMap<String, Pod>,
+    by_name: HashMap<(String, String), String>,
+    enrolled: HashMap<String, Enrolled>,
+}
+
+struct Enrolled {
+    info: WorkloadInfo,
+    netns: Option<Arc<OwnedFd>>,
+}
+
+impl Mesh {
+    /// A mesh core with empty caches.
+    pub fn new(
+        enrollment: Enrollment,
+        zds: Arc<ZdsServer>,
+        capture: Arc<dyn Capture>,
+        annotate: Arc<dyn Annotate>,
+        paths: HostPaths,
+    ) -> Arc<Mesh> {
+        Arc::new(Mesh { enrollment, zds, capture, annotate, paths, state: Mutex::new(State::default()) })
+    }
+
+    /// Stores a namespace; returns the uids of its pods when its enrollment changed (they must
+    /// be reconciled).
+    pub fn upsert_namespace(&self, ns: Namespace) -> Vec<String> {
+        let mut st = self.lock();
+        let changed = match st.namespaces.get(&ns.name) {
+            Some(old) => self.enrollment.namespace_enrolls(old) != self.enrollment.namespace_enrolls(&ns),
+            None => true,
+        };
+        let name = ns.name.clone();
+        st.namespaces.insert(name.clone(), ns);
+        if !changed {
+            return Vec::new();
+        }
+        st.pods.values().filter(|p| p.namespace == name).map(|p| p.uid.clone()).collect()
+    }
+
+    /// Stores a pod (add or update).
+    pub fn upsert_pod(&self, pod: Pod) {
+        let mut st = self.lock();
+        st.by_name.insert((pod.namespace.clone(), pod.name.clone()), pod.uid.clone());
+        st.pods.insert(pod.uid.clone(), pod);
+    }
+
+    /// Forgets a deleted pod and removes it from the mesh (its netns is gone, so no rules are
+    /// removed inside it).
+    pub async fn delete_pod(&self, uid: &str) -> Result<(), MeshError> {
+        let pod = {
+            let mut st = self.lock();
+            let pod = st.pods.remove(uid);
+            if let Some(p) = &pod {
+                st.by_name.remove(&(p.namespace.clone(), p.name.clone()));
+            }
+            pod
+        };
+        let was_enrolled = self.lock().enrolled.contains_key(uid);
+        if was_enrolled {
+            self.remove_from_mesh(uid, pod.as_ref(), true).await?;
+        }
+        Ok(())
+    }
+
+    /// Brings one pod to its desired state: enrolled pods captured and known to the proxy, the
+    /// others released. Idempotent.
+    pub async fn reconcile(&self, uid: &str) -> Result<(), MeshError> {
+        let (pod, ns, enrolled) = {
+            let st = self.lock();
+            let Some(pod) = st.pods.get(uid).cloned() else { return Ok(()) };
+            let ns = st.namespaces.get(&pod.namespace).cloned();
+            (pod, ns, st.enrolled.contains_key(uid))
+        };
+        let Some(ns) = ns else {
+            return Err(MeshError::UnknownPod(format!("{}/{}", pod.namespace, pod.name)));
+        };
+        match self.enrollment.decide(&pod, &ns) {
+            Decision::Enroll if !enrolled => {
+                if pod.ips.is_empty() {
+                    return Ok(()); // no IP yet: a later update (or the CNI ADD) brings it
+                }
+                self.add_to_mesh(&pod, None).await
+            }
+            Decision::Enroll => Ok(()),
+            Decision::Skip(reason) if enrolled => {
+                tracing::info!(pod = %format!("{}/{}", pod.namespace, pod.name), ?reason, "releasing pod from the mesh");
+                let terminal = pod.phase.is_terminal();
+                self.remove_from_mesh(uid, Some(&pod), terminal).await
+            }
+            Decision::Skip(_) => Ok(()),
+        }
+    }
+
+    /// A CNI ADD: looks the pod up (waiting briefly for the pod source to catch up), and
+    /// enrolls it from the runtime's netns path when it must be enrolled.
+    pub async fn cni_add(&self, ev: &PluginEvent) -> Result<AddOutcome, MeshError> {
+        let key = (ev.pod_namespace.clone(), ev.pod_name.clone());
+        let mut found = None;
+        for _ in 0..10 {
+            {
+                let st = self.lock();
+                if let Some(uid) = st.by_name.get(&key)
+                    && let (Some(p), Some(ns)) = (st.pods.get(uid), st.namespaces.get(&ev.pod_namespace))
+                {
+                    found = Some((p.clone(), ns.clone()));
+                }
+            }
+            if found.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let Some((mut pod, ns)) = found else {
+            return Err(MeshError::UnknownPod(format!("{}/{}", ev.pod_namespace, ev.pod_name)));
+        };
+        if let Decision::Skip(reason) = self.enrollment.decide(&pod, &ns) {
+            return Ok(AddOutcome::NotEnrolled(format!("{reason:?}")));
+        }
+        // The runtime's IPs are authoritative here: the pod status has none yet.
+        if !ev.ips.is_empty() {
+            pod.ips = ev.ips.clone();
+        }
+        let path = self.paths.netns_prefix.join(ev.netns.trim_start_matches('/'));
+        self.add_to_mesh(&pod, Some(&path)).await?;
+        Ok(AddOutcome::Enrolled)
+    }
+
+    /// The snapshot for a (re)connecting proxy: every enrolled pod, with its netns if held.
+    pub fn snapshot(&self) -> Vec<PodEntry> {
+        self.lock()
+            .enrolled
+            .iter()
+            .map(|(uid, e)| PodEntry { uid: uid.clone(), info: e.info.clone(), netns: e.netns.clone() })
+            .collect()
+    }
+
+    /// Uids of enrolled pods.
+    pub fn enrolled(&self) -> HashSet<String> {
+        self.lock().enrolled.keys().cloned().collect()
+    }
+
+    async fn add_to_mesh(&self, pod: &Pod, netns_path: Option<&Path>) -> Result<(), MeshError> {
+        let name = format!("{}/{}", pod.namespace, pod.name);
+        let netns = match netns_path {
+            Some(p) => ambit_zds::open_netns(p)
+                .map_err(|e| MeshError::Netns { pod: name.clone(), error: e.to_string() })?,
+            None => self.find_netns(pod).map_err(|error| MeshError::Netns { pod: name.clone(), error })?,
+        };
+        let netns = Arc::new(netns);
+        let (capture, fd, p) = (self.capture.clone(), netns.clone(), pod.clone());
+        let applied = tokio::task::spawn_blocking(move || capture.apply(&fd, &p))
+            .await
+            .unwrap_or_else(|e| Err(format!("capture task failed: {e}")));
+        if let Err(error) = applied {
+            // Leave nothing half-applied.
+            let (capture, fd) = (self.capture.clone(), netns.clone());
+            let _ = tokio::task::spawn_blocking(move || capture.remove(&fd)).await;
+            return Err(MeshError::Capture { pod: name, error });
+        }
+        let info = WorkloadInfo {
+            name: pod.name.clone(),
+            namespace: pod.namespace.clone(),
+            service_account: pod.service_account.clone(),
+        };
+        let entry = PodEntry { uid: pod.uid.clone(), info: info.clone(), netns: Some(netns.clone()) };
+        if let Err(e) = self.zds.add(entry).await {
+            let _ = self.annotate.set_redirection(pod, Some("pending"));
+            return Err(e.into());
+        }
+        self.lock().enrolled.insert(pod.uid.clone(), Enrolled { info, netns: Some(netns) });
+        self.annotate
+            .set_redirection(pod, Some("enabled"))
+            .map_err(|error| MeshError::Annotate { pod: name.clone(), error })?;
+        tracing::info!(pod = %name, "pod added to the mesh");
+        Ok(())
+    }
+
+    async fn remove_from_mesh(&self, uid: &str, pod: Option<&Pod>, deleted: bool) -> Result<(), MeshError> {
+        let name = pod.map(|p| format!("{}/{}", p.namespace, p.name)).unwrap_or_else(|| uid.to_owned());
+        let netns = self.lock().enrolled.get(uid).and_then(|e| e.netns.clone());
+        if !deleted && let Some(fd) = netns {
+            let capture = self.capture.clone();
+            tokio::task::spawn_blocking(move || capture.remove(&fd))
+                .await
+                .unwrap_or_else(|e| Err(format!("capture task failed: {e}")))
+                .map_err(|error| MeshError::Capture { pod: name.clone(), error })?;
+        }
+        self.zds.del(uid).await?;
+        self.lock().enrolled.remove(uid);
+        if let Some(p) = pod
+            && let Err(error) = self.annotate.set_redirection(p, None)
+            && !deleted
+        {
+            return Err(MeshError::Annotate { pod: name, error });
+        }
+        tracing::info!(pod = %name, "pod removed from the mesh");
+        Ok(())
+    }
+
+    /// Finds a running pod's netns through its processes (pods enrolled after they started).
+    fn find_netns(&self, pod: &Pod) -> Result<OwnedFd, String> {
+        let wanted: HashSet<String> = [pod.uid.clone()].into();
+        let ips = pod.ips.clone();
+        let found = crate::procfs::scan(&self.paths.proc_root, &wanted, |_, netns_path| {
+            let pid_dir = netns_path.parent().and_then(Path::parent).unwrap_or(netns_path);
+            let local = crate::addrs::local_addresses(pid_dir);
+            ips.iter().any(|ip| local.contains(ip))
+        });
+        let f = found.get(&pod.uid).ok_or("no process of the pod found in /proc (is the pod running?)")?;
+        ambit_zds::open_netns(&f.netns_path).map_err(|e| e.to_string())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests;
