@@ -13,4 +13,6 @@ pub mod event;
 pub mod mesh;
 pub mod model;
 pub mod procfs;
+pub mod server;
+pub mod source;
 pub mod zds;

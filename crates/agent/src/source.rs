@@ -1,0 +1,127 @@
+//! Where the agent learns about pods and namespaces. Local mode reads the same Kubernetes
+//! objects from a folder of YAML files (what `ambit up` writes); the Kubernetes API source comes
+//! with the Kubernetes deployment. Both produce the same typed objects.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use crate::model::{Namespace, Pod};
+
+/// Everything a source knows at one moment.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Inventory {
+    /// Namespaces by name.
+    pub namespaces: BTreeMap<String, Namespace>,
+    /// Pods by uid (only this node's, when the source can tell).
+    pub pods: BTreeMap<String, Pod>,
+}
+
+/// A folder of YAML files holding Namespace and Pod objects (several documents per file are fine).
+pub struct FileSource {
+    dir: PathBuf,
+    node_name: Option<String>,
+    seen: BTreeMap<PathBuf, (SystemTime, u64)>,
+}
+
+impl FileSource {
+    /// Watches `dir`; with `node_name`, only pods whose `spec.nodeName` matches are kept.
+    pub fn new(dir: &Path, node_name: Option<String>) -> FileSource {
+        FileSource { dir: dir.to_owned(), node_name, seen: BTreeMap::new() }
+    }
+
+    /// Reads the folder when something changed since the last call (`None`: unchanged).
+    /// Unreadable files and objects are logged and skipped; the rest is still used.
+    pub fn poll(&mut self) -> Option<Inventory> {
+        let mut now = BTreeMap::new();
+        for path in yaml_files(&self.dir) {
+            if let Ok(m) = std::fs::metadata(&path) {
+                now.insert(path, (m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len()));
+            }
+        }
+        if now == self.seen {
+            return None;
+        }
+        self.seen = now;
+        Some(self.read())
+    }
+
+    fn read(&self) -> Inventory {
+        let mut inv = Inventory::default();
+        for path in self.seen.keys() {
+            let text = match std::fs::read_to_string(path) {
+                Ok(t) => t,
+                Err(e) => {
+                    tracing::warn!(file = %path.display(), error = %e, "cannot read");
+                    continue;
+                }
+            };
+            let docs: Vec<serde_json::Value> = match serde_saphyr::from_multiple(&text) {
+                Ok(d) => d,
+                Err(e) => {
+                    tracing::warn!(file = %path.display(), error = %e, "not valid YAML; file skipped");
+                    continue;
+                }
+            };
+            for doc in docs {
+                match doc.get("kind").and_then(|k| k.as_str()) {
+                    Some("Namespace") => match Namespace::from_value(doc) {
+                        Ok(ns) => {
+                            inv.namespaces.insert(ns.name.clone(), ns);
+                        }
+                        Err(e) => tracing::warn!(file = %path.display(), error = %e, "Namespace skipped"),
+                    },
+                    Some("Pod") => match Pod::from_value(doc) {
+                        Ok(p) if self.node_name.as_ref().is_none_or(|n| *n == p.node_name) => {
+                            inv.pods.insert(p.uid.clone(), p);
+                        }
+                        Ok(_) => {}
+                        Err(e) => tracing::warn!(file = %path.display(), error = %e, "Pod skipped"),
+                    },
+                    _ => {}
+                }
+            }
+        }
+        inv
+    }
+}
+
+fn yaml_files(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let mut files: Vec<PathBuf> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// How often the file source looks for changes.
+pub const FILE_POLL: Duration = Duration::from_millis(250);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_objects_and_notices_changes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(
+            dir.path().join("mesh.yaml"),
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: demo\n  labels:\n    istio.io/dataplane-mode: ambient\n---\n\
+             apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\n  namespace: demo\n  uid: u1\nspec:\n  nodeName: n1\n\
+             status:\n  podIP: 10.0.0.5\n---\nkind: Pod\nmetadata:\n  name: other\n  namespace: demo\n  uid: u2\nspec:\n  nodeName: n2\n",
+        )
+        .expect("write");
+        std::fs::write(dir.path().join("broken.yaml"), "kind: [unclosed").expect("write");
+        std::fs::write(dir.path().join("notes.txt"), "ignored").expect("write");
+        let mut src = FileSource::new(dir.path(), Some("n1".into()));
+        let inv = src.poll().expect("first read");
+        assert_eq!(inv.namespaces.len(), 1);
+        assert_eq!(inv.pods.keys().collect::<Vec<_>>(), vec!["u1"], "only this node's pods");
+        assert!(src.poll().is_none(), "unchanged");
+        std::fs::write(dir.path().join("more.yaml"), "kind: Namespace\nmetadata:\n  name: other\n").expect("write");
+        assert_eq!(src.poll().expect("changed").namespaces.len(), 2);
+    }
+}
