@@ -1,0 +1,1 @@
+//! Unit tests: golden and snapshot renderings, annotation parsing, parsers.
