@@ -7,8 +7,8 @@ use std::os::fd::BorrowedFd;
 use std::path::Path;
 
 use crate::iptables::{Plan, Xtables, apply_plan, cleanup};
-use crate::nftables::{Match, NftAction, NftRule, NftRuleset, NftSet, NftTable, NftablesBackend, SetType};
 use crate::nftables::{BaseChain, ChainKind, Hook, L4Proto, NftChain};
+use crate::nftables::{Match, NftAction, NftRule, NftRuleset, NftSet, NftTable, NftablesBackend, SetType};
 use crate::{Family, PROBE_SNAT_V4, PROBE_SNAT_V6, RedirectError, exec, in_netns};
 
 /// Probe-target set, IPv4.
@@ -34,7 +34,8 @@ pub enum ProbeEntryRemoval {
 /// Renders the §2.9.3 host table: sets, `postrouting` (nat, priority 100) and the SNAT rules.
 pub fn render_host_nftables(ipv6: bool, kubelet_uid: u32) -> NftRuleset {
     let comment = "kubelet probe targets: pod IPs, element comment = pod UID".to_owned();
-    let mut sets = vec![NftSet { name: PROBE_SET_V4.into(), kind: SetType::Ipv4Addr, comment: comment.clone() }];
+    let mut sets =
+        vec![NftSet { name: PROBE_SET_V4.into(), kind: SetType::Ipv4Addr, comment: comment.clone() }];
     let mut targets = vec![(Family::V4, PROBE_SET_V4, IpAddr::from(PROBE_SNAT_V4))];
     if ipv6 {
         sets.push(NftSet { name: PROBE_SET_V6.into(), kind: SetType::Ipv6Addr, comment });
@@ -391,9 +392,7 @@ pub(crate) fn parse_ipset_save(text: &str) -> Vec<(IpAddr, Option<String>)> {
             }
             let _set = tokens.next()?;
             let addr = tokens.next()?.parse::<IpAddr>().ok()?;
-            let comment = line
-                .split_once(" comment ")
-                .map(|(_, c)| c.trim().trim_matches('"').to_owned());
+            let comment = line.split_once(" comment ").map(|(_, c)| c.trim().trim_matches('"').to_owned());
             Some((addr, comment))
         })
         .collect()

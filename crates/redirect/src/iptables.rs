@@ -63,7 +63,8 @@ impl Xtables {
         let probe = |variant: &str| {
             let save = format!("{base}-{variant}-save");
             let out = exec::output(&save, &[], None).ok().filter(|out| out.status.success())?;
-            let version = exec::output(&save, &["--version"], None).map(|o| exec::stdout(&o)).unwrap_or_default();
+            let version =
+                exec::output(&save, &["--version"], None).map(|o| exec::stdout(&o)).unwrap_or_default();
             Some((exec::stdout(&out).matches('\n').count() >= 3, version))
         };
         if let Some((true, version)) = probe("legacy") {
@@ -289,14 +290,20 @@ pub(crate) fn pod_plan(capture: &PodCapture, family: Family) -> Plan {
         plan.rule(
             "nat",
             out,
-            format!("! -o lo -p udp -m mark ! --mark {mark} -m udp --dport 53 -j REDIRECT --to-port {DNS_PORT}"),
+            format!(
+                "! -o lo -p udp -m mark ! --mark {mark} -m udp --dport 53 -j REDIRECT --to-port {DNS_PORT}"
+            ),
         );
         plan.rule(
             "nat",
             out,
             format!("! -d {lo} -p tcp --dport 53 -m mark ! --mark {mark} -j REDIRECT --to-ports {DNS_PORT}"),
         );
-        plan.rule("raw", out, format!("-p udp -m mark --mark {mark} -m udp --dport 53 -j CT --zone {DNS_CT_ZONE}"));
+        plan.rule(
+            "raw",
+            out,
+            format!("-p udp -m mark --mark {mark} -m udp --dport 53 -j CT --zone {DNS_CT_ZONE}"),
+        );
         plan.rule(
             "raw",
             pre,
@@ -327,7 +334,12 @@ pub(crate) fn check_capture(capture: &PodCapture) -> Result<(), RedirectError> {
 
 /// §2.8.2 in the current netns: restore when clean or drifted (reconciling first if asked),
 /// nothing when already in sync.
-pub(crate) fn apply_plan(xt: &Xtables, plan: &Plan, owned: &[&str], reconcile: bool) -> Result<(), RedirectError> {
+pub(crate) fn apply_plan(
+    xt: &Xtables,
+    plan: &Plan,
+    owned: &[&str],
+    reconcile: bool,
+) -> Result<(), RedirectError> {
     let state = compare(xt, plan, owned)?;
     if state.residue && state.delta.is_empty() {
         return Ok(());
@@ -364,7 +376,8 @@ pub(crate) fn compare(xt: &Xtables, plan: &Plan, owned: &[&str]) -> Result<State
         for chain in &table.chains {
             if is_owned(chain) {
                 residue = true;
-                let expected = plan.rules.iter().filter(|r| r.table == table.name && r.chain == *chain).count();
+                let expected =
+                    plan.rules.iter().filter(|r| r.table == table.name && r.chain == *chain).count();
                 let actual = table.rules.iter().filter(|(c, _)| c == chain).count();
                 if !plan.chains(&table.name).contains(chain) {
                     delta.push(format!("unexpected chain {}/{chain}", table.name));
@@ -376,7 +389,11 @@ pub(crate) fn compare(xt: &Xtables, plan: &Plan, owned: &[&str]) -> Result<State
         for (chain, spec) in &table.rules {
             if !is_owned(chain) && jump_target(spec).is_some_and(is_owned) {
                 residue = true;
-                let expected = plan.jumps.iter().filter(|j| j.table == table.name && &j.chain == chain && &j.spec == spec).count();
+                let expected = plan
+                    .jumps
+                    .iter()
+                    .filter(|j| j.table == table.name && &j.chain == chain && &j.spec == spec)
+                    .count();
                 let actual = table.rules.iter().filter(|(c, s)| c == chain && s == spec).count();
                 if expected == 0 {
                     delta.push(format!("unexpected jump {}/{chain} {spec}", table.name));

@@ -23,6 +23,8 @@
 //! - `netlink-packet-netfilter` 0.4 has table/chain/rule/set messages but none of the expressions
 //!   this rule set needs (`counter`, `ct` load/set, `redir`, `nat`), nor the batch framing, and we
 //!   would also have to decode the kernel's rules back to verify them;
+//! - the `nftables` crate (JSON) recommended in DEPENDENCIES.md also execs `nft` (`nft -j -f`),
+//!   so it would not remove the binary; it only changes the text format;
 //! - `nft -f` already gives one atomic kernel transaction per pod (a single netlink batch), reads
 //!   the same text format the spec and operators use, and is one exec per apply (about 2 ms here).
 //!

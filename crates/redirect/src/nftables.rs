@@ -225,8 +225,13 @@ pub fn render_nftables(capture: &PodCapture) -> NftRuleset {
     }
     let tcp = Match::L4Proto(L4Proto::Tcp);
     let not_ztunnel = Match::MetaMark { mask: MARK_MASK, value: ZTUNNEL_MARK, negated: true };
-    let not_lo = |lo: IpAddr, len: u8| Match::Addr { source: false, negated: true, addr: lo, prefix: Some(len) };
-    let rule = |chain: &str, matches: Vec<Match>, action: NftAction| NftRule { chain: chain.into(), matches, action };
+    let not_lo =
+        |lo: IpAddr, len: u8| Match::Addr { source: false, negated: true, addr: lo, prefix: Some(len) };
+    let rule = |chain: &str, matches: Vec<Match>, action: NftAction| NftRule {
+        chain: chain.into(),
+        matches,
+        action,
+    };
     let jump = |from: &str, to: &str| rule(from, vec![], NftAction::Jump(to.into()));
 
     let mut nat = pod_table(POD_TABLES[0], ChainKind::Nat, -100, ChainKind::Nat, -100);
@@ -248,7 +253,8 @@ pub fn render_nftables(capture: &PodCapture) -> NftRuleset {
     }
     if !capture.ingress_mode {
         for &(_, lo, len, _) in &families {
-            let hbone = Match::Port { proto: L4Proto::Tcp, source: false, negated: true, port: INBOUND_HBONE_PORT };
+            let hbone =
+                Match::Port { proto: L4Proto::Tcp, source: false, negated: true, port: INBOUND_HBONE_PORT };
             let m = vec![not_lo(lo, len), hbone, not_ztunnel.clone()];
             nat.rules.push(rule(pre, m, NftAction::Redirect(INBOUND_PLAINTEXT_PORT)));
         }
@@ -580,7 +586,9 @@ impl RuleBackend for NftablesBackend {
                         let first = want.iter().zip(got).find(|(w, g)| w != g);
                         drift.push(match first {
                             Some((w, g)) => format!("table inet {name}: expected `{w}`, found `{g}`"),
-                            None => format!("table inet {name}: {} lines, expected {}", got.len(), want.len()),
+                            None => {
+                                format!("table inet {name}: {} lines, expected {}", got.len(), want.len())
+                            }
                         });
                     }
                     _ => {}
@@ -637,7 +645,10 @@ fn strip_counter_values(line: &str) -> String {
     let mut i = 0;
     while i < tokens.len() {
         out.push(tokens[i]);
-        if tokens[i] == "counter" && tokens.get(i + 1) == Some(&"packets") && tokens.get(i + 3) == Some(&"bytes") {
+        if tokens[i] == "counter"
+            && tokens.get(i + 1) == Some(&"packets")
+            && tokens.get(i + 3) == Some(&"bytes")
+        {
             i += 5;
         } else {
             i += 1;

@@ -2,13 +2,14 @@
 //! and a `local` default route on `lo` in table 100 (§2.8.1), via the `ip` tool.
 
 use crate::exec;
-use crate::{Family, PodCapture, RedirectError, ROUTE_TABLE, RULE_PRIORITY, TPROXY_MARK, MARK_MASK};
+use crate::{Family, MARK_MASK, PodCapture, ROUTE_TABLE, RULE_PRIORITY, RedirectError, TPROXY_MARK};
 
 /// Adds the table-100 routes, then the fwmark rules. Must run inside the pod netns.
 pub(crate) fn apply(capture: &PodCapture) -> Result<(), RedirectError> {
     let table = ROUTE_TABLE.to_string();
     if capture.ipv4 {
-        let args = ["-4", "route", "replace", "local", "0.0.0.0/0", "dev", "lo", "table", &table, "scope", "host"];
+        let args =
+            ["-4", "route", "replace", "local", "0.0.0.0/0", "dev", "lo", "table", &table, "scope", "host"];
         exec::run("ip", &args, None)?;
     }
     if capture.ipv6 && lo_has_ipv6() {
@@ -28,7 +29,8 @@ pub(crate) fn apply(capture: &PodCapture) -> Result<(), RedirectError> {
 /// Deletes the fwmark rules and table-100 routes of both families; absent ones are fine.
 pub(crate) fn remove() -> Result<(), RedirectError> {
     let table = ROUTE_TABLE.to_string();
-    let mut commands: Vec<Vec<String>> = [Family::V4, Family::V6].iter().map(|f| rule_args(*f, "del")).collect();
+    let mut commands: Vec<Vec<String>> =
+        [Family::V4, Family::V6].iter().map(|f| rule_args(*f, "del")).collect();
     for (flag, dst) in [("-4", "0.0.0.0/0"), ("-6", "::/0")] {
         commands.push(
             [flag, "route", "del", "local", dst, "dev", "lo", "table", &table].map(str::to_owned).to_vec(),
@@ -115,5 +117,7 @@ fn rule_args(family: Family, op: &str) -> Vec<String> {
 /// `lo` takes IPv6 routes unless `disable_ipv6` is `1`; a read error still tries (as upstream).
 /// /proc/sys/net shows the namespace of the reading thread.
 fn lo_has_ipv6() -> bool {
-    std::fs::read_to_string("/proc/sys/net/ipv6/conf/lo/disable_ipv6").map(|v| v.trim() != "1").unwrap_or(true)
+    std::fs::read_to_string("/proc/sys/net/ipv6/conf/lo/disable_ipv6")
+        .map(|v| v.trim() != "1")
+        .unwrap_or(true)
 }

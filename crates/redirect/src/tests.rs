@@ -28,7 +28,10 @@ fn snapshot(name: &str, actual: &str) {
         return;
     }
     let expected = read(name);
-    assert!(expected == actual, "snapshot testdata/{name} differs:\n--- expected\n{expected}\n--- actual\n{actual}");
+    assert!(
+        expected == actual,
+        "snapshot testdata/{name} differs:\n--- expected\n{expected}\n--- actual\n{actual}"
+    );
 }
 
 fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
@@ -71,7 +74,9 @@ fn default_v6_equals_spec_substitution() {
 fn host_iptables_equals_spec() {
     assert_eq!(render_host_iptables(Family::V4), read("spec-host-v4.rules"));
     let v6 = render_host_iptables(Family::V6);
-    assert!(v6.contains("--match-set istio-inpod-probes-v6 dst -j SNAT --to-source fd16:9254:7127:1337:ffff:ffff:ffff:ffff"));
+    assert!(v6.contains(
+        "--match-set istio-inpod-probes-v6 dst -j SNAT --to-source fd16:9254:7127:1337:ffff:ffff:ffff:ffff"
+    ));
 }
 
 #[test]
@@ -115,16 +120,26 @@ fn nftables_contains_spec_rule_list_in_order() {
         format!("{nat} istio-prerouting meta l4proto tcp ip6 saddr {v6} counter accept"),
         format!("{nat} istio-output meta l4proto tcp ip daddr 169.254.7.127 counter accept"),
         format!("{nat} istio-output meta l4proto tcp ip6 daddr {v6} counter accept"),
-        format!("{nat} istio-prerouting ip daddr != 127.0.0.1/32 tcp dport != 15008 {not_zt} counter redirect to :15006"),
-        format!("{nat} istio-prerouting ip6 daddr != ::1/128 tcp dport != 15008 {not_zt} counter redirect to :15006"),
+        format!(
+            "{nat} istio-prerouting ip daddr != 127.0.0.1/32 tcp dport != 15008 {not_zt} counter redirect to :15006"
+        ),
+        format!(
+            "{nat} istio-prerouting ip6 daddr != ::1/128 tcp dport != 15008 {not_zt} counter redirect to :15006"
+        ),
         format!("{nat} istio-output oifname != \"lo\" {not_zt} udp dport 53 counter redirect to :15053"),
-        format!("{nat} istio-output ip daddr != 127.0.0.1/32 tcp dport 53 {not_zt} counter redirect to :15053"),
+        format!(
+            "{nat} istio-output ip daddr != 127.0.0.1/32 tcp dport 53 {not_zt} counter redirect to :15053"
+        ),
         format!("{nat} istio-output ip6 daddr != ::1/128 tcp dport 53 {not_zt} counter redirect to :15053"),
         format!("{nat} istio-output meta l4proto tcp meta mark and 0xfff == 0x111 counter accept"),
         format!("{nat} istio-output oifname \"lo\" ip daddr != 127.0.0.1/32 counter accept"),
         format!("{nat} istio-output oifname \"lo\" ip6 daddr != ::1/128 counter accept"),
-        format!("{nat} istio-output meta l4proto tcp ip daddr != 127.0.0.1/32 {not_zt} counter redirect to :15001"),
-        format!("{nat} istio-output meta l4proto tcp ip6 daddr != ::1/128 {not_zt} counter redirect to :15001"),
+        format!(
+            "{nat} istio-output meta l4proto tcp ip daddr != 127.0.0.1/32 {not_zt} counter redirect to :15001"
+        ),
+        format!(
+            "{nat} istio-output meta l4proto tcp ip6 daddr != ::1/128 {not_zt} counter redirect to :15001"
+        ),
         format!("{mangle} prerouting counter jump istio-prerouting"),
         format!("{mangle} output counter jump istio-output"),
         format!(
@@ -166,8 +181,12 @@ fn host_nftables_rules() {
     assert!(script.contains(
         "add rule inet istio-ambient-nat postrouting meta l4proto tcp meta skuid 1234 ip daddr @istio-inpod-probes-v4 counter snat ip to 169.254.7.127"
     ));
-    assert!(script.contains("ip6 daddr @istio-inpod-probes-v6 counter snat ip6 to fd16:9254:7127:1337:ffff:ffff:ffff:ffff"));
-    assert!(script.contains("add chain inet istio-ambient-nat postrouting { type nat hook postrouting priority 100 ; }"));
+    assert!(script.contains(
+        "ip6 daddr @istio-inpod-probes-v6 counter snat ip6 to fd16:9254:7127:1337:ffff:ffff:ffff:ffff"
+    ));
+    assert!(script.contains(
+        "add chain inet istio-ambient-nat postrouting { type nat hook postrouting priority 100 ; }"
+    ));
     assert!(!render_host_nftables(false, 0).script(&[]).contains("v6"));
 }
 
@@ -197,7 +216,11 @@ fn virtual_interfaces_are_trimmed_and_checked() {
 #[test]
 fn save_form_matches_iptables_save_output() {
     let cases = [
-        ("-s 169.254.7.127 -p tcp -m tcp -j ACCEPT", Family::V4, "-s 169.254.7.127/32 -p tcp -m tcp -j ACCEPT"),
+        (
+            "-s 169.254.7.127 -p tcp -m tcp -j ACCEPT",
+            Family::V4,
+            "-s 169.254.7.127/32 -p tcp -m tcp -j ACCEPT",
+        ),
         (
             "! -d ::1/128 -p tcp ! --dport 15008 -m mark ! --mark 0x539/0xfff -j REDIRECT --to-ports 15006",
             Family::V6,
@@ -208,7 +231,11 @@ fn save_form_matches_iptables_save_output() {
             Family::V4,
             "! -o lo -p udp -m mark ! --mark 0x539/0xfff -m udp --dport 53 -j REDIRECT --to-ports 15053",
         ),
-        ("-d fd16::1 -p tcp --dport 53 -j ACCEPT", Family::V6, "-d fd16::1/128 -p tcp -m tcp --dport 53 -j ACCEPT"),
+        (
+            "-d fd16::1 -p tcp --dport 53 -j ACCEPT",
+            Family::V6,
+            "-d fd16::1/128 -p tcp -m tcp --dport 53 -j ACCEPT",
+        ),
     ];
     for (input, family, saved) in cases {
         assert_eq!(save_form(input, family), saved);
