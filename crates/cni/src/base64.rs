@@ -22,7 +22,7 @@ pub fn encode(bytes: &[u8]) -> String {
 /// Decodes padded standard base64; `None` on any malformed input (Go's decoder is as strict).
 pub fn decode(s: &str) -> Option<Vec<u8>> {
     let s = s.as_bytes();
-    if s.len() % 4 != 0 {
+    if !s.len().is_multiple_of(4) {
         return None;
     }
     let mut out = Vec::with_capacity(s.len() / 4 * 3);

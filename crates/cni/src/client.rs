@@ -77,10 +77,7 @@ pub enum ClientError {
 impl AgentClient {
     /// A client for `socket` whose every exchange must finish within `timeout`.
     pub fn new(socket: impl Into<PathBuf>, timeout: Duration) -> Self {
-        AgentClient {
-            socket: socket.into(),
-            timeout,
-        }
+        AgentClient { socket: socket.into(), timeout }
     }
 
     /// The socket path.
@@ -107,16 +104,8 @@ impl AgentClient {
         .into_bytes();
         request.extend_from_slice(body);
         self.set_timeout(&stream, deadline, "sending the request")?;
-        stream
-            .write_all(&request)
-            .map_err(|e| self.io_error(e, "sending the request"))?;
-        let mut reader = Reader {
-            client: self,
-            stream,
-            deadline,
-            buf: Vec::with_capacity(1024),
-            pos: 0,
-        };
+        stream.write_all(&request).map_err(|e| self.io_error(e, "sending the request"))?;
+        let mut reader = Reader { client: self, stream, deadline, buf: Vec::with_capacity(1024), pos: 0 };
         reader.response()
     }
 
@@ -130,16 +119,10 @@ impl AgentClient {
             .spawn(move || {
                 let _ = tx.send(UnixStream::connect(path));
             })
-            .map_err(|source| ClientError::Connect {
-                socket: self.socket.clone(),
-                source,
-            })?;
+            .map_err(|source| ClientError::Connect { socket: self.socket.clone(), source })?;
         match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
             Ok(Ok(stream)) => Ok(stream),
-            Ok(Err(source)) => Err(ClientError::Connect {
-                socket: self.socket.clone(),
-                source,
-            }),
+            Ok(Err(source)) => Err(ClientError::Connect { socket: self.socket.clone(), source }),
             Err(_) => Err(self.timeout_error("connecting")),
         }
     }
@@ -161,30 +144,19 @@ impl AgentClient {
     }
 
     fn timeout_error(&self, stage: &'static str) -> ClientError {
-        ClientError::Timeout {
-            socket: self.socket.clone(),
-            timeout: self.timeout,
-            stage,
-        }
+        ClientError::Timeout { socket: self.socket.clone(), timeout: self.timeout, stage }
     }
 
     fn io_error(&self, e: io::Error, stage: &'static str) -> ClientError {
         if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) {
             self.timeout_error(stage)
         } else {
-            ClientError::Io {
-                socket: self.socket.clone(),
-                stage,
-                source: e,
-            }
+            ClientError::Io { socket: self.socket.clone(), stage, source: e }
         }
     }
 
     fn malformed(&self, reason: impl Into<String>) -> ClientError {
-        ClientError::Malformed {
-            socket: self.socket.clone(),
-            reason: reason.into(),
-        }
+        ClientError::Malformed { socket: self.socket.clone(), reason: reason.into() }
     }
 }
 
@@ -213,10 +185,7 @@ impl Reader<'_> {
                 continue;
             }
             if status == 200 {
-                return Ok(Response {
-                    status,
-                    body: Vec::new(),
-                });
+                return Ok(Response { status, body: Vec::new() });
             }
             // The status is known; the body only adds detail, so a failure reading it keeps
             // whatever arrived.
@@ -241,10 +210,7 @@ impl Reader<'_> {
             if self.fill("reading the response")? == 0 {
                 return Err(if self.buf.len() == self.pos {
                     self.client.io_error(
-                        io::Error::new(
-                            io::ErrorKind::UnexpectedEof,
-                            "connection closed before any response",
-                        ),
+                        io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed before any response"),
                         "reading the response",
                     )
                 } else {
@@ -261,13 +227,10 @@ impl Reader<'_> {
         let version = parts.next().unwrap_or_default();
         let code = parts.next().unwrap_or_default();
         if !version.starts_with("HTTP/1.") || code.len() != 3 {
-            return Err(self
-                .client
-                .malformed(format!("bad status line {status_line:?}")));
+            return Err(self.client.malformed(format!("bad status line {status_line:?}")));
         }
-        let status: u16 = code
-            .parse()
-            .map_err(|_| self.client.malformed(format!("bad status code {code:?}")))?;
+        let status: u16 =
+            code.parse().map_err(|_| self.client.malformed(format!("bad status code {code:?}")))?;
         let mut framing = Framing::UntilClose;
         for line in lines {
             let Some((name, value)) = line.split_once(':') else {
@@ -278,9 +241,7 @@ impl Reader<'_> {
                 && value.to_ascii_lowercase().contains("chunked")
             {
                 framing = Framing::Chunked;
-            } else if name.eq_ignore_ascii_case("content-length")
-                && !matches!(framing, Framing::Chunked)
-            {
+            } else if name.eq_ignore_ascii_case("content-length") && !matches!(framing, Framing::Chunked) {
                 let len = value
                     .parse()
                     .map_err(|_| self.client.malformed(format!("bad Content-Length {value:?}")))?;

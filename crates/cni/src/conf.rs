@@ -74,7 +74,9 @@ pub enum ConfError {
     #[error("network configuration has no name")]
     MissingName,
     /// `name` has characters outside `[a-zA-Z0-9_.-]` or does not start alphanumeric.
-    #[error("network name {0:?} is invalid; use letters, digits, '_', '.' and '-', starting with a letter or digit")]
+    #[error(
+        "network name {0:?} is invalid; use letters, digits, '_', '.' and '-', starting with a letter or digit"
+    )]
     InvalidName(String),
     /// A key has a value outside its allowed range.
     #[error("network configuration key {key}: {reason}")]
@@ -106,22 +108,15 @@ const MAX_SOCKET_PATH: usize = 107;
 impl NetConf {
     /// Parses and validates the configuration bytes from stdin.
     pub fn parse(stdin: &[u8]) -> Result<NetConf, ConfError> {
-        let raw: RawConf = serde_json::from_slice(stdin).map_err(|e| {
-            if e.is_data() {
-                ConfError::Type(e)
-            } else {
-                ConfError::Syntax(e)
-            }
-        })?;
+        let raw: RawConf = serde_json::from_slice(stdin)
+            .map_err(|e| if e.is_data() { ConfError::Type(e) } else { ConfError::Syntax(e) })?;
         let cni_version: CniVersion = raw.cni_version.ok_or(ConfError::MissingVersion)?.parse()?;
         let name = raw.name.filter(|n| !n.is_empty()).ok_or(ConfError::MissingName)?;
         if !valid_name(&name) {
             return Err(ConfError::InvalidName(name));
         }
-        let agent_run_dir = PathBuf::from(
-            raw.cni_agent_run_dir
-                .unwrap_or_else(|| DEFAULT_AGENT_RUN_DIR.to_owned()),
-        );
+        let agent_run_dir =
+            PathBuf::from(raw.cni_agent_run_dir.unwrap_or_else(|| DEFAULT_AGENT_RUN_DIR.to_owned()));
         if !agent_run_dir.is_absolute() {
             return Err(ConfError::Invalid {
                 key: "cni_agent_run_dir",
@@ -138,9 +133,7 @@ impl NetConf {
                 ),
             });
         }
-        let timeout_ms = raw
-            .agent_timeout_ms
-            .unwrap_or(DEFAULT_AGENT_TIMEOUT.as_millis() as u64);
+        let timeout_ms = raw.agent_timeout_ms.unwrap_or(DEFAULT_AGENT_TIMEOUT.as_millis() as u64);
         if !(1..=MAX_AGENT_TIMEOUT_MS).contains(&timeout_ms) {
             return Err(ConfError::Invalid {
                 key: "agent_timeout_ms",
@@ -154,9 +147,7 @@ impl NetConf {
             agent_run_dir,
             exclude_namespaces: raw.exclude_namespaces.unwrap_or_default(),
             pod_namespace: raw.pod_namespace.filter(|ns| !ns.is_empty()),
-            agent_pod_prefix: raw
-                .agent_pod_prefix
-                .unwrap_or_else(|| DEFAULT_AGENT_POD_PREFIX.to_owned()),
+            agent_pod_prefix: raw.agent_pod_prefix.unwrap_or_else(|| DEFAULT_AGENT_POD_PREFIX.to_owned()),
             agent_timeout: Duration::from_millis(timeout_ms),
         })
     }

@@ -77,12 +77,7 @@ struct ErrorJson<'a> {
 impl CniError {
     /// An error with a code and message and no details.
     pub fn new(code: ErrorCode, msg: impl Into<String>) -> Self {
-        CniError {
-            code,
-            msg: msg.into(),
-            details: String::new(),
-            version: None,
-        }
+        CniError { code, msg: msg.into(), details: String::new(), version: None }
     }
 
     /// Sets the details (the underlying cause).

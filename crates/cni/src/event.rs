@@ -95,10 +95,7 @@ impl IpNet {
         if prefix > bits {
             return Err(err());
         }
-        Ok(IpNet {
-            ip,
-            mask: mask_bytes(prefix, bits),
-        })
+        Ok(IpNet { ip, mask: mask_bytes(prefix, bits) })
     }
 
     /// The prefix length, when the mask is a contiguous run of ones.

@@ -38,10 +38,14 @@
 //! `CNI_NETNS` that is the plugin's own network namespace is refused (code 8) before the agent
 //! is asked, so a runtime bug cannot make the agent capture the host.
 //!
-//! DEL, CHECK and GC succeed without contacting the agent (the agent learns of deleted pods from
-//! its pod watch; nothing here has state). STATUS reports code 50 when the agent's socket does
-//! not accept a connection. VERSION lists 0.3.0, 0.3.1, 0.4.0, 1.0.0 and 1.1.0. Every error is
-//! a CNI error object on stdout with exit status 1; a panic becomes code 999.
+//! DEL, CHECK (configs 0.4.0 and later) and GC (1.1.0) succeed without contacting the agent: the
+//! agent learns of deleted pods from its pod watch and the plugin keeps no state, so DEL also
+//! succeeds for a pod that never existed. STATUS (1.1.0) reports code 50 when the agent's socket
+//! does not accept a connection within 2 s; runtimes that call STATUS (containerd 2, CRI-O) then
+//! report the node's network as not ready until the agent runs, which is the intent; the agent's
+//! own DaemonSet pod uses the host network and so still starts. VERSION lists 0.3.0, 0.3.1,
+//! 0.4.0, 1.0.0 and 1.1.0. Every error is a CNI error object on stdout
+//! (`{"cniVersion","code","msg","details"}`) with exit status 1; a panic becomes code 999.
 
 pub mod args;
 mod base64;

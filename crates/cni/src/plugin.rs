@@ -106,16 +106,7 @@ impl Env {
         let args = get("CNI_ARGS");
         let path = get("CNI_PATH");
         let netns_override = get("CNI_NETNS_OVERRIDE");
-        Env {
-            command,
-            container_id,
-            netns,
-            ifname,
-            args,
-            path,
-            netns_override,
-            not_unicode,
-        }
+        Env { command, container_id, netns, ifname, args, path, netns_override, not_unicode }
     }
 
     /// Reads the process environment.
@@ -151,9 +142,7 @@ impl Command {
     /// Variables that must be set and non-empty (libcni's table).
     fn required_env(self) -> &'static [&'static str] {
         match self {
-            Command::Add | Command::Check => {
-                &["CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_PATH"]
-            }
+            Command::Add | Command::Check => &["CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_PATH"],
             Command::Del => &["CNI_CONTAINERID", "CNI_IFNAME", "CNI_PATH"],
             Command::Gc | Command::Status | Command::Version => &[],
         }
@@ -197,12 +186,8 @@ pub fn run(env: &Env, stdin: &mut dyn Read) -> Result<Output, CniError> {
     if command == Command::Version {
         return Ok(Output::Stdout(version_info_json()));
     }
-    let missing: Vec<&str> = command
-        .required_env()
-        .iter()
-        .copied()
-        .filter(|name| env.get(name).is_none())
-        .collect();
+    let missing: Vec<&str> =
+        command.required_env().iter().copied().filter(|name| env.get(name).is_none()).collect();
     if !missing.is_empty() {
         return Err(CniError::new(
             ErrorCode::InvalidEnvironment,
@@ -210,10 +195,10 @@ pub fn run(env: &Env, stdin: &mut dyn Read) -> Result<Output, CniError> {
         ));
     }
     let mut bytes = Vec::new();
-    stdin
-        .take(MAX_STDIN + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| CniError::new(ErrorCode::Io, "cannot read the network configuration from stdin").details(e.to_string()))?;
+    stdin.take(MAX_STDIN + 1).read_to_end(&mut bytes).map_err(|e| {
+        CniError::new(ErrorCode::Io, "cannot read the network configuration from stdin")
+            .details(e.to_string())
+    })?;
     if bytes.len() as u64 > MAX_STDIN {
         return Err(CniError::new(
             ErrorCode::Decoding,
@@ -256,15 +241,10 @@ pub fn decide(conf: &NetConf, args: &K8sArgs) -> Result<Decision, CniError> {
     if conf.exclude_namespaces.iter().any(|ns| ns == namespace) {
         return Ok(Decision::ExcludedNamespace);
     }
-    if conf.pod_namespace.as_deref() == Some(namespace.as_str())
-        && name.starts_with(&conf.agent_pod_prefix)
-    {
+    if conf.pod_namespace.as_deref() == Some(namespace.as_str()) && name.starts_with(&conf.agent_pod_prefix) {
         return Ok(Decision::AgentPod);
     }
-    Ok(Decision::AskAgent {
-        name: name.clone(),
-        namespace: namespace.clone(),
-    })
+    Ok(Decision::AskAgent { name: name.clone(), namespace: namespace.clone() })
 }
 
 fn execute(command: Command, env: &Env, conf: &NetConf) -> Result<Output, CniError> {
@@ -292,12 +272,7 @@ fn execute(command: Command, env: &Env, conf: &NetConf) -> Result<Output, CniErr
 }
 
 fn add(env: &Env, conf: &NetConf) -> Result<Output, CniError> {
-    let prev = conf
-        .prev_result
-        .as_deref()
-        .map(PrevResult::parse)
-        .transpose()
-        .map_err(result_error)?;
+    let prev = conf.prev_result.as_deref().map(PrevResult::parse).transpose().map_err(result_error)?;
     let ips = match &prev {
         Some(prev) => prev.event_ips().map_err(result_error)?,
         None => Vec::new(),
@@ -312,9 +287,9 @@ fn add(env: &Env, conf: &NetConf) -> Result<Output, CniError> {
             "CNI_ARGS is not set; ambit-cni needs K8S_POD_NAMESPACE and K8S_POD_NAME from the container runtime to know which pod this is (set CNI_ARGS=\"\" for a container that is not a Kubernetes pod)",
         ));
     };
-    let args: K8sArgs = raw_args.parse().map_err(|e: crate::args::ArgsError| {
-        CniError::new(ErrorCode::InvalidEnvironment, e.to_string())
-    })?;
+    let args: K8sArgs = raw_args
+        .parse()
+        .map_err(|e: crate::args::ArgsError| CniError::new(ErrorCode::InvalidEnvironment, e.to_string()))?;
     let (pod_name, pod_namespace) = match decide(conf, &args)? {
         Decision::AskAgent { name, namespace } => (name, namespace),
         Decision::NotKubernetes | Decision::ExcludedNamespace | Decision::AgentPod => {
@@ -325,15 +300,12 @@ fn add(env: &Env, conf: &NetConf) -> Result<Output, CniError> {
     if !netns_override(env) && is_own_netns(Path::new(netns)) {
         return Err(CniError::new(
             ErrorCode::InvalidNetns,
-            format!("CNI_NETNS {netns} is the plugin's own (host) network namespace; refusing to hand it to the node agent for capture"),
+            format!(
+                "CNI_NETNS {netns} is the plugin's own (host) network namespace; refusing to hand it to the node agent for capture"
+            ),
         ));
     }
-    let event = PluginEvent {
-        netns: netns.to_owned(),
-        pod_name,
-        pod_namespace,
-        ips,
-    };
+    let event = PluginEvent { netns: netns.to_owned(), pod_name, pod_namespace, ips };
     let client = AgentClient::new(conf.event_socket(), conf.agent_timeout);
     let pod = format!("{}/{}", event.pod_namespace, event.pod_name);
     match client.post_json(EVENT_PATH, event.to_json().as_bytes()) {
@@ -347,14 +319,10 @@ fn add(env: &Env, conf: &NetConf) -> Result<Output, CniError> {
             };
             Err(CniError::new(
                 code,
-                format!(
-                    "node agent could not set up pod {pod} (HTTP {}): {}",
-                    response.status,
-                    body.trim()
-                ),
+                format!("node agent could not set up pod {pod} (HTTP {}): {}", response.status, body.trim()),
             ))
         }
-        Err(e) => Err(unreachable_agent(&pod, &client, &e)),
+        Err(e) => Err(agent_failure(&pod, &client, &e)),
     }
 }
 
@@ -372,13 +340,12 @@ fn status(conf: &NetConf) -> Result<Output, CniError> {
     })
 }
 
-fn unreachable_agent(pod: &str, client: &AgentClient, e: &ClientError) -> CniError {
+fn agent_failure(pod: &str, client: &AgentClient, e: &ClientError) -> CniError {
     let socket = client.socket().display();
     let (code, msg) = match e {
-        ClientError::Malformed { .. } => (
-            ErrorCode::Internal,
-            format!("node agent on {socket} sent a malformed answer for pod {pod}"),
-        ),
+        ClientError::Malformed { .. } => {
+            (ErrorCode::Internal, format!("node agent on {socket} sent a malformed answer for pod {pod}"))
+        }
         ClientError::Timeout { timeout, .. } => (
             ErrorCode::TryAgainLater,
             format!(
@@ -396,9 +363,7 @@ fn unreachable_agent(pod: &str, client: &AgentClient, e: &ClientError) -> CniErr
 }
 
 fn netns_override(env: &Env) -> bool {
-    env.netns_override
-        .as_deref()
-        .is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
+    env.netns_override.as_deref().is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
 }
 
 /// Whether `netns` is the namespace this process runs in (compared by device and inode).
@@ -438,19 +403,16 @@ fn validate_ifname(name: &str) -> Result<(), CniError> {
     };
     match problem {
         None => Ok(()),
-        Some(problem) => Err(CniError::new(
-            ErrorCode::InvalidEnvironment,
-            format!("CNI_IFNAME {name:?} {problem}"),
-        )),
+        Some(problem) => {
+            Err(CniError::new(ErrorCode::InvalidEnvironment, format!("CNI_IFNAME {name:?} {problem}")))
+        }
     }
 }
 
 fn conf_error(e: ConfError) -> CniError {
     let code = match e {
         ConfError::Syntax(_) => ErrorCode::Decoding,
-        ConfError::MissingVersion | ConfError::UnsupportedVersion(_) => {
-            ErrorCode::IncompatibleVersion
-        }
+        ConfError::MissingVersion | ConfError::UnsupportedVersion(_) => ErrorCode::IncompatibleVersion,
         ConfError::Type(_)
         | ConfError::MissingName
         | ConfError::InvalidName(_)

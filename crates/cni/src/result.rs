@@ -38,7 +38,9 @@ pub enum ResultError {
     #[error("prevResult could not be decoded: {0}")]
     Json(#[from] serde_json::Error),
     /// `cniVersion` is not a version this plugin can convert.
-    #[error("prevResult has cniVersion {0}, which this plugin cannot convert (supported: 0.3.0, 0.3.1, 0.4.0, 1.0.0, 1.1.0)")]
+    #[error(
+        "prevResult has cniVersion {0}, which this plugin cannot convert (supported: 0.3.0, 0.3.1, 0.4.0, 1.0.0, 1.1.0)"
+    )]
     Version(String),
     /// An `ips` entry is malformed.
     #[error("prevResult.ips{0}")]
@@ -53,16 +55,10 @@ impl<'a> PrevResult<'a> {
         };
         let declared = match object.get("cniVersion") {
             None => None,
-            Some(Value::String(v)) => {
-                Some(v.parse().map_err(|_| ResultError::Version(format!("{v:?}")))?)
-            }
+            Some(Value::String(v)) => Some(v.parse().map_err(|_| ResultError::Version(format!("{v:?}")))?),
             Some(other) => return Err(ResultError::Version(other.to_string())),
         };
-        Ok(PrevResult {
-            raw,
-            object,
-            declared,
-        })
+        Ok(PrevResult { raw, object, declared })
     }
 
     /// The pod's addresses for the agent event, from `ips[]`.
@@ -134,25 +130,19 @@ fn event_ip(ip: &Value) -> Result<EventIp, String> {
     let gateway = match ip.get("gateway") {
         None | Some(Value::Null) => None,
         Some(Value::String(g)) if g.is_empty() => None,
-        Some(Value::String(g)) => Some(
-            g.parse()
-                .map_err(|_| format!("gateway: {g:?} is not an IP address"))?,
-        ),
+        Some(Value::String(g)) => {
+            Some(g.parse().map_err(|_| format!("gateway: {g:?} is not an IP address"))?)
+        }
         Some(_) => return Err("gateway is not a string".into()),
     };
     let interface = match ip.get("interface") {
         None | Some(Value::Null) => None,
-        Some(Value::Number(n)) => Some(
-            n.as_i64()
-                .ok_or_else(|| format!("interface: {n} is not an integer"))?,
-        ),
+        Some(Value::Number(n)) => {
+            Some(n.as_i64().ok_or_else(|| format!("interface: {n} is not an integer"))?)
+        }
         Some(_) => return Err("interface is not an integer".into()),
     };
-    Ok(EventIp {
-        interface,
-        address,
-        gateway,
-    })
+    Ok(EventIp { interface, address, gateway })
 }
 
 fn is_v4(net: &IpNet) -> bool {
@@ -166,12 +156,7 @@ fn array_objects<'m>(
     object: &'m mut Map<String, Value>,
     key: &str,
 ) -> impl Iterator<Item = &'m mut Map<String, Value>> {
-    object
-        .get_mut(key)
-        .and_then(Value::as_array_mut)
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_object_mut)
+    object.get_mut(key).and_then(Value::as_array_mut).into_iter().flatten().filter_map(Value::as_object_mut)
 }
 
 /// Inserts `"cniVersion"` right after the opening brace, keeping every other byte.

@@ -33,13 +33,8 @@ pub enum ResultFormat {
 pub struct UnsupportedVersion(pub String);
 
 /// Every supported version, oldest first (the order VERSION prints them in).
-pub const SUPPORTED: [CniVersion; 5] = [
-    CniVersion::V0_3_0,
-    CniVersion::V0_3_1,
-    CniVersion::V0_4_0,
-    CniVersion::V1_0_0,
-    CniVersion::V1_1_0,
-];
+pub const SUPPORTED: [CniVersion; 5] =
+    [CniVersion::V0_3_0, CniVersion::V0_3_1, CniVersion::V0_4_0, CniVersion::V1_0_0, CniVersion::V1_1_0];
 
 const SUPPORTED_LIST: &str = "0.3.0, 0.3.1, 0.4.0, 1.0.0, 1.1.0";
 
@@ -71,10 +66,7 @@ impl FromStr for CniVersion {
     type Err = UnsupportedVersion;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        SUPPORTED
-            .into_iter()
-            .find(|v| v.as_str() == s)
-            .ok_or_else(|| UnsupportedVersion(s.to_owned()))
+        SUPPORTED.into_iter().find(|v| v.as_str() == s).ok_or_else(|| UnsupportedVersion(s.to_owned()))
     }
 }
 

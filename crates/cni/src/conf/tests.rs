@@ -6,8 +6,8 @@ use super::*;
 
 #[test]
 fn minimal_config_gets_defaults() {
-    let conf = NetConf::parse(br#"{"cniVersion":"1.0.0","name":"k8s-pod-network","type":"ambit-cni"}"#)
-        .unwrap();
+    let conf =
+        NetConf::parse(br#"{"cniVersion":"1.0.0","name":"k8s-pod-network","type":"ambit-cni"}"#).unwrap();
     assert_eq!(conf.cni_version, CniVersion::V1_0_0);
     assert_eq!(conf.name, "k8s-pod-network");
     assert!(conf.prev_result.is_none());
@@ -47,10 +47,7 @@ fn istio_style_entry_with_all_keys() {
     assert_eq!(conf.pod_namespace.as_deref(), Some("ambit-system"));
     assert_eq!(conf.agent_pod_prefix, "node-agent-");
     assert_eq!(conf.agent_timeout, Duration::from_millis(250));
-    assert_eq!(
-        conf.prev_result.as_deref().map(RawValue::get),
-        Some(r#"{"cniVersion": "0.3.1", "ips": []}"#)
-    );
+    assert_eq!(conf.prev_result.as_deref().map(RawValue::get), Some(r#"{"cniVersion": "0.3.1", "ips": []}"#));
 }
 
 #[test]
@@ -77,9 +74,7 @@ fn errors_by_kind() {
         }),
         (br#"{"cniVersion":1,"name":"n"}"#, |e| matches!(e, ConfError::Type(_))),
         (br#"{"name":"n"}"#, |e| matches!(e, ConfError::MissingVersion)),
-        (br#"{"cniVersion":"0.2.0","name":"n"}"#, |e| {
-            matches!(e, ConfError::UnsupportedVersion(_))
-        }),
+        (br#"{"cniVersion":"0.2.0","name":"n"}"#, |e| matches!(e, ConfError::UnsupportedVersion(_))),
         (br#"{"cniVersion":"1.0.0"}"#, |e| matches!(e, ConfError::MissingName)),
         (br#"{"cniVersion":"1.0.0","name":""}"#, |e| matches!(e, ConfError::MissingName)),
         (br#"{"cniVersion":"1.0.0","name":"-bad"}"#, |e| matches!(e, ConfError::InvalidName(_))),
@@ -93,9 +88,7 @@ fn errors_by_kind() {
         (br#"{"cniVersion":"1.0.0","name":"n","agent_timeout_ms":600001}"#, |e| {
             matches!(e, ConfError::Invalid { key: "agent_timeout_ms", .. })
         }),
-        (br#"{"cniVersion":"1.0.0","name":"n","agent_timeout_ms":-5}"#, |e| {
-            matches!(e, ConfError::Type(_))
-        }),
+        (br#"{"cniVersion":"1.0.0","name":"n","agent_timeout_ms":-5}"#, |e| matches!(e, ConfError::Type(_))),
     ];
     for (input, check) in cases {
         let err = NetConf::parse(input).unwrap_err();

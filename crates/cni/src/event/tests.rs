@@ -42,10 +42,7 @@ fn go_nil_values() {
         event.to_json(),
         r#"{"Netns":"/var/run/netns/x","PodName":"p","PodNamespace":"ns","IPs":[{"Interface":null,"Address":{"IP":"fd00::5","Mask":"//////////8AAAAAAAAAAA=="},"Gateway":""}]}"#
     );
-    let empty = PluginEvent {
-        ips: Vec::new(),
-        ..event
-    };
+    let empty = PluginEvent { ips: Vec::new(), ..event };
     assert!(empty.to_json().ends_with(r#""IPs":null}"#));
 }
 
@@ -93,13 +90,12 @@ fn cidr_table() {
         assert_eq!(net.prefix_len(), Some(*prefix), "{s}");
     }
     assert_eq!(IpNet::parse_cidr("fd00::1/128").unwrap().prefix_len(), Some(128));
-    for bad in ["10.0.0.1", "10.0.0.1/33", "10.0.0.1/", "/24", "10.0.0.1/+4", "fd00::/129", "x/1", "10.0.0.1/0024"] {
+    for bad in
+        ["10.0.0.1", "10.0.0.1/33", "10.0.0.1/", "/24", "10.0.0.1/+4", "fd00::/129", "x/1", "10.0.0.1/0024"]
+    {
         assert!(IpNet::parse_cidr(bad).is_err(), "{bad}");
     }
-    let odd = IpNet {
-        ip: "10.0.0.1".parse().unwrap(),
-        mask: vec![255, 0, 255, 0],
-    };
+    let odd = IpNet { ip: "10.0.0.1".parse().unwrap(), mask: vec![255, 0, 255, 0] };
     assert_eq!(odd.prefix_len(), None);
 }
 
