@@ -47,6 +47,7 @@
 //! 0.4.0, 1.0.0 and 1.1.0. Every error is a CNI error object on stdout
 //! (`{"cniVersion","code","msg","details"}`) with exit status 1; a panic becomes code 999.
 
+#![warn(missing_docs)]
 pub mod args;
 mod base64;
 pub mod client;
