@@ -8,6 +8,7 @@
 //! come next (issue 4).
 
 pub mod addrs;
+pub mod app;
 pub mod enroll;
 pub mod event;
 pub mod mesh;

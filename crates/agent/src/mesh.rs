@@ -326,3 +326,48 @@ impl Mesh {
 
 #[cfg(test)]
 mod tests;
+
+impl Mesh {
+    /// Agent start: re-adopts a pod that must be enrolled and is already running (found through
+    /// `/proc`): capture is re-applied (idempotent: unchanged rules are left alone) and the pod is
+    /// recorded as enrolled so that the first proxy connection's snapshot contains it. Returns
+    /// false when the pod's namespace could not be found (it is then handled like a new pod).
+    pub fn adopt(&self, uid: &str) -> Result<bool, MeshError> {
+        let (pod, ns) = {
+            let st = self.lock();
+            let Some(pod) = st.pods.get(uid).cloned() else { return Ok(false) };
+            let Some(ns) = st.namespaces.get(&pod.namespace).cloned() else { return Ok(false) };
+            (pod, ns)
+        };
+        if self.enrollment.decide(&pod, &ns) != Decision::Enroll || pod.ips.is_empty() {
+            return Ok(false);
+        }
+        let name = format!("{}/{}", pod.namespace, pod.name);
+        let netns = match self.find_netns(&pod) {
+            Ok(fd) => fd,
+            Err(error) => {
+                tracing::info!(pod = %name, %error, "no running sandbox found yet; will enroll when it appears");
+                return Ok(false);
+            }
+        };
+        self.capture.apply(&netns, &pod).map_err(|error| MeshError::Capture { pod: name.clone(), error })?;
+        let info = WorkloadInfo {
+            name: pod.name.clone(),
+            namespace: pod.namespace.clone(),
+            service_account: pod.service_account.clone(),
+        };
+        self.lock().enrolled.insert(pod.uid.clone(), Enrolled { info, netns: Some(Arc::new(netns)) });
+        tracing::info!(pod = %name, "running pod re-adopted into the mesh");
+        Ok(true)
+    }
+
+    /// Uids of every known pod.
+    pub fn pods(&self) -> Vec<String> {
+        self.lock().pods.keys().cloned().collect()
+    }
+
+    /// Uids of known pods no longer in `current` (deleted while we were not looking).
+    pub fn missing(&self, current: &HashSet<String>) -> Vec<String> {
+        self.lock().pods.keys().filter(|u| !current.contains(*u)).cloned().collect()
+    }
+}

@@ -58,7 +58,8 @@ pub async fn serve(listener: UnixListener, mesh: Arc<Mesh>, metrics: Arc<dyn Eve
                 let (mesh, metrics) = (mesh.clone(), metrics.clone());
                 async move { Ok::<_, Infallible>(handle(req, &mesh, metrics.as_ref()).await) }
             });
-            let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
+            let _ =
+                hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
         });
     }
 }
@@ -83,7 +84,9 @@ async fn answer(req: Request<Incoming>, mesh: &Mesh) -> (&'static str, StatusCod
     }
     let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(b) => b.to_bytes(),
-        Err(e) => return ("bad_request", StatusCode::BAD_REQUEST, format!("cannot read the request body: {e}\n")),
+        Err(e) => {
+            return ("bad_request", StatusCode::BAD_REQUEST, format!("cannot read the request body: {e}\n"));
+        }
     };
     let ev = match PluginEvent::parse(&body) {
         Ok(ev) => ev,
@@ -91,11 +94,16 @@ async fn answer(req: Request<Incoming>, mesh: &Mesh) -> (&'static str, StatusCod
     };
     let pod = format!("{}/{}", ev.pod_namespace, ev.pod_name);
     match mesh.cni_add(&ev).await {
-        Ok(AddOutcome::Enrolled) => ("enrolled", StatusCode::OK, format!("pod {pod} captured and handed to the node proxy\n")),
-        Ok(AddOutcome::NotEnrolled(why)) => ("not_enrolled", StatusCode::OK, format!("pod {pod} is not in the mesh ({why})\n")),
+        Ok(AddOutcome::Enrolled) => {
+            ("enrolled", StatusCode::OK, format!("pod {pod} captured and handed to the node proxy\n"))
+        }
+        Ok(AddOutcome::NotEnrolled(why)) => {
+            ("not_enrolled", StatusCode::OK, format!("pod {pod} is not in the mesh ({why})\n"))
+        }
         Err(e) => {
             tracing::warn!(%pod, error = %e, "CNI ADD failed");
-            let hint = if e.retryable() { " (retryable: the runtime will retry the pod sandbox)" } else { "" };
+            let hint =
+                if e.retryable() { " (retryable: the runtime will retry the pod sandbox)" } else { "" };
             ("error", StatusCode::INTERNAL_SERVER_ERROR, format!("{e}{hint}\n"))
         }
     }

@@ -121,7 +121,8 @@ mod tests {
         assert_eq!(inv.namespaces.len(), 1);
         assert_eq!(inv.pods.keys().collect::<Vec<_>>(), vec!["u1"], "only this node's pods");
         assert!(src.poll().is_none(), "unchanged");
-        std::fs::write(dir.path().join("more.yaml"), "kind: Namespace\nmetadata:\n  name: other\n").expect("write");
+        std::fs::write(dir.path().join("more.yaml"), "kind: Namespace\nmetadata:\n  name: other\n")
+            .expect("write");
         assert_eq!(src.poll().expect("changed").namespaces.len(), 2);
     }
 }

@@ -23,6 +23,9 @@ enum Command {
     ///
     /// Every setting is an environment variable with ztunnel's name; flags override them.
     Proxy(Box<ambit_proxy::config::ProxyArgs>),
+    /// Run the node agent: enrollment, in-pod traffic capture, the ZDS server for the node
+    /// proxy and the CNI plugin's event server.
+    Agent(Box<ambit_agent::app::AgentArgs>),
     /// Development certificate authority for FAKE_CA_ROOT.
     DevCa {
         #[command(subcommand)]
@@ -60,6 +63,16 @@ fn main() -> ExitCode {
                 Err(e) => {
                     tracing::error!("{e}");
                     eprintln!("ambit proxy: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Agent(args) => {
+            ambit_proxy::app::init_logging(&args.rust_log, false);
+            match ambit_agent::app::run(*args) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("ambit agent: {e}");
                     ExitCode::FAILURE
                 }
             }

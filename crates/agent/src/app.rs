@@ -1,0 +1,387 @@
+//! `ambit agent`: wires the sources, the mesh core, capture, the ZDS server, the CNI event
+//! server, metrics and health into one process.
+//!
+//! Start-up order matters (node boot, agent restart): pods that must be in the mesh and are
+//! already running are re-adopted (capture re-applied, recorded as enrolled) *before* the ZDS
+//! socket accepts a proxy, so the proxy's first snapshot is complete and no pod loses its proxy;
+//! the CNI event server starts next; readiness comes last.
+
+use std::collections::{BTreeSet, HashSet};
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use ambit_redirect::{IptablesBackend, NftablesBackend, PodCapture, RuleBackend};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::enroll::{Enrollment, parse_selectors};
+use crate::mesh::{Annotate, Capture, HostPaths, Mesh};
+use crate::model::Pod;
+use crate::source::{FILE_POLL, FileSource};
+use crate::zds::ZdsServer;
+
+/// Command line and environment of `ambit agent` (istio-cni's names where they exist).
+#[derive(Clone, Debug, clap::Args)]
+pub struct AgentArgs {
+    /// Where pods and namespaces come from: a folder of YAML Pod/Namespace objects (local
+    /// mode, as `ambit up` writes them). The Kubernetes API source comes with the Kubernetes
+    /// deployment.
+    #[arg(long, env = "AMBIT_SOURCE_DIR")]
+    pub source_dir: PathBuf,
+    /// This node's name: only its pods are handled.
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+    /// Directory of the plugin event socket (`pluginevent.sock`).
+    #[arg(long, env = "CNI_AGENT_RUN_DIR", default_value = "/var/run/ambit")]
+    pub run_dir: PathBuf,
+    /// ZDS socket the node proxy connects to.
+    #[arg(long, env = "ZTUNNEL_UDS_ADDRESS", default_value = "/var/run/ztunnel/ztunnel.sock")]
+    pub zds_socket: PathBuf,
+    /// Namespaces never enrolled (comma separated).
+    #[arg(long, env = "EXCLUDE_NAMESPACES", default_value = "kube-system")]
+    pub exclude_namespaces: String,
+    /// Enablement selectors (JSON list of {podSelector, namespaceSelector}); default: Istio's
+    /// (pod or namespace label istio.io/dataplane-mode=ambient, pod opt-out =none).
+    #[arg(long, env = "AMBIENT_ENABLEMENT_SELECTOR")]
+    pub enablement_selectors: Option<String>,
+    /// Redirect pods' DNS (port 53) to the proxy's DNS proxy (per-pod annotation
+    /// ambient.istio.io/dns-capture overrides).
+    #[arg(long, env = "AMBIENT_DNS_CAPTURE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub dns_capture: bool,
+    /// Capture IPv6 too.
+    #[arg(long, env = "AMBIENT_IPV6", default_value_t = true, action = clap::ArgAction::Set)]
+    pub ipv6: bool,
+    /// Capture backend: `nftables` or `iptables`.
+    #[arg(long, env = "AMBIT_CAPTURE_BACKEND", default_value = "nftables")]
+    pub capture_backend: String,
+    /// Prefix for netns paths given by the CNI runtime (`/host` when the agent runs in a container).
+    #[arg(long, env = "AMBIT_HOST_PREFIX", default_value = "/")]
+    pub host_prefix: PathBuf,
+    /// The host's /proc (to find running pods' network namespaces).
+    #[arg(long, env = "AMBIT_PROC_ROOT", default_value = "/proc")]
+    pub proc_root: PathBuf,
+    /// Prometheus metrics address.
+    #[arg(long, env = "AMBIT_AGENT_METRICS_ADDR", default_value = "[::]:15014")]
+    pub metrics_addr: SocketAddr,
+    /// Health address (`/healthz`, `/readyz`).
+    #[arg(long, env = "AMBIT_AGENT_HEALTH_ADDR", default_value = "[::]:8000")]
+    pub health_addr: SocketAddr,
+    /// Log filter.
+    #[arg(long, env = "RUST_LOG", default_value = "info")]
+    pub rust_log: String,
+}
+
+/// A failure that stops the agent from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// Bad configuration.
+    #[error("{0}")]
+    Config(String),
+    /// A socket or port could not be bound.
+    #[error("cannot bind {what} {where_}: {error}")]
+    Bind {
+        /// What.
+        what: &'static str,
+        /// Where.
+        where_: String,
+        /// Why.
+        error: std::io::Error,
+    },
+    /// The runtime failed.
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabel {
+    state: String,
+}
+
+struct AgentMetrics {
+    events: Family<OutcomeLabel, Counter>,
+    add_latency: Histogram,
+    pods: Family<StateLabel, Gauge>,
+    capture_errors: Counter,
+}
+
+impl crate::server::EventMetrics for AgentMetrics {
+    fn observe(&self, outcome: &'static str, seconds: f64) {
+        self.events.get_or_create(&OutcomeLabel { outcome: outcome.into() }).inc();
+        if outcome == "enrolled" {
+            self.add_latency.observe(seconds);
+        }
+    }
+}
+
+/// Capture through an `ambit-redirect` backend, per-pod settings from the pod's annotations.
+struct RedirectCapture {
+    backend: Box<dyn RuleBackend>,
+    dns: bool,
+    ipv6: bool,
+    errors: Counter,
+}
+
+impl Capture for RedirectCapture {
+    fn apply(&self, netns: &OwnedFd, pod: &Pod) -> Result<(), String> {
+        let capture = PodCapture::from_annotations(&pod.annotations, self.dns, self.ipv6);
+        self.backend.apply(netns.as_fd(), &capture).map_err(|e| {
+            self.errors.inc();
+            e.to_string()
+        })
+    }
+
+    fn remove(&self, netns: &OwnedFd) -> Result<(), String> {
+        let capture = PodCapture::from_annotations(&Default::default(), self.dns, self.ipv6);
+        self.backend.remove(netns.as_fd(), &capture).map_err(|e| {
+            self.errors.inc();
+            e.to_string()
+        })
+    }
+}
+
+/// Local mode has no API to patch: the redirection state is logged.
+struct LogAnnotate;
+
+impl Annotate for LogAnnotate {
+    fn set_redirection(&self, pod: &Pod, value: Option<&'static str>) -> Result<(), String> {
+        tracing::debug!(pod = %format!("{}/{}", pod.namespace, pod.name), redirection = value.unwrap_or("(removed)"),
+            "ambient.istio.io/redirection");
+        Ok(())
+    }
+}
+
+/// Runs the agent until SIGTERM/SIGINT. It never removes capture on exit: pods stay captured
+/// (and the CNI plugin fails closed) until an agent is back.
+pub fn run(args: AgentArgs) -> Result<(), AgentError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .thread_name("ambit-agent")
+        .build()
+        .map_err(AgentError::Runtime)?;
+    rt.block_on(run_async(args))
+}
+
+async fn run_async(args: AgentArgs) -> Result<(), AgentError> {
+    let selectors = match &args.enablement_selectors {
+        Some(s) if !s.trim().is_empty() => {
+            parse_selectors(s).map_err(|e| AgentError::Config(e.to_string()))?
+        }
+        _ => crate::enroll::default_selectors(),
+    };
+    let excluded: BTreeSet<String> = args
+        .exclude_namespaces
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect();
+    let enrollment = Enrollment { selectors, excluded_namespaces: excluded };
+    let mut registry = Registry::default();
+    let metrics = Arc::new(AgentMetrics {
+        events: Family::default(),
+        add_latency: Histogram::new([0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0]),
+        pods: Family::default(),
+        capture_errors: Counter::default(),
+    });
+    let r = registry.sub_registry_with_prefix("ambit_agent");
+    r.register("cni_events", "CNI plugin events by outcome", metrics.events.clone());
+    r.register(
+        "cni_add_duration_seconds",
+        "CNI ADD handling time for enrolled pods",
+        metrics.add_latency.clone(),
+    );
+    r.register("pods", "Pods by mesh state", metrics.pods.clone());
+    r.register("capture_errors", "Capture rule errors", metrics.capture_errors.clone());
+    let backend: Box<dyn RuleBackend> = match args.capture_backend.as_str() {
+        "nftables" => Box::new(NftablesBackend::default()),
+        "iptables" => Box::new(IptablesBackend::detect(true)),
+        other => {
+            return Err(AgentError::Config(format!(
+                "AMBIT_CAPTURE_BACKEND={other:?}: use nftables or iptables"
+            )));
+        }
+    };
+    let capture = Arc::new(RedirectCapture {
+        backend,
+        dns: args.dns_capture,
+        ipv6: args.ipv6,
+        errors: metrics.capture_errors.clone(),
+    });
+    let zds = ZdsServer::new(&args.zds_socket);
+    let paths = HostPaths { netns_prefix: args.host_prefix.clone(), proc_root: args.proc_root.clone() };
+    let mesh = Mesh::new(enrollment, zds.clone(), capture, Arc::new(LogAnnotate), paths);
+
+    // 1. Learn the world, re-adopt running pods.
+    let mut source = FileSource::new(&args.source_dir, args.node_name.clone());
+    let inv = source.poll().unwrap_or_default();
+    for ns in inv.namespaces.into_values() {
+        mesh.upsert_namespace(ns);
+    }
+    for pod in inv.pods.into_values() {
+        mesh.upsert_pod(pod);
+    }
+    let mut adopted = 0;
+    for uid in mesh.pods() {
+        match mesh.adopt(&uid) {
+            Ok(true) => adopted += 1,
+            Ok(false) => {}
+            Err(e) => tracing::warn!(%uid, error = %e, "re-adopting a running pod failed; will retry"),
+        }
+    }
+    tracing::info!(adopted, "start-up reconcile done");
+
+    // 2. Serve the proxy (snapshot complete), then the CNI plugin.
+    let zds_listener = ambit_zds::ZdsListener::bind(&args.zds_socket).map_err(|error| AgentError::Bind {
+        what: "ZDS socket",
+        where_: args.zds_socket.display().to_string(),
+        error,
+    })?;
+    let m = mesh.clone();
+    tokio::spawn(zds.clone().run(zds_listener, Arc::new(move || m.snapshot())));
+    let event_path = args.run_dir.join("pluginevent.sock");
+    let events = crate::server::bind(&event_path).map_err(|error| AgentError::Bind {
+        what: "CNI event socket",
+        where_: event_path.display().to_string(),
+        error,
+    })?;
+    tokio::spawn(crate::server::serve(events, mesh.clone(), metrics.clone()));
+
+    // 3. Metrics and health.
+    let ready = Arc::new(AtomicBool::new(false));
+    let registry = Arc::new(registry);
+    spawn_http(args.metrics_addr, "metrics", {
+        let registry = registry.clone();
+        move |path| {
+            if path != "/metrics" {
+                return (404, "not found\n".into());
+            }
+            let mut body = String::new();
+            let _ = prometheus_client::encoding::text::encode(&mut body, &registry);
+            (200, body)
+        }
+    })
+    .await?;
+    spawn_http(args.health_addr, "health", {
+        let ready = ready.clone();
+        move |path| match path {
+            "/healthz" => (200, "ok\n".into()),
+            "/readyz" if ready.load(Ordering::Relaxed) => (200, "ready\n".into()),
+            "/readyz" => (503, "not ready: start-up reconcile in progress\n".into()),
+            _ => (404, "not found\n".into()),
+        }
+    })
+    .await?;
+    ready.store(true, Ordering::Relaxed);
+    tracing::info!(source = %args.source_dir.display(), zds = %args.zds_socket.display(), events = %event_path.display(),
+        "agent ready");
+
+    // 4. Follow the source; reconcile what changed, retry what failed.
+    let mut dirty: HashSet<String> = mesh.pods().into_iter().collect();
+    let mut stop = std::pin::pin!(shutdown());
+    loop {
+        if let Some(inv) = source.poll() {
+            let current: HashSet<String> = inv.pods.keys().cloned().collect();
+            for uid in mesh.missing(&current) {
+                if let Err(e) = mesh.delete_pod(&uid).await {
+                    tracing::warn!(%uid, error = %e, "removing a deleted pod failed");
+                }
+            }
+            for ns in inv.namespaces.into_values() {
+                dirty.extend(mesh.upsert_namespace(ns));
+            }
+            for pod in inv.pods.into_values() {
+                dirty.insert(pod.uid.clone());
+                mesh.upsert_pod(pod);
+            }
+        }
+        let mut failed = HashSet::new();
+        for uid in dirty.drain() {
+            if let Err(e) = mesh.reconcile(&uid).await {
+                tracing::warn!(%uid, error = %e, retry = e.retryable(), "reconcile failed");
+                if e.retryable() {
+                    failed.insert(uid);
+                }
+            }
+        }
+        dirty = failed;
+        let enrolled = mesh.enrolled().len();
+        metrics.pods.get_or_create(&StateLabel { state: "enrolled".into() }).set(enrolled as i64);
+        metrics.pods.get_or_create(&StateLabel { state: "pending".into() }).set(dirty.len() as i64);
+        let wait = if dirty.is_empty() { FILE_POLL } else { Duration::from_secs(1) };
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = &mut stop => break,
+        }
+    }
+    tracing::info!("agent stopping; pods keep their capture and proxy");
+    Ok(())
+}
+
+async fn shutdown() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+    else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+/// A tiny HTTP/1.1 server answering GETs by path.
+async fn spawn_http(
+    addr: SocketAddr,
+    what: &'static str,
+    handler: impl Fn(&str) -> (u16, String) + Send + Sync + Clone + 'static,
+) -> Result<(), AgentError> {
+    let listener = match tokio::net::TcpListener::bind(addr).await {
+        Ok(l) => l,
+        Err(_) if addr.is_ipv6() && addr.ip().is_unspecified() => {
+            let v4 = SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), addr.port());
+            tokio::net::TcpListener::bind(v4).await.map_err(|error| AgentError::Bind {
+                what,
+                where_: v4.to_string(),
+                error,
+            })?
+        }
+        Err(error) => return Err(AgentError::Bind { what, where_: addr.to_string(), error }),
+    };
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else { continue };
+            let h = handler.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    let (status, body) = h(req.uri().path());
+                    async move {
+                        Ok::<_, std::convert::Infallible>(
+                            http::Response::builder()
+                                .status(status)
+                                .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+                                .unwrap_or_default(),
+                        )
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    Ok(())
+}
