@@ -290,6 +290,8 @@ async fn run_async(args: AgentArgs) -> Result<(), AgentError> {
         "agent ready");
 
     // 4. Follow the source; reconcile what changed, retry what failed.
+    let cache_path = args.run_dir.join("enrollment.json");
+    let mut cache_written = String::new();
     let mut dirty: HashSet<String> = mesh.pods().into_iter().collect();
     let mut stop = std::pin::pin!(shutdown());
     loop {
@@ -318,6 +320,15 @@ async fn run_async(args: AgentArgs) -> Result<(), AgentError> {
             }
         }
         dirty = failed;
+        let cache = mesh.enrollment_cache().to_string();
+        if cache != cache_written {
+            match write_atomic(&cache_path, cache.as_bytes()) {
+                Ok(()) => cache_written = cache,
+                Err(e) => {
+                    tracing::warn!(file = %cache_path.display(), error = %e, "cannot write the enrollment cache")
+                }
+            }
+        }
         let enrolled = mesh.enrolled().len();
         metrics.pods.get_or_create(&StateLabel { state: "enrolled".into() }).set(enrolled as i64);
         metrics.pods.get_or_create(&StateLabel { state: "pending".into() }).set(dirty.len() as i64);
@@ -329,6 +340,12 @@ async fn run_async(args: AgentArgs) -> Result<(), AgentError> {
     }
     tracing::info!("agent stopping; pods keep their capture and proxy");
     Ok(())
+}
+
+fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
 }
 
 async fn shutdown() {

@@ -371,3 +371,28 @@ impl Mesh {
         self.lock().pods.keys().filter(|u| !current.contains(*u)).cloned().collect()
     }
 }
+
+impl Mesh {
+    /// The enrollment cache the CNI plugin reads when the agent is down (see `ambit-cni`'s
+    /// `cache` module): namespaces with whether their labels enroll them, and enrolled pods.
+    pub fn enrollment_cache(&self) -> serde_json::Value {
+        let st = self.lock();
+        let namespaces: serde_json::Map<String, serde_json::Value> = st
+            .namespaces
+            .values()
+            .map(|ns| {
+                let enrolled = !self.enrollment.excluded_namespaces.contains(&ns.name)
+                    && self.enrollment.namespace_enrolls(ns);
+                (ns.name.clone(), serde_json::Value::Bool(enrolled))
+            })
+            .collect();
+        let mut pods: Vec<String> = st
+            .enrolled
+            .keys()
+            .filter_map(|uid| st.pods.get(uid))
+            .map(|p| format!("{}/{}", p.namespace, p.name))
+            .collect();
+        pods.sort();
+        serde_json::json!({ "namespaces": namespaces, "enrolledPods": pods })
+    }
+}

@@ -25,12 +25,13 @@
 //!    - HTTP 200 ⇒ success (the pod is enrolled and captured, or is not to be enrolled).
 //!    - Another status ⇒ failure carrying the agent's message (code 11 for 429/503, which the
 //!      agent uses for "retry", else 999).
-//!    - Agent unreachable (no socket, connection refused, closed mid-request, timeout) ⇒
-//!      **fail closed**: code 11 "try again later", naming the socket and saying the node agent
-//!      must be running. The runtime retries sandbox creation, so such pods start once the
-//!      agent is back. Without the agent the plugin cannot tell an enrolled pod from another
-//!      one (pod labels are not in `CNI_ARGS`), and starting an enrolled pod uncaptured would
-//!      silently bypass mesh policy.
+//!    - Agent not running (no socket, connection refused) ⇒ the agent's enrollment cache
+//!      decides (see [`cache`]): a pod whose namespace the agent last saw as not enrolled, and
+//!      that is not itself known as enrolled, starts; every other pod **fails closed**: code 11
+//!      "try again later", naming the socket and saying the node agent must be running. The
+//!      runtime retries sandbox creation, so such pods start once the agent is back.
+//!    - Agent running but not answering in time, or closing mid-request ⇒ fail closed (code
+//!      11): it may be setting the pod up.
 //!
 //! A half-present pod identity (only one of the two `K8S_*` keys) and an unset `CNI_ARGS` are
 //! errors (code 4), not "not Kubernetes": a runtime that sets up Kubernetes pods always sends
@@ -50,6 +51,7 @@
 #![warn(missing_docs)]
 pub mod args;
 mod base64;
+pub mod cache;
 pub mod client;
 pub mod conf;
 pub mod error;

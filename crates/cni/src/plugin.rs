@@ -322,6 +322,22 @@ fn add(env: &Env, conf: &NetConf) -> Result<Output, CniError> {
                 format!("node agent could not set up pod {pod} (HTTP {}): {}", response.status, body.trim()),
             ))
         }
+        Err(e @ ClientError::Connect { .. }) => {
+            // Agent not running: only the enrollment cache can let a pod through.
+            match crate::cache::certainly_not_enrolled(
+                conf.agent_run_dir(),
+                &event.pod_namespace,
+                &event.pod_name,
+            ) {
+                Ok(()) => {
+                    eprintln!(
+                        "ambit-cni: node agent unreachable ({e}); pod {pod} starts because its namespace is not in the mesh"
+                    );
+                    Ok(Output::Stdout(output))
+                }
+                Err(why) => Err(agent_failure(&pod, &client, &e).details(format!("{e}; {why}"))),
+            }
+        }
         Err(e) => Err(agent_failure(&pod, &client, &e)),
     }
 }
