@@ -25,7 +25,7 @@ use prometheus_client::registry::Registry;
 use crate::enroll::{Enrollment, parse_selectors};
 use crate::mesh::{Annotate, Capture, HostPaths, Mesh};
 use crate::model::Pod;
-use crate::source::{FILE_POLL, FileSource};
+use crate::source::FileSource;
 use crate::zds::ZdsServer;
 
 /// Command line and environment of `ambit agent` (istio-cni's names where they exist).
@@ -36,6 +36,9 @@ pub struct AgentArgs {
     /// deployment.
     #[arg(long, env = "AMBIT_SOURCE_DIR")]
     pub source_dir: PathBuf,
+    /// How often the source folder is checked for changes.
+    #[arg(long, env = "AMBIT_SOURCE_POLL", default_value = "250ms", value_parser = parse_millis)]
+    pub source_poll: Duration,
     /// This node's name: only its pods are handled.
     #[arg(long, env = "NODE_NAME")]
     pub node_name: Option<String>,
@@ -332,7 +335,11 @@ async fn run_async(args: AgentArgs) -> Result<(), AgentError> {
         let enrolled = mesh.enrolled().len();
         metrics.pods.get_or_create(&StateLabel { state: "enrolled".into() }).set(enrolled as i64);
         metrics.pods.get_or_create(&StateLabel { state: "pending".into() }).set(dirty.len() as i64);
-        let wait = if dirty.is_empty() { FILE_POLL } else { Duration::from_secs(1) };
+        let wait = if dirty.is_empty() {
+            args.source_poll
+        } else {
+            Duration::from_secs(1).min(args.source_poll * 4)
+        };
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             _ = &mut stop => break,
@@ -340,6 +347,18 @@ async fn run_async(args: AgentArgs) -> Result<(), AgentError> {
     }
     tracing::info!("agent stopping; pods keep their capture and proxy");
     Ok(())
+}
+
+fn parse_millis(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let ms = s
+        .strip_suffix("ms")
+        .map(str::parse::<u64>)
+        .or_else(|| s.strip_suffix('s').map(|v| v.parse::<u64>().map(|v| v * 1000)));
+    match ms {
+        Some(Ok(ms)) if ms > 0 => Ok(Duration::from_millis(ms)),
+        _ => Err(format!("{s:?} is not a duration like 250ms or 1s")),
+    }
 }
 
 fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {

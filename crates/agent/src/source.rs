@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use crate::model::{Namespace, Pod};
 
@@ -96,9 +96,6 @@ fn yaml_files(dir: &Path) -> Vec<PathBuf> {
     files.sort();
     files
 }
-
-/// How often the file source looks for changes.
-pub const FILE_POLL: Duration = Duration::from_millis(250);
 
 #[cfg(test)]
 mod tests {
