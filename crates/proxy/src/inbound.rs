@@ -19,8 +19,6 @@ use crate::listener::is_illegal_port;
 use crate::metrics::{self, ConnectionInfo, ConnectionRecord, Flag, Reporter};
 use crate::state::{Authority, InboundError};
 
-const UPSTREAM_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// Serves one accepted TCP connection on 15008.
 pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: SocketAddr) {
     let peer = crate::socket::canonical(peer);
@@ -149,30 +147,13 @@ impl StreamCtx {
             return req.reject(StatusCode::UNAUTHORIZED);
         }
         let spoof = (inputs.transparent && self.peer.ip() != upstream.ip()).then_some(self.peer.ip());
-        let app =
-            match tokio::time::timeout(UPSTREAM_CONNECT_TIMEOUT, inputs.sockets.connect(upstream, spoof))
-                .await
-            {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => {
-                    metrics::record_failure(
-                        &inputs.metrics,
-                        &info,
-                        Flag::Connect,
-                        &format!("connection failed: {e}"),
-                    );
-                    return req.reject(StatusCode::SERVICE_UNAVAILABLE);
-                }
-                Err(_) => {
-                    metrics::record_failure(
-                        &inputs.metrics,
-                        &info,
-                        Flag::Connect,
-                        &"connection failed: timed out",
-                    );
-                    return req.reject(StatusCode::SERVICE_UNAVAILABLE);
-                }
-            };
+        let app = match inputs.dial(upstream, spoof).await {
+            Ok(s) => s,
+            Err(e) => {
+                metrics::record_failure(&inputs.metrics, &info, Flag::Connect, &e);
+                return req.reject(StatusCode::SERVICE_UNAVAILABLE);
+            }
+        };
         let registration = inputs.connections.register(conn, local.clone());
         let ConnectRequest { request, mut respond } = req;
         let mut resp = http::Response::builder().status(StatusCode::OK);
@@ -187,22 +168,11 @@ impl StreamCtx {
             }
         };
         let record = ConnectionRecord::open(&inputs.metrics, info);
+        let counters = record.counters.clone();
         let (ar, aw) = app.into_split();
         let recv = request.into_body();
-        let copy = copy::bidirectional(
-            (H2Source(recv), H2Sink(send)),
-            (TcpSource::new(ar), TcpSink(aw)),
-            &record.counters,
-        );
-        let (t, err) = tokio::select! {
-            (t, res) = copy => (t, res.err().map(|e| e.to_string())),
-            _ = registration.closed.cancelled() => {
-                (record.snapshot(), Some("connection closed due to policy change".to_owned()))
-            }
-            _ = inputs.drain.forced() => {
-                (record.snapshot(), Some(inputs.drain.close_reason().to_owned()))
-            }
-        };
-        record.finish(t, err.as_ref().map(|e| e as &dyn std::fmt::Display));
+        let copy =
+            copy::bidirectional((H2Source(recv), H2Sink(send)), (TcpSource::new(ar), TcpSink(aw)), &counters);
+        inputs.relay(record, copy, Some(&registration.closed)).await;
     }
 }

@@ -1,15 +1,20 @@
 //! What every listener of one proxy instance shares.
 
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
 
 use ambit_identity::{CertManager, Identity};
 
 use crate::config::{Config, WorkloadInfo};
 use crate::connections::ConnectionManager;
+use crate::copy::Transferred;
 use crate::drain::Drain;
 use crate::hbone::pool::Pool;
-use crate::metrics::Metrics;
+use crate::metrics::{ConnectionRecord, Metrics};
 use crate::socket::SocketOptions;
 use crate::state::{StateStore, Workload};
 
@@ -38,6 +43,9 @@ pub struct Inputs {
     /// Downstream connections being handled (all listeners of this instance).
     pub open: Arc<std::sync::atomic::AtomicUsize>,
 }
+
+/// How long a dial to an app or a plain TCP upstream may take.
+pub const UPSTREAM_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long a connection waits for the local workload to appear in state.
 pub const LOCAL_WORKLOAD_WAIT: Duration = Duration::from_secs(5);
@@ -80,6 +88,38 @@ impl Inputs {
                 name: self.local.name.clone(),
             }),
         }
+    }
+
+    /// Dials a plain TCP upstream (marked; from `spoof` when given), bounded by
+    /// [`UPSTREAM_CONNECT_TIMEOUT`]; the error is the access-log text.
+    pub async fn dial(&self, target: SocketAddr, spoof: Option<IpAddr>) -> Result<TcpStream, String> {
+        match tokio::time::timeout(UPSTREAM_CONNECT_TIMEOUT, self.sockets.connect(target, spoof)).await {
+            Ok(Ok(s)) => Ok(s),
+            Ok(Err(e)) => Err(format!("connection failed: {e}")),
+            Err(_) => Err("connection failed: timed out".to_owned()),
+        }
+    }
+
+    /// Runs an established connection's copy to its end, or until a policy change revokes it
+    /// (`revoked`) or the drain forces it closed; then records its end.
+    pub async fn relay(
+        &self,
+        record: ConnectionRecord,
+        copy: impl Future<Output = (Transferred, std::io::Result<()>)>,
+        revoked: Option<&CancellationToken>,
+    ) {
+        let revoked = async {
+            match revoked {
+                Some(t) => t.cancelled().await,
+                None => std::future::pending().await,
+            }
+        };
+        let (t, err) = tokio::select! {
+            (t, res) = copy => (t, res.err().map(|e| e.to_string())),
+            _ = revoked => (record.snapshot(), Some("connection closed due to policy change".to_owned())),
+            _ = self.drain.forced() => (record.snapshot(), Some(self.drain.close_reason().to_owned())),
+        };
+        record.finish(t, err.as_ref().map(|e| e as &dyn std::fmt::Display));
     }
 
     /// A workload's SPIFFE identity, with the configured trust domain when it names none.

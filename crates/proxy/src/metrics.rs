@@ -203,8 +203,8 @@ pub struct ConnectionRecord {
     info: ConnectionInfo,
     labels: TrafficLabels,
     start: std::time::Instant,
-    /// Counters for the copy loop (client→server, server→client).
-    pub counters: crate::copy::LiveCounters,
+    /// Counters for the copy loop (client→server, server→client), shared with the copy.
+    pub counters: Arc<crate::copy::LiveCounters>,
 }
 
 impl ConnectionRecord {
@@ -213,10 +213,10 @@ impl ConnectionRecord {
         let labels = labels(&info, Flag::None);
         metrics.opened.get_or_create(&labels).inc();
         metrics.sockets_open.get_or_create(&ReporterLabel { reporter: info.reporter }).inc();
-        let counters = crate::copy::LiveCounters::new(
+        let counters = Arc::new(crate::copy::LiveCounters::new(
             vec![metrics.received.get_or_create(&labels).clone()],
             vec![metrics.sent.get_or_create(&labels).clone()],
-        );
+        ));
         tracing::debug!(target: "access",
             { src.addr = %info.src_addr, dst.addr = %info.dst_addr, direction = direction(info.reporter) },
             "connection opened");

@@ -84,64 +84,31 @@ pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: Sock
                 Err(e) => return metrics::record_failure(&inputs.metrics, &info, flag_of(&e), &e),
             };
             let record = ConnectionRecord::open(&inputs.metrics, info);
+            let counters = record.counters.clone();
             let (dr, dw) = stream.into_split();
             let copy = copy::bidirectional(
                 (TcpSource::new(dr), TcpSink(dw)),
                 (H2Source(tunnel.recv), H2Sink(tunnel.send)),
-                &record.counters,
+                &counters,
             );
-            let (t, err) = finish(&inputs, &record, copy).await;
-            record.finish(t, err.as_ref().map(|e| e as &dyn std::fmt::Display));
+            inputs.relay(record, copy, None).await;
         }
         RouteKind::Tcp { target } | RouteKind::Passthrough { target } => {
             info.dst_addr = target;
-            let up = match tokio::time::timeout(
-                std::time::Duration::from_secs(10),
-                inputs.sockets.connect(target, None),
-            )
-            .await
-            {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => {
-                    return metrics::record_failure(
-                        &inputs.metrics,
-                        &info,
-                        Flag::Connect,
-                        &format!("connection failed: {e}"),
-                    );
-                }
-                Err(_) => {
-                    return metrics::record_failure(
-                        &inputs.metrics,
-                        &info,
-                        Flag::Connect,
-                        &"connection failed: timed out",
-                    );
-                }
+            let up = match inputs.dial(target, None).await {
+                Ok(s) => s,
+                Err(e) => return metrics::record_failure(&inputs.metrics, &info, Flag::Connect, &e),
             };
             let record = ConnectionRecord::open(&inputs.metrics, info);
+            let counters = record.counters.clone();
             let (dr, dw) = stream.into_split();
             let (ur, uw) = up.into_split();
             let copy = copy::bidirectional(
                 (TcpSource::new(dr), TcpSink(dw)),
                 (TcpSource::new(ur), TcpSink(uw)),
-                &record.counters,
+                &counters,
             );
-            let (t, err) = finish(&inputs, &record, copy).await;
-            record.finish(t, err.as_ref().map(|e| e as &dyn std::fmt::Display));
-        }
-    }
-}
-
-async fn finish<F: Future<Output = (copy::Transferred, std::io::Result<()>)>>(
-    inputs: &Inputs,
-    record: &ConnectionRecord,
-    copy: F,
-) -> (copy::Transferred, Option<String>) {
-    tokio::select! {
-        (t, res) = copy => (t, res.err().map(|e| e.to_string())),
-        _ = inputs.drain.forced() => {
-            (record.snapshot(), Some(inputs.drain.close_reason().to_owned()))
+            inputs.relay(record, copy, None).await;
         }
     }
 }

@@ -56,45 +56,16 @@ pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: Sock
     }
     drop(state);
     let spoof = (inputs.transparent && peer.ip() != orig.ip()).then_some(peer.ip());
-    let app =
-        match tokio::time::timeout(std::time::Duration::from_secs(10), inputs.sockets.connect(orig, spoof))
-            .await
-        {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => {
-                return metrics::record_failure(
-                    &inputs.metrics,
-                    &info,
-                    Flag::Connect,
-                    &format!("connection failed: {e}"),
-                );
-            }
-            Err(_) => {
-                return metrics::record_failure(
-                    &inputs.metrics,
-                    &info,
-                    Flag::Connect,
-                    &"connection failed: timed out",
-                );
-            }
-        };
+    let app = match inputs.dial(orig, spoof).await {
+        Ok(s) => s,
+        Err(e) => return metrics::record_failure(&inputs.metrics, &info, Flag::Connect, &e),
+    };
     let registration = inputs.connections.register(conn, local);
     let record = ConnectionRecord::open(&inputs.metrics, info);
+    let counters = record.counters.clone();
     let (dr, dw) = stream.into_split();
     let (ur, uw) = app.into_split();
-    let copy = copy::bidirectional(
-        (TcpSource::new(dr), TcpSink(dw)),
-        (TcpSource::new(ur), TcpSink(uw)),
-        &record.counters,
-    );
-    let (t, err) = tokio::select! {
-        (t, res) = copy => (t, res.err().map(|e| e.to_string())),
-        _ = registration.closed.cancelled() => {
-            (record.snapshot(), Some("connection closed due to policy change".to_owned()))
-        }
-        _ = inputs.drain.forced() => {
-            (record.snapshot(), Some(inputs.drain.close_reason().to_owned()))
-        }
-    };
-    record.finish(t, err.as_ref().map(|e| e as &dyn std::fmt::Display));
+    let copy =
+        copy::bidirectional((TcpSource::new(dr), TcpSink(dw)), (TcpSource::new(ur), TcpSink(uw)), &counters);
+    inputs.relay(record, copy, Some(&registration.closed)).await;
 }
