@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ambit_redirect::{IptablesBackend, NftablesBackend, PodCapture, RuleBackend};
+use futures::future::BoxFuture;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -31,11 +32,11 @@ use crate::zds::ZdsServer;
 /// Command line and environment of `ambit agent` (istio-cni's names where they exist).
 #[derive(Clone, Debug, clap::Args)]
 pub struct AgentArgs {
-    /// Where pods and namespaces come from: a folder of YAML Pod/Namespace objects (local
-    /// mode, as `ambit up` writes them). The Kubernetes API source comes with the Kubernetes
-    /// deployment.
+    /// Local mode: read pods and namespaces from a folder of YAML Pod/Namespace objects (as
+    /// `ambit up` writes them). Without it, the Kubernetes API (in-cluster config or
+    /// KUBECONFIG) is watched.
     #[arg(long, env = "AMBIT_SOURCE_DIR")]
-    pub source_dir: PathBuf,
+    pub source_dir: Option<PathBuf>,
     /// How often the source folder is checked for changes.
     #[arg(long, env = "AMBIT_SOURCE_POLL", default_value = "250ms", value_parser = parse_millis)]
     pub source_poll: Duration,
@@ -159,10 +160,25 @@ impl Capture for RedirectCapture {
 struct LogAnnotate;
 
 impl Annotate for LogAnnotate {
-    fn set_redirection(&self, pod: &Pod, value: Option<&'static str>) -> Result<(), String> {
+    fn set_redirection(&self, pod: &Pod, value: Option<&'static str>) -> BoxFuture<'static, Result<(), String>> {
         tracing::debug!(pod = %format!("{}/{}", pod.namespace, pod.name), redirection = value.unwrap_or("(removed)"),
             "ambient.istio.io/redirection");
-        Ok(())
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// Where pods and namespaces come from.
+enum Source {
+    Files(FileSource),
+    Kube(crate::kube::KubeSource),
+}
+
+impl Source {
+    fn poll(&mut self) -> Option<crate::source::Inventory> {
+        match self {
+            Source::Files(f) => f.poll(),
+            Source::Kube(k) => k.poll(),
+        }
     }
 }
 
@@ -226,10 +242,21 @@ async fn run_async(args: AgentArgs) -> Result<(), AgentError> {
     });
     let zds = ZdsServer::new(&args.zds_socket);
     let paths = HostPaths { netns_prefix: args.host_prefix.clone(), proc_root: args.proc_root.clone() };
-    let mesh = Mesh::new(enrollment, zds.clone(), capture, Arc::new(LogAnnotate), paths);
+    let (mut source, annotate): (Source, Arc<dyn Annotate>) = match &args.source_dir {
+        Some(dir) => (Source::Files(FileSource::new(dir, args.node_name.clone())), Arc::new(LogAnnotate)),
+        None => {
+            let client = kube::Client::try_default().await.map_err(|e| {
+                AgentError::Config(format!("no --source-dir and no usable Kubernetes config (in-cluster or KUBECONFIG): {e}"))
+            })?;
+            let src = crate::kube::KubeSource::start(client.clone(), args.node_name.as_deref())
+                .await
+                .map_err(AgentError::Config)?;
+            (Source::Kube(src), Arc::new(crate::kube::KubeAnnotate::new(client)))
+        }
+    };
+    let mesh = Mesh::new(enrollment, zds.clone(), capture, annotate, paths);
 
     // 1. Learn the world, re-adopt running pods.
-    let mut source = FileSource::new(&args.source_dir, args.node_name.clone());
     let inv = source.poll().unwrap_or_default();
     for ns in inv.namespaces.into_values() {
         mesh.upsert_namespace(ns);
@@ -289,7 +316,7 @@ async fn run_async(args: AgentArgs) -> Result<(), AgentError> {
     })
     .await?;
     ready.store(true, Ordering::Relaxed);
-    tracing::info!(source = %args.source_dir.display(), zds = %args.zds_socket.display(), events = %event_path.display(),
+    tracing::info!(source = ?args.source_dir, zds = %args.zds_socket.display(), events = %event_path.display(),
         "agent ready");
 
     // 4. Follow the source; reconcile what changed, retry what failed.

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use ambit_zds::WorkloadInfo;
+use futures::future::BoxFuture;
 
 use crate::enroll::{Decision, Enrollment};
 use crate::event::PluginEvent;
@@ -32,7 +33,7 @@ pub trait Capture: Send + Sync + 'static {
 /// Records the agent's view on the pod object (Kubernetes: `pods/status` patch).
 pub trait Annotate: Send + Sync + 'static {
     /// Sets `ambient.istio.io/redirection` to `value`, or removes it (`None`).
-    fn set_redirection(&self, pod: &Pod, value: Option<&'static str>) -> Result<(), String>;
+    fn set_redirection(&self, pod: &Pod, value: Option<&'static str>) -> BoxFuture<'static, Result<(), String>>;
 }
 
 /// What a CNI ADD resulted in.
@@ -273,7 +274,7 @@ impl Mesh {
         };
         let entry = PodEntry { uid: pod.uid.clone(), info: info.clone(), netns: Some(netns.clone()) };
         if let Err(e) = self.zds.add(entry).await {
-            let _ = self.annotate.set_redirection(pod, Some("pending"));
+            let _ = self.annotate.set_redirection(pod, Some("pending")).await;
             return Err(e.into());
         }
         self.lock().enrolled.insert(pod.uid.clone(), Enrolled { info, netns: Some(netns) });
@@ -296,8 +297,11 @@ impl Mesh {
         }
         self.zds.del(uid).await?;
         self.lock().enrolled.remove(uid);
-        if let Some(p) = pod
-            && let Err(error) = self.annotate.set_redirection(p, None)
+        let annotated = match pod {
+            Some(p) => self.annotate.set_redirection(p, None).await,
+            None => Ok(()),
+        };
+        if let Err(error) = annotated
             && !deleted
         {
             return Err(MeshError::Annotate { pod: name, error });

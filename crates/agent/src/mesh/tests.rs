@@ -38,9 +38,9 @@ impl Capture for Recorder {
 }
 
 impl Annotate for Recorder {
-    fn set_redirection(&self, pod: &Pod, value: Option<&'static str>) -> Result<(), String> {
+    fn set_redirection(&self, pod: &Pod, value: Option<&'static str>) -> futures::future::BoxFuture<'static, Result<(), String>> {
         self.push(format!("annotate {} {}", pod.name, value.unwrap_or("-")));
-        Ok(())
+        Box::pin(async { Ok(()) })
     }
 }
 
