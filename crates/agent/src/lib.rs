@@ -10,6 +10,7 @@
 pub mod addrs;
 pub mod enroll;
 pub mod event;
+pub mod install;
 pub mod mesh;
 pub mod model;
 pub mod procfs;
