@@ -18,6 +18,11 @@
 //! 2-space pretty JSON with sorted keys and a trailing newline. New files get 0600 (0640 with
 //! `conf_mode_group_read`). A config that is a symlink is written through to its target.
 //!
+//! Like istio-cni (and kubelet's own CNI loader), only `.conf` and `.conflist` files count.
+//! containerd and CRI-O also load `.json` files (as `.conf`); a `.json` file that sorts before
+//! the primary config would win there without our entry. We leave that case alone rather than
+//! rewrite a format istio-cni never touches; operators should not mix the two.
+//!
 //! # Turning a `.conf` into a `.conflist`
 //! A `.conf` holds one plugin and cannot chain, so `X.conf` becomes `X.conflist` =
 //! `{"cniVersion": <X's>, "name": <X's>, "plugins": [<X minus cniVersion>, <ours>]}` with X's
@@ -66,6 +71,7 @@
 
 mod conf;
 mod fsio;
+mod uninstall;
 mod watch;
 
 use std::fs;
@@ -78,7 +84,7 @@ use std::sync::{Arc, Mutex};
 use serde_json::{Map, Value};
 
 pub use conf::ConfError;
-use conf::{Chained, ConfFile, Kind, Unchained};
+use conf::{Chained, ConfFile, Kind};
 use fsio::Compared;
 
 /// The source binary is refused above this size (the plugin is a few MiB).
@@ -255,6 +261,11 @@ impl Installer {
                 "CNI conf name {name:?} must be a file name ending in .conf or .conflist"
             )));
         }
+        if !cfg.chained && cfg.conf_name.as_deref().is_some_and(|n| Kind::of(n) != Some(Kind::Conf)) {
+            return Err(InstallError::Config(
+                "the standalone CNI conf name must end in .conf (it holds a single plugin)".into(),
+            ));
+        }
         let mut entry = cfg.plugin_entry.clone();
         match entry.get("type") {
             None => {}
@@ -267,12 +278,9 @@ impl Installer {
             }
         }
         entry.insert("type".into(), Value::String(cfg.plugin_name.clone()));
-        entry
-            .entry("name")
-            .or_insert_with(|| Value::String(cfg.plugin_name.clone()));
-        let version = entry
-            .remove("cniVersion")
-            .unwrap_or_else(|| Value::String(STANDALONE_CNI_VERSION.into()));
+        entry.entry("name").or_insert_with(|| Value::String(cfg.plugin_name.clone()));
+        let version =
+            entry.remove("cniVersion").unwrap_or_else(|| Value::String(STANDALONE_CNI_VERSION.into()));
         let mut standalone = entry.clone();
         standalone.insert("cniVersion".into(), version);
         Ok(Self {
@@ -305,11 +313,12 @@ impl Installer {
         if !cfg.chained {
             let path = self.standalone_path();
             let bytes = render(&path, &self.inner.standalone)?;
-            fs::create_dir_all(&cfg.conf_dir).map_err(|source| InstallError::WriteConfig {
-                path: cfg.conf_dir.clone(),
-                source,
-            })?;
-            if fs::read(&path).ok().as_deref() != Some(&bytes[..]) {
+            fs::create_dir_all(&cfg.conf_dir)
+                .map_err(|source| InstallError::WriteConfig { path: cfg.conf_dir.clone(), source })?;
+            // Size first: never open (and block on) a FIFO someone left in our place.
+            let same = fs::metadata(&path).is_ok_and(|m| m.is_file() && m.len() == bytes.len() as u64)
+                && fs::read(&path).ok().as_deref() == Some(&bytes[..]);
+            if !same {
                 self.write_conf(&path, &bytes, &path)?;
                 changed = true;
             }
@@ -331,16 +340,11 @@ impl Installer {
         let bytes = render(&target, &doc)?;
         if primary.kind == Kind::Conf {
             if target.exists() && !converted_by_us(&target) {
-                return Err(InstallError::ConflistExists {
-                    conf: primary.path,
-                    conflist: target,
-                });
+                return Err(InstallError::ConflistExists { conf: primary.path, conflist: target });
             }
             self.write_conf(&target, &bytes, &primary.path)?;
-            fsio::remove(&primary.path).map_err(|source| InstallError::WriteConfig {
-                path: primary.path.clone(),
-                source,
-            })?;
+            fsio::remove(&primary.path)
+                .map_err(|source| InstallError::WriteConfig { path: primary.path.clone(), source })?;
             tracing::info!(conf = %primary.path.display(), conflist = %target.display(),
                 "turned the primary CNI config into a list to chain the plugin");
         } else {
@@ -389,86 +393,13 @@ impl Installer {
         Validation { problems }
     }
 
-    /// Removes everything installed (real uninstall only; see the module docs).
-    ///
-    /// Every step is attempted; the first error is returned after all ran.
-    pub fn uninstall(&self) -> Result<(), InstallError> {
-        let cfg = &self.inner.cfg;
-        let ours = cfg.plugin_name.as_str();
-        let mut result = Ok(());
-        let mut note = |r: Result<(), InstallError>| {
-            if let Err(e) = r {
-                tracing::warn!(error = %e, "CNI uninstall step failed");
-                if result.is_ok() {
-                    result = Err(e);
-                }
-            }
-        };
-        match conf::scan(&cfg.conf_dir) {
-            Ok(found) => {
-                for f in found {
-                    match f.parsed {
-                        Ok(file) => note(self.uninstall_conf(&file, ours)),
-                        Err(e) => tracing::warn!(path = %f.path.display(), error = %e,
-                            "skipping a CNI config file that cannot be loaded"),
-                    }
-                }
-            }
-            Err(source) => note(Err(InstallError::ConfDir { path: cfg.conf_dir.clone(), source })),
-        }
-        for dir in &cfg.cni_bin_dirs {
-            let path = dir.join(ours);
-            let removed = fsio::remove(&path)
-                .and_then(|()| fsio::remove_stale(dir, &binary_tmp_prefix(ours)));
-            note(removed.map_err(|source| InstallError::Binary { path, source }));
-        }
-        result
-    }
-
-    fn uninstall_conf(&self, file: &ConfFile, ours: &str) -> Result<(), InstallError> {
-        let write_err = |path: &Path| {
-            let path = path.to_owned();
-            move |source| InstallError::WriteConfig { path, source }
-        };
-        if file.kind == Kind::Conf {
-            if file.types() == [ours] {
-                fsio::remove(&file.path).map_err(write_err(&file.path))?;
-                tracing::info!(path = %file.path.display(), "removed the standalone CNI config");
-            }
-            return Ok(());
-        }
-        let conf_path = file.path.with_file_name(format!("{}.conf", stem(&file.path)));
-        let restore = !conf_path.exists();
-        match conf::unchain(&file.doc, ours, restore) {
-            Unchained::Untouched => {}
-            Unchained::Empty => {
-                fsio::remove(&file.path).map_err(write_err(&file.path))?;
-                tracing::info!(path = %file.path.display(), "removed a CNI config holding only the plugin");
-            }
-            Unchained::Conf(doc) => {
-                let bytes = render(&conf_path, &doc)?;
-                self.write_conf(&conf_path, &bytes, &file.path)?;
-                fsio::remove(&file.path).map_err(write_err(&file.path))?;
-                tracing::info!(conf = %conf_path.display(), "gave back the primary CNI config's .conf form");
-            }
-            Unchained::List(doc) => {
-                let bytes = render(&file.path, &doc)?;
-                self.write_conf(&file.path, &bytes, &file.path)?;
-                tracing::info!(path = %file.path.display(), "removed the plugin from the CNI config");
-            }
-        }
-        Ok(())
-    }
-
     /// The config kubelet uses (chained mode), or `None` while there is none.
     fn primary(&self) -> Result<Option<ConfFile>, InstallError> {
         let cfg = &self.inner.cfg;
         let ours = &cfg.plugin_name;
         let scan = || {
-            conf::scan(&cfg.conf_dir).map_err(|source| InstallError::ConfDir {
-                path: cfg.conf_dir.clone(),
-                source,
-            })
+            conf::scan(&cfg.conf_dir)
+                .map_err(|source| InstallError::ConfDir { path: cfg.conf_dir.clone(), source })
         };
         let first = |found: Vec<conf::Found>| {
             found.into_iter().find_map(|f| match f.parsed {
@@ -491,16 +422,14 @@ impl Installer {
         let named = cfg.conf_dir.join(name);
         let sibling = match Kind::of(name) {
             Some(Kind::Conf) => cfg.conf_dir.join(format!("{name}list")),
-            _ => cfg.conf_dir.join(name.trim_end_matches("list")),
+            _ => cfg.conf_dir.join(name.strip_suffix("list").unwrap_or(name)),
         };
         let Some(path) = [named, sibling].into_iter().find(|p| p.exists()) else {
             return Ok(None);
         };
         let kind = Kind::of(&path.to_string_lossy()).unwrap_or(Kind::Conf);
-        let file = conf::load(&path, kind).map_err(|source| InstallError::BadConfig {
-            path: path.clone(),
-            source,
-        })?;
+        let file = conf::load(&path, kind)
+            .map_err(|source| InstallError::BadConfig { path: path.clone(), source })?;
         // Kubelet uses the first file, not ours: say so once per preempting file.
         let preempting = first(scan()?).map(|f| f.path).filter(|p| *p != path);
         let mut warned = self.inner.preempted.lock().unwrap_or_else(|p| p.into_inner());
@@ -516,10 +445,7 @@ impl Installer {
 
     fn standalone_path(&self) -> PathBuf {
         let cfg = &self.inner.cfg;
-        let name = cfg
-            .conf_name
-            .clone()
-            .unwrap_or_else(|| format!("YYY-{}.conf", cfg.plugin_name));
+        let name = cfg.conf_name.clone().unwrap_or_else(|| format!("YYY-{}.conf", cfg.plugin_name));
         cfg.conf_dir.join(name)
     }
 
@@ -528,9 +454,7 @@ impl Installer {
         let err = |source| InstallError::Source { path: path.clone(), source };
         let len = fs::metadata(path).map_err(err)?.len();
         if len > MAX_BINARY_BYTES {
-            return Err(err(io::Error::other(format!(
-                "larger than {MAX_BINARY_BYTES} bytes"
-            ))));
+            return Err(err(io::Error::other(format!("larger than {MAX_BINARY_BYTES} bytes"))));
         }
         fs::read(path).map_err(err)
     }
@@ -547,8 +471,7 @@ impl Installer {
             if fsio::compare(&path, source).map_err(err)? == Compared::Same {
                 continue;
             }
-            fsio::write_atomic(&path, source, 0o755, None, &binary_tmp_prefix(name))
-                .map_err(err)?;
+            fsio::write_atomic(&path, source, 0o755, None, &binary_tmp_prefix(name)).map_err(err)?;
             tracing::info!(path = %path.display(), "installed the CNI plugin binary");
             changed = true;
         }
@@ -602,10 +525,8 @@ impl std::fmt::Display for Validation {
 }
 
 fn render(path: &Path, doc: &Map<String, Value>) -> Result<Vec<u8>, InstallError> {
-    conf::render(doc).map_err(|e| InstallError::WriteConfig {
-        path: path.to_owned(),
-        source: io::Error::other(e),
-    })
+    conf::render(doc)
+        .map_err(|e| InstallError::WriteConfig { path: path.to_owned(), source: io::Error::other(e) })
 }
 
 fn converted_by_us(path: &Path) -> bool {
@@ -615,14 +536,8 @@ fn converted_by_us(path: &Path) -> bool {
 
 /// The file name without `.conf`/`.conflist`.
 fn stem(path: &Path) -> String {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let stem = name
-        .strip_suffix(".conflist")
-        .or_else(|| name.strip_suffix(".conf"))
-        .unwrap_or(&name);
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let stem = name.strip_suffix(".conflist").or_else(|| name.strip_suffix(".conf")).unwrap_or(&name);
     stem.to_owned()
 }
 
@@ -636,10 +551,7 @@ fn binary_tmp_prefix(name: &str) -> String {
 
 /// Hidden, and not ending in `.conf`/`.conflist`, so kubelet never loads a half-written file.
 fn conf_tmp_prefix(path: &Path) -> String {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     format!(".{name}.ambit-tmp.")
 }
 

@@ -32,7 +32,10 @@ pub enum ConfError {
     /// The file could not be read.
     #[error("cannot read it: {0}")]
     Read(#[source] io::Error),
-    /// The file is larger than [`MAX_CONF_BYTES`].
+    /// Not a regular file (a FIFO or device would block or never end).
+    #[error("it is not a regular file")]
+    NotFile,
+    /// The file is larger than 1 MiB.
     #[error("it is larger than {MAX_CONF_BYTES} bytes")]
     TooLarge,
     /// The bytes are not JSON.
@@ -120,10 +123,9 @@ impl ConfFile {
     pub fn types(&self) -> Vec<&str> {
         match self.kind {
             Kind::Conf => self.doc.get("type").and_then(Value::as_str).into_iter().collect(),
-            Kind::ConfList => plugins(&self.doc)
-                .iter()
-                .filter_map(|p| p.get("type").and_then(Value::as_str))
-                .collect(),
+            Kind::ConfList => {
+                plugins(&self.doc).iter().filter_map(|p| p.get("type").and_then(Value::as_str)).collect()
+            }
         }
     }
 
@@ -137,9 +139,8 @@ impl ConfFile {
         if self.kind == Kind::Conf {
             return Chained::Missing;
         }
-        let mut found = plugins(&self.doc)
-            .iter()
-            .filter(|p| p.get("type").and_then(Value::as_str) == Some(ours));
+        let mut found =
+            plugins(&self.doc).iter().filter(|p| p.get("type").and_then(Value::as_str) == Some(ours));
         match (found.next(), found.next()) {
             (None, _) => Chained::Missing,
             (Some(Value::Object(entry)), None) if entry == desired => Chained::Yes,
@@ -182,11 +183,13 @@ pub(super) fn parse(kind: Kind, bytes: &[u8]) -> Result<Map<String, Value>, Conf
 
 /// Reads and parses one file, refusing anything over [`MAX_CONF_BYTES`].
 pub(super) fn load(path: &Path, kind: Kind) -> Result<ConfFile, ConfError> {
+    // Check before opening: opening a FIFO blocks until someone writes to it.
+    if !fs::metadata(path).map_err(ConfError::Read)?.is_file() {
+        return Err(ConfError::NotFile);
+    }
     let file = fs::File::open(path).map_err(ConfError::Read)?;
     let mut bytes = Vec::new();
-    file.take(MAX_CONF_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(ConfError::Read)?;
+    file.take(MAX_CONF_BYTES + 1).read_to_end(&mut bytes).map_err(ConfError::Read)?;
     if bytes.len() as u64 > MAX_CONF_BYTES {
         return Err(ConfError::TooLarge);
     }
@@ -279,11 +282,8 @@ pub(super) fn unchain(doc: &Map<String, Value>, ours: &str, restore: bool) -> Un
     let Some(Value::Array(list)) = doc.get("plugins") else {
         return Unchained::Untouched;
     };
-    let kept: Vec<Value> = list
-        .iter()
-        .filter(|p| p.get("type").and_then(Value::as_str) != Some(ours))
-        .cloned()
-        .collect();
+    let kept: Vec<Value> =
+        list.iter().filter(|p| p.get("type").and_then(Value::as_str) != Some(ours)).cloned().collect();
     if kept.len() == list.len() {
         return Unchained::Untouched;
     }

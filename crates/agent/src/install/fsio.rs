@@ -63,11 +63,7 @@ pub(super) fn write_atomic(
     let seq = SEQ.fetch_add(1, Ordering::Relaxed);
     let tmp = dir.join(format!("{tmp_prefix}{}.{seq}", std::process::id()));
     let result = (|| {
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(&tmp)?;
+        let mut file = OpenOptions::new().write(true).create_new(true).mode(mode).open(&tmp)?;
         file.write_all(bytes)?;
         // `open` applied the umask; set the exact mode.
         file.set_permissions(Permissions::from_mode(mode))?;
@@ -99,10 +95,7 @@ pub(super) fn remove_stale(dir: &Path, prefix: &str) -> io::Result<()> {
     };
     for entry in entries {
         let entry = entry?;
-        let stale = entry
-            .file_name()
-            .to_str()
-            .is_some_and(|n| n.starts_with(prefix));
+        let stale = entry.file_name().to_str().is_some_and(|n| n.starts_with(prefix));
         if stale && !entry.file_type().is_ok_and(|t| t.is_dir()) {
             tracing::info!(path = %entry.path().display(), "removing a leftover temp file");
             match fs::remove_file(entry.path()) {
@@ -116,15 +109,16 @@ pub(super) fn remove_stale(dir: &Path, prefix: &str) -> io::Result<()> {
 
 /// Compares the file at `path` with `expected`: size first, then the bytes.
 pub(super) fn compare(path: &Path, expected: &[u8]) -> io::Result<Compared> {
-    let file = match fs::File::open(path) {
-        Ok(file) => file,
+    let meta = match fs::metadata(path) {
+        Ok(meta) => meta,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Compared::Missing),
         Err(e) => return Err(e),
     };
-    let meta = file.metadata()?;
+    // Checked before opening: opening a FIFO would block.
     if !meta.is_file() || meta.len() != expected.len() as u64 {
         return Ok(Compared::Differs);
     }
+    let file = fs::File::open(path)?;
     let mut reader = io::BufReader::with_capacity(64 * 1024, file);
     let mut buf = vec![0u8; 64 * 1024];
     let mut offset = 0;
@@ -139,11 +133,7 @@ pub(super) fn compare(path: &Path, expected: &[u8]) -> io::Result<Compared> {
         }
         offset = end;
     }
-    Ok(if offset == expected.len() {
-        Compared::Same
-    } else {
-        Compared::Differs
-    })
+    Ok(if offset == expected.len() { Compared::Same } else { Compared::Differs })
 }
 
 /// Deletes `path`; a file that is already gone is fine.

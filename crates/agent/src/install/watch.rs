@@ -139,11 +139,7 @@ impl Installer {
             }
         }
         conf.sort_by(|a, b| a.0.cmp(&b.0));
-        let bins = cfg
-            .cni_bin_dirs
-            .iter()
-            .map(|d| fsio::stamp(&d.join(&cfg.plugin_name)))
-            .collect();
+        let bins = cfg.cni_bin_dirs.iter().map(|d| fsio::stamp(&d.join(&cfg.plugin_name))).collect();
         Fingerprint { conf, bins }
     }
 }
@@ -153,7 +149,11 @@ impl Throttle {
     pub(super) fn repair(&mut self, now: Instant) -> (Duration, bool) {
         self.burst = match self.last {
             Some(last) if now.saturating_duration_since(last) < FIGHT_WINDOW => self.burst + 1,
-            _ => 0,
+            _ => {
+                // A new fight warns afresh.
+                self.warned = None;
+                0
+            }
         };
         let delay = match self.burst.checked_sub(FREE_REPAIRS) {
             None => Duration::ZERO,
@@ -162,9 +162,7 @@ impl Throttle {
         // The repair happens after the wait: measure the next gap from then.
         self.last = Some(now + delay);
         let warn = self.burst >= WARN_AFTER
-            && self
-                .warned
-                .is_none_or(|w| now.saturating_duration_since(w) >= WARN_EVERY);
+            && self.warned.is_none_or(|w| now.saturating_duration_since(w) >= WARN_EVERY);
         if warn {
             self.warned = Some(now);
         }
@@ -186,3 +184,6 @@ fn sleep(total: Duration, stop: &CancellationToken) -> bool {
         std::thread::sleep(left.min(Duration::from_millis(50)));
     }
 }
+
+#[cfg(test)]
+mod tests;

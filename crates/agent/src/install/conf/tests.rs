@@ -115,10 +115,7 @@ fn unchain_restores_only_an_untouched_conversion() {
 fn render_sorts_keys_and_ends_with_newline() {
     let doc = obj(json!({"b": 1, "a": {"d": [], "c": true}}));
     let text = String::from_utf8(render(&doc).expect("render")).expect("utf8");
-    assert_eq!(
-        text,
-        "{\n  \"a\": {\n    \"c\": true,\n    \"d\": []\n  },\n  \"b\": 1\n}\n"
-    );
+    assert_eq!(text, "{\n  \"a\": {\n    \"c\": true,\n    \"d\": []\n  },\n  \"b\": 1\n}\n");
 }
 
 fn key() -> impl Strategy<Value = String> {
