@@ -11,6 +11,7 @@ pub mod addrs;
 pub mod app;
 pub mod enroll;
 pub mod event;
+pub mod install;
 pub mod kube;
 pub mod mesh;
 pub mod model;
