@@ -160,7 +160,11 @@ impl Capture for RedirectCapture {
 struct LogAnnotate;
 
 impl Annotate for LogAnnotate {
-    fn set_redirection(&self, pod: &Pod, value: Option<&'static str>) -> BoxFuture<'static, Result<(), String>> {
+    fn set_redirection(
+        &self,
+        pod: &Pod,
+        value: Option<&'static str>,
+    ) -> BoxFuture<'static, Result<(), String>> {
         tracing::debug!(pod = %format!("{}/{}", pod.namespace, pod.name), redirection = value.unwrap_or("(removed)"),
             "ambient.istio.io/redirection");
         Box::pin(async { Ok(()) })
@@ -246,7 +250,9 @@ async fn run_async(args: AgentArgs) -> Result<(), AgentError> {
         Some(dir) => (Source::Files(FileSource::new(dir, args.node_name.clone())), Arc::new(LogAnnotate)),
         None => {
             let client = kube::Client::try_default().await.map_err(|e| {
-                AgentError::Config(format!("no --source-dir and no usable Kubernetes config (in-cluster or KUBECONFIG): {e}"))
+                AgentError::Config(format!(
+                    "no --source-dir and no usable Kubernetes config (in-cluster or KUBECONFIG): {e}"
+                ))
             })?;
             let src = crate::kube::KubeSource::start(client.clone(), args.node_name.as_deref())
                 .await

@@ -33,10 +33,17 @@ impl KubeSource {
             pod_cfg = pod_cfg.fields(&format!("spec.nodeName={node}"));
         }
         let pods = reflect(Api::<k8s::Pod>::all(client.clone()), pod_cfg, changed.clone(), "pods");
-        let namespaces =
-            reflect(Api::<k8s::Namespace>::all(client), watcher::Config::default(), changed.clone(), "namespaces");
+        let namespaces = reflect(
+            Api::<k8s::Namespace>::all(client),
+            watcher::Config::default(),
+            changed.clone(),
+            "namespaces",
+        );
         pods.wait_until_ready().await.map_err(|e| format!("pod watch ended before its first list: {e}"))?;
-        namespaces.wait_until_ready().await.map_err(|e| format!("namespace watch ended before its first list: {e}"))?;
+        namespaces
+            .wait_until_ready()
+            .await
+            .map_err(|e| format!("namespace watch ended before its first list: {e}"))?;
         Ok(KubeSource { pods, namespaces, changed })
     }
 
@@ -61,7 +68,9 @@ where
         while let Some(ev) = stream.next().await {
             match ev {
                 Ok(_) => changed.store(true, Ordering::Release),
-                Err(e) => tracing::warn!(watch = what, error = %e, "Kubernetes watch error; retrying with backoff"),
+                Err(e) => {
+                    tracing::warn!(watch = what, error = %e, "Kubernetes watch error; retrying with backoff")
+                }
             }
         }
     });
@@ -72,7 +81,10 @@ where
 pub fn inventory(pods: &[Arc<k8s::Pod>], namespaces: &[Arc<k8s::Namespace>]) -> Inventory {
     let mut inv = Inventory::default();
     for ns in namespaces {
-        match serde_json::to_value(ns.as_ref()).map_err(|e| e.to_string()).and_then(|v| Namespace::from_value(v).map_err(|e| e.to_string())) {
+        match serde_json::to_value(ns.as_ref())
+            .map_err(|e| e.to_string())
+            .and_then(|v| Namespace::from_value(v).map_err(|e| e.to_string()))
+        {
             Ok(n) => {
                 inv.namespaces.insert(n.name.clone(), n);
             }
@@ -80,7 +92,10 @@ pub fn inventory(pods: &[Arc<k8s::Pod>], namespaces: &[Arc<k8s::Namespace>]) -> 
         }
     }
     for p in pods {
-        match serde_json::to_value(p.as_ref()).map_err(|e| e.to_string()).and_then(|v| Pod::from_value(v).map_err(|e| e.to_string())) {
+        match serde_json::to_value(p.as_ref())
+            .map_err(|e| e.to_string())
+            .and_then(|v| Pod::from_value(v).map_err(|e| e.to_string()))
+        {
             Ok(p) => {
                 inv.pods.insert(p.uid.clone(), p);
             }
@@ -108,11 +123,18 @@ pub fn redirection_patch(value: Option<&str>) -> serde_json::Value {
 }
 
 impl Annotate for KubeAnnotate {
-    fn set_redirection(&self, pod: &Pod, value: Option<&'static str>) -> BoxFuture<'static, Result<(), String>> {
+    fn set_redirection(
+        &self,
+        pod: &Pod,
+        value: Option<&'static str>,
+    ) -> BoxFuture<'static, Result<(), String>> {
         let api: Api<k8s::Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
         let name = pod.name.clone();
         Box::pin(async move {
-            match api.patch_status(&name, &PatchParams::default(), &Patch::Merge(redirection_patch(value))).await {
+            match api
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(redirection_patch(value)))
+                .await
+            {
                 Ok(_) => Ok(()),
                 // The pod is gone: nothing to annotate.
                 Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),

@@ -33,7 +33,11 @@ pub trait Capture: Send + Sync + 'static {
 /// Records the agent's view on the pod object (Kubernetes: `pods/status` patch).
 pub trait Annotate: Send + Sync + 'static {
     /// Sets `ambient.istio.io/redirection` to `value`, or removes it (`None`).
-    fn set_redirection(&self, pod: &Pod, value: Option<&'static str>) -> BoxFuture<'static, Result<(), String>>;
+    fn set_redirection(
+        &self,
+        pod: &Pod,
+        value: Option<&'static str>,
+    ) -> BoxFuture<'static, Result<(), String>>;
 }
 
 /// What a CNI ADD resulted in.
@@ -280,6 +284,7 @@ impl Mesh {
         self.lock().enrolled.insert(pod.uid.clone(), Enrolled { info, netns: Some(netns) });
         self.annotate
             .set_redirection(pod, Some("enabled"))
+            .await
             .map_err(|error| MeshError::Annotate { pod: name.clone(), error })?;
         tracing::info!(pod = %name, "pod added to the mesh");
         Ok(())

@@ -23,9 +23,10 @@ fn converts_api_objects() {
     }))
     .expect("pod");
     let bad: k8s::Pod = serde_json::from_value(serde_json::json!({"metadata": {"name": "x"}})).expect("pod");
-    let ns: k8s::Namespace =
-        serde_json::from_value(serde_json::json!({"metadata": {"name": "demo", "labels": {"istio.io/dataplane-mode": "ambient"}}}))
-            .expect("ns");
+    let ns: k8s::Namespace = serde_json::from_value(
+        serde_json::json!({"metadata": {"name": "demo", "labels": {"istio.io/dataplane-mode": "ambient"}}}),
+    )
+    .expect("ns");
     let inv = inventory(&[Arc::new(pod), Arc::new(bad)], &[Arc::new(ns)]);
     assert_eq!(inv.pods.len(), 1, "an object without uid/namespace is skipped");
     let p = &inv.pods["u1"];
@@ -52,11 +53,16 @@ async fn annotates_through_pods_status() {
         let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
         assert_eq!(v, redirection_patch(Some("enabled")));
         let pod = serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "namespace": "demo"}});
-        send.send_response(Response::builder().body(Body::from(serde_json::to_vec(&pod).expect("json"))).expect("resp"));
+        send.send_response(
+            Response::builder().body(Body::from(serde_json::to_vec(&pod).expect("json"))).expect("resp"),
+        );
         let (_req, send) = handle.next_request().await.expect("second request");
         let status = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "pods \"web\" not found"});
         send.send_response(
-            Response::builder().status(404).body(Body::from(serde_json::to_vec(&status).expect("json"))).expect("resp"),
+            Response::builder()
+                .status(404)
+                .body(Body::from(serde_json::to_vec(&status).expect("json")))
+                .expect("resp"),
         );
     });
     annotate.set_redirection(&pod, Some("enabled")).await.expect("patched");

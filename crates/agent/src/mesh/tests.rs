@@ -38,7 +38,11 @@ impl Capture for Recorder {
 }
 
 impl Annotate for Recorder {
-    fn set_redirection(&self, pod: &Pod, value: Option<&'static str>) -> futures::future::BoxFuture<'static, Result<(), String>> {
+    fn set_redirection(
+        &self,
+        pod: &Pod,
+        value: Option<&'static str>,
+    ) -> futures::future::BoxFuture<'static, Result<(), String>> {
         self.push(format!("annotate {} {}", pod.name, value.unwrap_or("-")));
         Box::pin(async { Ok(()) })
     }
