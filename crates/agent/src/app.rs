@@ -78,6 +78,30 @@ pub struct AgentArgs {
     /// Health address (`/healthz`, `/readyz`).
     #[arg(long, env = "AMBIT_AGENT_HEALTH_ADDR", default_value = "[::]:8000")]
     pub health_addr: SocketAddr,
+    /// CNI conf dir to install the plugin into (kubelet's `/etc/cni/net.d`). Default: that path
+    /// with the Kubernetes source, no installation in local mode.
+    #[arg(long, env = "MOUNTED_CNI_NET_DIR")]
+    pub cni_conf_dir: Option<PathBuf>,
+    /// CNI bin dir the plugin binary is copied into.
+    #[arg(long, env = "AMBIT_CNI_BIN_DIR", default_value = "/opt/cni/bin")]
+    pub cni_bin_dir: PathBuf,
+    /// Primary CNI config file to chain into (default: the first one, kubelet's order).
+    #[arg(long, env = "CNI_CONF_NAME")]
+    pub cni_conf_name: Option<String>,
+    /// Chain after the primary plugin (`false`: write a standalone config).
+    #[arg(long, env = "CHAINED_CNI_PLUGIN", default_value_t = true, action = clap::ArgAction::Set)]
+    pub chained: bool,
+    /// The `ambit-cni` binary to install (default: next to this executable).
+    #[arg(long, env = "AMBIT_CNI_BINARY")]
+    pub cni_binary: Option<PathBuf>,
+    /// The agent's own namespace (its pods may always start).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub pod_namespace: Option<String>,
+    /// Remove the plugin from the CNI config on exit. Only for a real uninstall: on a restart
+    /// or upgrade the plugin must stay, so new pods wait for the agent instead of starting
+    /// unmeshed.
+    #[arg(long, env = "AMBIT_UNINSTALL_ON_EXIT", default_value_t = false, action = clap::ArgAction::Set)]
+    pub uninstall_on_exit: bool,
     /// Log filter.
     #[arg(long, env = "RUST_LOG", default_value = "info")]
     pub rust_log: String,
@@ -316,12 +340,43 @@ async fn run_async(args: AgentArgs) -> Result<(), AgentError> {
         move |path| match path {
             "/healthz" => (200, "ok\n".into()),
             "/readyz" if ready.load(Ordering::Relaxed) => (200, "ready\n".into()),
-            "/readyz" => (503, "not ready: start-up reconcile in progress\n".into()),
+            "/readyz" => (
+                503,
+                "not ready: the CNI plugin is not installed yet (is there a primary CNI config?)\n".into(),
+            ),
             _ => (404, "not found\n".into()),
         }
     })
     .await?;
-    ready.store(true, Ordering::Relaxed);
+    // 4. Install the plugin only now that the agent can answer it.
+    let conf_dir =
+        args.cni_conf_dir.clone().or_else(|| args.source_dir.is_none().then(|| "/etc/cni/net.d".into()));
+    let stop_installer = tokio_util::sync::CancellationToken::new();
+    let installer = match conf_dir {
+        Some(dir) => {
+            let installer = installer(&args, dir)?;
+            let (i, stop) = (installer.clone(), stop_installer.clone());
+            tokio::spawn(async move {
+                if let Err(e) = i.run(stop).await {
+                    tracing::error!(error = %e, "CNI installer stopped");
+                }
+            });
+            Some(installer)
+        }
+        None => None,
+    };
+    let r = ready.clone();
+    let inst = installer.clone();
+    tokio::spawn(async move {
+        // Ready once the plugin is installed (or immediately without installation).
+        loop {
+            if inst.as_ref().is_none_or(|i| i.ready()) {
+                r.store(true, Ordering::Relaxed);
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
     tracing::info!(source = ?args.source_dir, zds = %args.zds_socket.display(), events = %event_path.display(),
         "agent ready");
 
@@ -378,8 +433,50 @@ async fn run_async(args: AgentArgs) -> Result<(), AgentError> {
             _ = &mut stop => break,
         }
     }
+    stop_installer.cancel();
+    if args.uninstall_on_exit
+        && let Some(i) = installer
+    {
+        match i.uninstall() {
+            Ok(()) => tracing::info!("CNI plugin uninstalled"),
+            Err(e) => tracing::error!(error = %e, "CNI plugin uninstall failed"),
+        }
+    }
     tracing::info!("agent stopping; pods keep their capture and proxy");
     Ok(())
+}
+
+fn installer(args: &AgentArgs, conf_dir: PathBuf) -> Result<crate::install::Installer, AgentError> {
+    let binary = match &args.cni_binary {
+        Some(b) => b.clone(),
+        None => std::env::current_exe()
+            .map_err(|e| AgentError::Config(format!("cannot locate this executable: {e}")))?
+            .with_file_name("ambit-cni"),
+    };
+    let mut entry = serde_json::Map::new();
+    entry.insert("cni_agent_run_dir".into(), args.run_dir.display().to_string().into());
+    let excluded: Vec<serde_json::Value> = args
+        .exclude_namespaces
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| s.into())
+        .collect();
+    entry.insert("exclude_namespaces".into(), excluded.into());
+    if let Some(ns) = &args.pod_namespace {
+        entry.insert("pod_namespace".into(), ns.clone().into());
+    }
+    crate::install::Installer::new(crate::install::InstallConfig {
+        cni_bin_dirs: vec![args.cni_bin_dir.clone()],
+        conf_dir,
+        conf_name: args.cni_conf_name.clone(),
+        chained: args.chained,
+        plugin_binary: binary,
+        plugin_name: "ambit-cni".into(),
+        plugin_entry: entry,
+        conf_mode_group_read: false,
+    })
+    .map_err(|e| AgentError::Config(e.to_string()))
 }
 
 fn parse_millis(s: &str) -> Result<Duration, String> {

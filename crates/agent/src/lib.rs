@@ -1,11 +1,11 @@
 //! The Ambit node agent: decides which pods are in the mesh, captures their traffic inside
 //! their network namespaces and hands those namespaces to the node proxy over ZDS.
 //!
-//! Built so far: the pod and namespace model and the enrollment rules, finding a running pod's
-//! network namespace from `/proc`, the ZDS server, the CNI plugin event, and the core that
-//! adds pods to and removes them from the mesh. The event sources (Kubernetes and files), the
-//! capture backend wiring, the CNI event server, the installer and the `ambit agent` command
-//! come next (issue 4).
+//! Parts: the pod and namespace model and Istio's enrollment rules; sources (a folder of YAML
+//! objects, or the Kubernetes API); finding a running pod's network namespace from `/proc`;
+//! the core that adds pods to and removes them from the mesh (capture through
+//! `ambit-redirect`, the ZDS server, the redirection annotation); the CNI event server; the
+//! CNI installer; and `app`, which wires them into `ambit agent`.
 
 pub mod addrs;
 pub mod app;
