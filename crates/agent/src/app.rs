@@ -72,6 +72,9 @@ pub struct AgentArgs {
     /// The host's /proc (to find running pods' network namespaces).
     #[arg(long, env = "AMBIT_PROC_ROOT", default_value = "/proc")]
     pub proc_root: PathBuf,
+    /// The host network namespace (for the kubelet probe SNAT rules).
+    #[arg(long, env = "AMBIT_HOST_NETNS", default_value = "/proc/self/ns/net")]
+    pub host_netns: PathBuf,
     /// Prometheus metrics address.
     #[arg(long, env = "AMBIT_AGENT_METRICS_ADDR", default_value = "[::]:15014")]
     pub metrics_addr: SocketAddr,
@@ -154,12 +157,14 @@ impl crate::server::EventMetrics for AgentMetrics {
     }
 }
 
-/// Capture through an `ambit-redirect` backend, per-pod settings from the pod's annotations.
+/// Capture through an `ambit-redirect` backend, per-pod settings from the pod's annotations,
+/// and the host's probe SNAT entries when enabled.
 struct RedirectCapture {
     backend: Box<dyn RuleBackend>,
     dns: bool,
     ipv6: bool,
     errors: Counter,
+    probes: Option<(OwnedFd, ambit_redirect::host::NftProbeSnat)>,
 }
 
 impl Capture for RedirectCapture {
@@ -177,6 +182,49 @@ impl Capture for RedirectCapture {
             self.errors.inc();
             e.to_string()
         })
+    }
+
+    fn host_add(&self, pod: &Pod) -> Result<(), String> {
+        let Some((host, probes)) = &self.probes else { return Ok(()) };
+        for ip in &pod.ips {
+            probes.upsert(host.as_fd(), *ip, &pod.uid).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    fn host_remove(&self, pod: &Pod) -> Result<(), String> {
+        let Some((host, probes)) = &self.probes else { return Ok(()) };
+        for ip in &pod.ips {
+            probes.remove_for_pod(host.as_fd(), *ip, &pod.uid).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+}
+
+/// Installs the host probe SNAT (kubelet's probes to captured pods come from a link-local
+/// address the in-pod rules let through), when a kubelet runs on this host.
+fn probe_snat(args: &AgentArgs) -> Option<(OwnedFd, ambit_redirect::host::NftProbeSnat)> {
+    let uid = match ambit_redirect::host::kubelet_uid(&args.proc_root) {
+        Ok(uid) => uid,
+        Err(e) => {
+            tracing::info!(error = %e, "no kubelet found: host probe SNAT not installed");
+            return None;
+        }
+    };
+    let host = match ambit_zds::open_netns(&args.host_netns) {
+        Ok(fd) => fd,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot open the host network namespace: host probe SNAT not installed");
+            return None;
+        }
+    };
+    let probes = ambit_redirect::host::NftProbeSnat::new(args.ipv6, uid);
+    match probes.install(host.as_fd()).and_then(|()| probes.flush_sets(host.as_fd())) {
+        Ok(()) => Some((host, probes)),
+        Err(e) => {
+            tracing::warn!(error = %e, "installing the host probe SNAT failed; kubelet probes may be refused under STRICT mTLS");
+            None
+        }
     }
 }
 
@@ -267,6 +315,7 @@ async fn run_async(args: AgentArgs) -> Result<(), AgentError> {
         dns: args.dns_capture,
         ipv6: args.ipv6,
         errors: metrics.capture_errors.clone(),
+        probes: probe_snat(&args),
     });
     let zds = ZdsServer::new(&args.zds_socket);
     let paths = HostPaths { netns_prefix: args.host_prefix.clone(), proc_root: args.proc_root.clone() };

@@ -28,6 +28,14 @@ pub trait Capture: Send + Sync + 'static {
     fn apply(&self, netns: &OwnedFd, pod: &Pod) -> Result<(), String>;
     /// Removes the pod's capture; idempotent.
     fn remove(&self, netns: &OwnedFd) -> Result<(), String>;
+    /// Host side of an enrolled pod (probe SNAT entries for its IPs); idempotent.
+    fn host_add(&self, _pod: &Pod) -> Result<(), String> {
+        Ok(())
+    }
+    /// Removes the host side of a pod that left the mesh; idempotent.
+    fn host_remove(&self, _pod: &Pod) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// Records the agent's view on the pod object (Kubernetes: `pods/status` patch).
@@ -282,6 +290,9 @@ impl Mesh {
             return Err(e.into());
         }
         self.lock().enrolled.insert(pod.uid.clone(), Enrolled { info, netns: Some(netns) });
+        if let Err(error) = self.capture.host_add(pod) {
+            tracing::warn!(pod = %name, %error, "probe SNAT entry not added; kubelet probes may be refused under STRICT mTLS");
+        }
         self.annotate
             .set_redirection(pod, Some("enabled"))
             .await
@@ -302,6 +313,11 @@ impl Mesh {
         }
         self.zds.del(uid).await?;
         self.lock().enrolled.remove(uid);
+        if let Some(p) = pod
+            && let Err(error) = self.capture.host_remove(p)
+        {
+            tracing::warn!(pod = %name, %error, "probe SNAT entry not removed");
+        }
         let annotated = match pod {
             Some(p) => self.annotate.set_redirection(p, None).await,
             None => Ok(()),
@@ -366,6 +382,9 @@ impl Mesh {
             service_account: pod.service_account.clone(),
         };
         self.lock().enrolled.insert(pod.uid.clone(), Enrolled { info, netns: Some(Arc::new(netns)) });
+        if let Err(error) = self.capture.host_add(&pod) {
+            tracing::warn!(pod = %name, %error, "probe SNAT entry not added");
+        }
         tracing::info!(pod = %name, "running pod re-adopted into the mesh");
         Ok(true)
     }
