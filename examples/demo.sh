@@ -6,6 +6,7 @@
 #
 # Usage: sudo bash examples/demo.sh     (Debian/Ubuntu; installs what it needs with apt)
 set -euo pipefail
+
 cd "$(dirname "$0")/.."
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -30,8 +31,9 @@ capture_pods
 mesh_config
 start_proxies
 
-# nginx in pod B.
+# nginx in pod B (its workers run as www-data: make the page readable).
 mkdir -p "$T/www"; echo "hello from pod B, through Ambit" > "$T/www/index.html"
+chmod 755 "$T" "$T/www"; chmod 644 "$T/www/index.html"
 cat > "$T/nginx.conf" <<NGINX
 daemon off; worker_processes 1; pid $T/nginx.pid; error_log $T/nginx-error.log;
 events {}
@@ -40,7 +42,10 @@ NGINX
 ip netns exec $B nginx -e "$T/nginx-error.log" -c "$T/nginx.conf" & PIDS+=($!)
 sleep 0.5
 
-ip netns exec $NODE tcpdump -i br0 -w "$T/wire.pcap" -U >/dev/null 2>&1 & TCPDUMP=$!; sleep 1
+# Capture on the node side of both pods' veths (bridged traffic does not pass br0 itself).
+ip netns exec $NODE tcpdump -i any --immediate-mode -w "$T/wire.pcap" -U tcp >"$T/tcpdump.log" 2>&1 & TCPDUMP=$!
+for _ in $(seq 100); do grep -q "listening on" "$T/tcpdump.log" && break; sleep 0.1; done
+sleep 0.2
 echo
 echo "== pod A ($IPA): curl http://$IPB:8080/"
 ip netns exec $A curl -sS --max-time 5 "http://$IPB:8080/"
@@ -49,8 +54,9 @@ echo
 echo "== nginx in pod B logged the request as coming from:"
 cut -d' ' -f1,6-9 "$T/nginx-access.log"
 echo
-echo "== packets on the wire between the pods, by source > destination:"
-tcpdump -nn -r "$T/wire.pcap" 2>/dev/null | awk '{print $3, $4, $5}' | sed 's/:$//' | sort | uniq -c | sort -rn | head -6
+echo "== TCP packets on the wire between the pods, by destination:"
+tcpdump -nn -r "$T/wire.pcap" 2>/dev/null | grep -oE '> [0-9.]+\.[0-9]+:' | sed 's/^> //; s/:$//' | sort | uniq -c | sort -rn | head -4
+echo "   (to port 8080, where nginx listens: $(tcpdump -nn -r "$T/wire.pcap" 'dst port 8080' 2>/dev/null | wc -l) packets)"
 if tcpdump -nn -A -r "$T/wire.pcap" 2>/dev/null | grep -q "hello from pod B"; then
   echo "!! plaintext seen on the wire"; exit 1
 fi
