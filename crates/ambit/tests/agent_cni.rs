@@ -802,6 +802,14 @@ fn node_state(w: &World) -> String {
     s
 }
 
+/// Lines only in `before` (`-`) or only in `after` (`+`).
+fn line_diff(before: &str, after: &str) -> String {
+    let (b, a): (Vec<&str>, Vec<&str>) = (before.lines().collect(), after.lines().collect());
+    let gone = b.iter().filter(|l| !a.contains(l)).map(|l| format!("- {l}"));
+    let new = a.iter().filter(|l| !b.contains(l)).map(|l| format!("+ {l}"));
+    gone.chain(new).collect::<Vec<_>>().join("\n")
+}
+
 fn fd_count(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)
 }
@@ -869,8 +877,11 @@ fn five_hundred_add_del_cycles_leave_nothing_behind() {
     eprintln!("500 ADD/DEL cycles took {took:?} ({:?} per cycle)", took / 500);
     assert!(settle(&w), "pods still enrolled after the churn: {:?}", w.proxy_pods());
     assert_eq!(ipam_files(&w), ipam_before, "host-local allocations left behind");
+    // The kernel tears a deleted netns's veth down asynchronously (the bridge's carrier and its
+    // link-local routes follow): give it a moment to converge before comparing.
+    wait_for(|| node_state(&w) == node_before, Duration::from_secs(10));
     let node_after = node_state(&w);
-    assert_eq!(node_after, node_before, "node netns state changed");
+    assert!(node_after == node_before, "node netns state changed:\n{}", line_diff(&node_before, &node_after));
     // fds: the agent holds none per pod once released, the proxy none per drained pod. Slack 2:
     // an HTTP connection of our own metrics/config scrape may still be closing.
     let fds_ok = wait_for(
