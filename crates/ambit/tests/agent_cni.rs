@@ -574,8 +574,17 @@ fn agent_restart_keeps_twenty_pods_captured() {
             assert_eq!(&capture_state(&sb.netns), r, "{}: rules changed while the agent was down", sb.name);
         }
         w.start_agent();
-        let reconnected = wait_for(|| proxy_connections(&w) > conns, Duration::from_secs(20));
-        assert!(reconnected, "after {signal}: the proxy did not reconnect:\n{}", w.proxy_logs());
+        // Wait for the new agent's side of the handshake: with SIGKILL the proxy can get one
+        // last connection into the dying agent's backlog, which is then reset.
+        let snapshot =
+            wait_for(|| plain(&w.agent_logs()).contains("has the snapshot pods=20"), Duration::from_secs(20));
+        assert!(
+            snapshot,
+            "after {signal}: the new agent never sent the proxy a snapshot of 20 pods:\n{}\n--- proxy ---\n{}",
+            w.agent_logs(),
+            w.proxy_logs()
+        );
+        assert!(proxy_connections(&w) > conns, "after {signal}: the proxy did not reconnect");
         let up = wait_for(
             || {
                 let p = w.proxy_pods();
@@ -584,11 +593,6 @@ fn agent_restart_keeps_twenty_pods_captured() {
             Duration::from_secs(10),
         );
         assert!(up, "after {signal}: not all 20 pods Up: {:?}\n{}", w.proxy_pods(), w.agent_logs());
-        assert!(
-            plain(&w.agent_logs()).contains("has the snapshot pods=20"),
-            "after {signal}: the agent's snapshot did not hold 20 pods:\n{}",
-            w.agent_logs()
-        );
         for (sb, r) in pods.iter().zip(&rules) {
             let now = capture_state(&sb.netns);
             assert_eq!(&now, r, "after {signal}: {} rules differ (duplicates or loss)", sb.name);
