@@ -29,6 +29,7 @@ mod echo;
 mod netns;
 mod pcap;
 mod process;
+mod runtime;
 mod sockets;
 
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -46,6 +47,7 @@ pub use echo::{EchoServer, echo_roundtrip};
 pub use netns::{Cluster, Node, Pod};
 pub use pcap::{Capture, Segment, contains, pcap_payloads};
 pub use process::ChildGuard;
+pub use runtime::{CniFailure, CniRuntime, Sandbox, ambit_cni_path};
 pub use sockets::{connect_tcp_in, listen_tcp_in, original_dst, run_in};
 
 /// Timeout applied to every connect made by the harness.
