@@ -286,7 +286,16 @@ impl Mesh {
         };
         let entry = PodEntry { uid: pod.uid.clone(), info: info.clone(), netns: Some(netns.clone()) };
         if let Err(e) = self.zds.add(entry).await {
-            let _ = self.annotate.set_redirection(pod, Some("pending")).await;
+            if netns_path.is_some() {
+                // CNI ADD: the pod has not started and the runtime retries the whole sandbox,
+                // so leave nothing behind in this namespace.
+                let (capture, fd) = (self.capture.clone(), netns.clone());
+                let _ = tokio::task::spawn_blocking(move || capture.remove(&fd)).await;
+            } else {
+                // A running pod being enrolled keeps its capture while the proxy is missing:
+                // its traffic stops rather than bypassing the mesh (fail closed); retried.
+                let _ = self.annotate.set_redirection(pod, Some("pending")).await;
+            }
             return Err(e.into());
         }
         self.lock().enrolled.insert(pod.uid.clone(), Enrolled { info, netns: Some(netns) });

@@ -60,9 +60,12 @@ struct Conn {
     ops: mpsc::Sender<Op>,
 }
 
+/// The proxy's answer: `Ok(Ok)` ack, `Ok(Err)` NACK text, `Err` the connection failed.
+type Reply = oneshot::Sender<Result<Result<(), String>, String>>;
+
 enum Op {
-    Add(PodEntry, oneshot::Sender<Result<(), String>>),
-    Del(String, oneshot::Sender<Result<(), String>>),
+    Add(PodEntry, Reply),
+    Del(String, Reply),
 }
 
 const IDLE_CHECK: Duration = Duration::from_secs(5);
@@ -110,8 +113,9 @@ impl ZdsServer {
             return Err(ZdsError::Connection("connection closed".into()));
         }
         match rx.await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(error)) => Err(ZdsError::Nack { uid, error }),
+            Ok(Ok(Ok(()))) => Ok(()),
+            Ok(Ok(Err(error))) => Err(ZdsError::Nack { uid, error }),
+            Ok(Err(e)) => Err(ZdsError::Connection(e)),
             Err(_) => Err(ZdsError::Connection("connection closed before the ack".into())),
         }
     }
@@ -125,8 +129,9 @@ impl ZdsServer {
                 return None; // that connection is gone; nothing to tell it
             }
             match rx.await {
-                Ok(Err(e)) => Some(e),
-                Ok(Ok(())) | Err(_) => None,
+                Ok(Ok(Err(e))) => Some(e),
+                // A connection that fails now is gone: its proxy no longer serves the pod.
+                Ok(Ok(Ok(()))) | Ok(Err(_)) | Err(_) => None,
             }
         });
         let errors: Vec<String> = futures::future::join_all(acks).await.into_iter().flatten().collect();
@@ -181,7 +186,7 @@ impl ZdsServer {
                             None => conn.keep(&pod.uid).await,
                         };
                         let failed = ack.is_err();
-                        let _ = reply.send(ack.unwrap_or_else(|e| Err(e.to_string())));
+                        let _ = reply.send(ack.map_err(|e| e.to_string()));
                         if failed {
                             // Acks are matched by order: after a failure the stream is unreliable.
                             return Ok::<(), RecvError>(());
@@ -190,7 +195,7 @@ impl ZdsServer {
                     Op::Del(uid, reply) => {
                         let ack = conn.del(&uid).await;
                         let failed = ack.is_err();
-                        let _ = reply.send(ack.unwrap_or_else(|e| Err(e.to_string())));
+                        let _ = reply.send(ack.map_err(|e| e.to_string()));
                         if failed {
                             return Ok(());
                         }

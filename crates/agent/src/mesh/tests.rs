@@ -171,8 +171,8 @@ async fn no_proxy_means_pending_and_captured() {
     let err = s.mesh.cni_add(&event("api", "demo")).await.expect_err("no proxy");
     assert!(matches!(err, MeshError::Proxy(ZdsError::NoProxy(_))), "{err}");
     assert!(err.retryable());
-    // Fail closed: the capture stays, so the pod cannot talk around the (missing) proxy.
-    assert_eq!(s.rec.take(), vec!["apply api", "annotate api pending"]);
+    // A CNI ADD that fails leaves nothing behind (the runtime retries the whole sandbox).
+    assert_eq!(s.rec.take(), vec!["apply api", "remove"]);
     assert!(s.mesh.enrolled().is_empty());
 }
 
@@ -184,7 +184,7 @@ async fn proxy_nack_and_capture_failure() {
     s.mesh.upsert_pod(pod("u4", "w", "demo"));
     let err = s.mesh.cni_add(&event("w", "demo")).await.expect_err("nack");
     assert!(err.to_string().contains("cannot bind"), "{err}");
-    assert_eq!(s.rec.take(), vec!["apply w", "annotate w pending"]);
+    assert_eq!(s.rec.take(), vec!["apply w", "remove"]);
     s.rec.fail_apply.store(true, std::sync::atomic::Ordering::Relaxed);
     let err = s.mesh.cni_add(&event("w", "demo")).await.expect_err("capture fails");
     assert!(matches!(err, MeshError::Capture { .. }) && !err.retryable(), "{err}");
