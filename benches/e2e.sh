@@ -4,6 +4,7 @@
 # Prints a markdown table with medians over REPS runs and ratios to direct from the same run.
 #
 # Usage: sudo bash benches/e2e.sh [REPS] [SECONDS]     (defaults: 3 runs of 10 s each)
+# Extra proxy settings: PROXY_ENV="ZTUNNEL_WORKER_THREADS=1" sudo -E bash benches/e2e.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPS=${1:-3}
@@ -56,7 +57,8 @@ med() { echo "${R[$1]}" | tr ' ' '\n' | grep -v '^$' | median; }
 PROXY_PIDS=()
 run_mode direct
 capture_pods
-start_proxies
+# shellcheck disable=SC2086
+start_proxies ${PROXY_ENV:-}
 run_mode ambit
 rss_kb=$(for p in "${PROXY_PIDS[@]}"; do awk '/VmHWM/ {print $2}' /proc/$p/status; done | sort -n | tail -1)
 

@@ -21,6 +21,8 @@ fn hbone(c: &mut Criterion) {
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let ca = Arc::new(FakeCa::generate());
     let server = rt.block_on(EchoServer::start(&ca, settings()));
+    // The certificate manager's worker runs on this runtime.
+    let _rt = rt.enter();
     let (pool, key) = pool_for(ca, &server, settings());
     let authority: SocketAddr = "10.0.0.2:8080".parse().expect("addr");
     let headers = http::HeaderMap::new();
