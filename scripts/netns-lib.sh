@@ -40,28 +40,8 @@ pods_up() {
 capture_pods() {
   local p
   for p in $A $B; do
-    ip netns exec $p iptables-restore --noflush <<'RULES'
-* mangle
--N ISTIO_PRERT
--N ISTIO_OUTPUT
--A PREROUTING -j ISTIO_PRERT
--A OUTPUT -j ISTIO_OUTPUT
--A ISTIO_PRERT -m mark --mark 0x539/0xfff -j CONNMARK --set-xmark 0x111/0xfff
--A ISTIO_OUTPUT -m connmark --mark 0x111/0xfff -j CONNMARK --restore-mark --nfmask 0xffffffff --ctmask 0xffffffff
-COMMIT
-* nat
--N ISTIO_PRERT
--N ISTIO_OUTPUT
--A OUTPUT -j ISTIO_OUTPUT
--A PREROUTING -j ISTIO_PRERT
--A ISTIO_PRERT -s 169.254.7.127 -p tcp -m tcp -j ACCEPT
--A ISTIO_OUTPUT -d 169.254.7.127 -p tcp -m tcp -j ACCEPT
--A ISTIO_PRERT ! -d 127.0.0.1/32 -p tcp ! --dport 15008 -m mark ! --mark 0x539/0xfff -j REDIRECT --to-ports 15006
--A ISTIO_OUTPUT -p tcp -m mark --mark 0x111/0xfff -j ACCEPT
--A ISTIO_OUTPUT ! -d 127.0.0.1/32 -o lo -j ACCEPT
--A ISTIO_OUTPUT ! -d 127.0.0.1/32 -p tcp -m mark ! --mark 0x539/0xfff -j REDIRECT --to-ports 15001
-COMMIT
-RULES
+    # The spec's default rule set (DNS capture included), kept once as the redirect crate's golden file.
+    ip netns exec $p iptables-restore --noflush < crates/redirect/testdata/spec-default-v4.rules
     ip -n $p route add local 0.0.0.0/0 dev lo table 100
     ip -n $p rule add fwmark 0x111/0xfff lookup 100 pref 32764
   done
@@ -70,7 +50,7 @@ RULES
 uncapture_pods() {
   local p
   for p in $A $B; do
-    ip netns exec $p iptables -t nat -F; ip netns exec $p iptables -t mangle -F
+    ip netns exec $p iptables -t nat -F; ip netns exec $p iptables -t mangle -F; ip netns exec $p iptables -t raw -F
     ip -n $p rule del fwmark 0x111/0xfff lookup 100 pref 32764 2>/dev/null || true
     ip -n $p route flush table 100 2>/dev/null || true
   done
