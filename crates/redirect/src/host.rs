@@ -7,9 +7,10 @@ use std::os::fd::BorrowedFd;
 use std::path::Path;
 
 use crate::iptables::{Plan, Xtables, apply_plan, cleanup};
+use crate::netlink::Netlink;
 use crate::nftables::{BaseChain, ChainKind, Hook, L4Proto, NftChain};
-use crate::nftables::{Match, NftAction, NftRule, NftRuleset, NftSet, NftTable, NftablesBackend, SetType};
-use crate::{Family, PROBE_SNAT_V4, PROBE_SNAT_V6, RedirectError, exec, in_netns};
+use crate::nftables::{Match, NftAction, NftRule, NftRuleset, NftSet, NftTable, SetType};
+use crate::{Family, PROBE_SNAT_V4, PROBE_SNAT_V6, RedirectError, exec, in_netns, nfnl};
 
 /// Probe-target set, IPv4.
 pub const PROBE_SET_V4: &str = "istio-inpod-probes-v4";
@@ -90,30 +91,43 @@ pub struct NftProbeSnat {
     pub ipv6: bool,
     /// UID of the kubelet process; only its sockets are SNATed.
     pub kubelet_uid: u32,
-    nft: NftablesBackend,
 }
 
 impl NftProbeSnat {
-    /// A probe SNAT manager using `nft` from `PATH`.
+    /// A probe SNAT manager talking nf_tables netlink.
     pub fn new(ipv6: bool, kubelet_uid: u32) -> Self {
-        NftProbeSnat { ipv6, kubelet_uid, nft: NftablesBackend::default() }
+        NftProbeSnat { ipv6, kubelet_uid }
     }
 
     /// Creates the table, sets and rule (one transaction; existing set elements are kept).
     pub fn install(&self, netns: BorrowedFd<'_>) -> Result<(), RedirectError> {
-        let script = render_host_nftables(self.ipv6, self.kubelet_uid).script(&[]);
-        in_netns(netns, || self.nft.transaction(&script))
+        let ruleset = render_host_nftables(self.ipv6, self.kubelet_uid);
+        in_netns(netns, || {
+            let mut nl = Netlink::netfilter()?;
+            let existing = nfnl::table_names(&mut nl)?;
+            nl.batch(&nfnl::ruleset_requests(&ruleset, nfnl::Rebuild::KeepSets, &existing, &[])?)
+        })
     }
 
     /// Adds `ip` with comment `uid`, replacing an existing entry's owner (last writer wins).
     pub fn upsert(&self, netns: BorrowedFd<'_>, ip: IpAddr, uid: &str) -> Result<(), RedirectError> {
         check_comment(uid)?;
         let (set, ip) = self.set_for(ip);
-        let element = format!("inet {HOST_NFT_TABLE} {set} {{ {ip} }}");
-        let script = format!(
-            "add element {element}\ndelete element {element}\nadd element inet {HOST_NFT_TABLE} {set} {{ {ip} comment \"{uid}\" }}\n"
-        );
-        in_netns(netns, || self.nft.transaction(&script))
+        let add = nfnl::element_request(true, HOST_NFT_TABLE, set, Some((ip, Some(uid))));
+        in_netns(netns, || {
+            let mut nl = Netlink::netfilter()?;
+            // Usually the address is new: a pure addition (no deletion to wait for).
+            match nl.batch(&[nfnl::exclusive(add.clone())]) {
+                Err(RedirectError::Kernel { errno: nix::errno::Errno::EEXIST, .. }) => {}
+                other => return other,
+            }
+            let entries = nfnl::set_elements(&mut nl, HOST_NFT_TABLE, set)?;
+            if entries.iter().any(|(addr, owner)| *addr == ip && owner.as_deref() == Some(uid)) {
+                return Ok(());
+            }
+            // Another pod's (stale) entry: replace it in one transaction (last writer wins).
+            nl.batch(&[nfnl::element_request(false, HOST_NFT_TABLE, set, Some((ip, None))), add])
+        })
     }
 
     /// Deletes `ip` only if its comment is `uid`; reports a foreign owner instead of deleting.
@@ -125,7 +139,8 @@ impl NftProbeSnat {
     ) -> Result<ProbeEntryRemoval, RedirectError> {
         let (set, ip) = self.set_for(ip);
         in_netns(netns, || {
-            let entries = self.entries_in(set)?;
+            let mut nl = Netlink::netfilter()?;
+            let entries = nfnl::set_elements(&mut nl, HOST_NFT_TABLE, set)?;
             let Some((_, owner)) = entries.into_iter().find(|(addr, _)| *addr == ip) else {
                 return Ok(ProbeEntryRemoval::Absent);
             };
@@ -133,7 +148,7 @@ impl NftProbeSnat {
             if owner != uid {
                 return Ok(ProbeEntryRemoval::Foreign(owner));
             }
-            self.nft.transaction(&format!("delete element inet {HOST_NFT_TABLE} {set} {{ {ip} }}\n"))?;
+            nl.batch(&[nfnl::element_request(false, HOST_NFT_TABLE, set, Some((ip, None)))])?;
             Ok(ProbeEntryRemoval::Removed)
         })
     }
@@ -141,9 +156,10 @@ impl NftProbeSnat {
     /// All entries of both sets: address and comment (pod UID).
     pub fn entries(&self, netns: BorrowedFd<'_>) -> Result<Vec<(IpAddr, Option<String>)>, RedirectError> {
         in_netns(netns, || {
-            let mut all = self.entries_in(PROBE_SET_V4)?;
+            let mut nl = Netlink::netfilter()?;
+            let mut all = nfnl::set_elements(&mut nl, HOST_NFT_TABLE, PROBE_SET_V4)?;
             if self.ipv6 {
-                all.extend(self.entries_in(PROBE_SET_V6)?);
+                all.extend(nfnl::set_elements(&mut nl, HOST_NFT_TABLE, PROBE_SET_V6)?);
             }
             Ok(all)
         })
@@ -151,23 +167,34 @@ impl NftProbeSnat {
 
     /// Empties the sets (startup, before the snapshot sync).
     pub fn flush_sets(&self, netns: BorrowedFd<'_>) -> Result<(), RedirectError> {
-        let mut script = format!("flush set inet {HOST_NFT_TABLE} {PROBE_SET_V4}\n");
+        let mut requests = vec![nfnl::element_request(false, HOST_NFT_TABLE, PROBE_SET_V4, None)];
         if self.ipv6 {
-            script.push_str(&format!("flush set inet {HOST_NFT_TABLE} {PROBE_SET_V6}\n"));
+            requests.push(nfnl::element_request(false, HOST_NFT_TABLE, PROBE_SET_V6, None));
         }
-        in_netns(netns, || self.nft.transaction(&script))
+        in_netns(netns, || Netlink::netfilter()?.batch(&requests))
     }
 
     /// Removes the SNAT rule, keeping the sets (`flush table`).
     pub fn delete_rules(&self, netns: BorrowedFd<'_>) -> Result<(), RedirectError> {
-        let script = format!("add table inet {HOST_NFT_TABLE}\nflush table inet {HOST_NFT_TABLE}\n");
-        in_netns(netns, || self.nft.transaction(&script))
+        let requests = nfnl::flush_rules_requests(HOST_NFT_TABLE);
+        in_netns(netns, || Netlink::netfilter()?.batch(&requests))
     }
 
     /// Deletes the table with its sets; ok when it is already gone.
     pub fn destroy(&self, netns: BorrowedFd<'_>) -> Result<(), RedirectError> {
-        let script = NftRuleset::default().script(&[HOST_NFT_TABLE]);
-        in_netns(netns, || self.nft.transaction(&script))
+        in_netns(netns, || {
+            let mut nl = Netlink::netfilter()?;
+            let existing = nfnl::table_names(&mut nl)?;
+            if !existing.iter().any(|t| t == HOST_NFT_TABLE) {
+                return Ok(());
+            }
+            nl.batch(&nfnl::ruleset_requests(
+                &NftRuleset::default(),
+                nfnl::Rebuild::Replace,
+                &existing,
+                &[HOST_NFT_TABLE],
+            )?)
+        })
     }
 
     fn set_for(&self, ip: IpAddr) -> (&'static str, IpAddr) {
@@ -175,14 +202,6 @@ impl NftProbeSnat {
             ip @ IpAddr::V4(_) => (PROBE_SET_V4, ip),
             ip @ IpAddr::V6(_) => (PROBE_SET_V6, ip),
         }
-    }
-
-    /// Entries of one set via `nft -j list set` (current netns).
-    fn entries_in(&self, set: &str) -> Result<Vec<(IpAddr, Option<String>)>, RedirectError> {
-        let args = ["-j", "list", "set", "inet", HOST_NFT_TABLE, set];
-        let out = exec::run(self.nft.binary(), &args, None)?;
-        parse_nft_set_json(&exec::stdout(&out))
-            .map_err(|detail| RedirectError::Parse { command: exec::command_line("nft", &args), detail })
     }
 }
 
@@ -357,29 +376,6 @@ fn check_comment(uid: &str) -> Result<(), RedirectError> {
             reason: "pod UIDs are 1-128 ASCII letters, digits and - _ . :",
         })
     }
-}
-
-/// Elements of a set from `nft -j list set` output: `"10.0.0.1"` or `{"elem": {"val", "comment"}}`.
-pub(crate) fn parse_nft_set_json(text: &str) -> Result<Vec<(IpAddr, Option<String>)>, String> {
-    let doc: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
-    let items = doc.get("nftables").and_then(|v| v.as_array()).ok_or("no `nftables` array")?;
-    let mut entries = Vec::new();
-    for item in items {
-        let Some(set) = item.get("set") else { continue };
-        let Some(elems) = set.get("elem").and_then(|e| e.as_array()) else { continue };
-        for elem in elems {
-            let (val, comment) = match elem.get("elem") {
-                Some(inner) => (inner.get("val"), inner.get("comment").and_then(|c| c.as_str())),
-                None => (Some(elem), None),
-            };
-            let addr = val
-                .and_then(|v| v.as_str())
-                .and_then(|v| v.parse::<IpAddr>().ok())
-                .ok_or_else(|| format!("set element {elem} is not an address"))?;
-            entries.push((addr, comment.map(str::to_owned)));
-        }
-    }
-    Ok(entries)
 }
 
 /// Elements from `ipset save SET`: `add SET ADDR [comment "UID"]` lines; others are ignored.

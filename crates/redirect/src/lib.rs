@@ -10,34 +10,28 @@
 //!   exact rule set; they are golden/snapshot tested under `testdata/`.
 //! - [`RuleBackend`] installs, verifies and removes a capture in a pod netns given as a borrowed
 //!   fd. Everything that touches a netns runs in a synchronous closure on a dedicated thread that
-//!   `setns`es into it ([`in_netns`]); the `nft`, `iptables*` and `ip` children spawned from that
-//!   thread inherit the pod netns. apply, verify and remove are idempotent.
+//!   `setns`es into it ([`in_netns`]). Netlink sockets opened there belong to the pod netns, and so
+//!   do the `iptables*` children spawned from it. apply, verify and remove are idempotent.
 //!
-//! # Why the `nft` binary and not nf_tables netlink
+//! # Netlink, no `nft` or `ip` binary
 //!
-//! Issue 4 prefers programming nftables over netlink. We evaluated that and chose to pipe the
-//! rendered transaction to `nft -f -` for now, because:
-//! - `rustables` (the pure-Rust netlink crate) is GPL-3.0-or-later, which `deny.toml` rejects for
-//!   this Apache-2.0 workspace; `nftnl` binds the C `libnftnl` (a build and runtime dependency,
-//!   older versions carry RUSTSEC-2025-0126);
-//! - `netlink-packet-netfilter` 0.4 has table/chain/rule/set messages but none of the expressions
-//!   this rule set needs (`counter`, `ct` load/set, `redir`, `nat`), nor the batch framing, and we
-//!   would also have to decode the kernel's rules back to verify them;
-//! - the `nftables` crate (JSON) recommended in DEPENDENCIES.md also execs `nft` (`nft -j -f`),
-//!   so it would not remove the binary; it only changes the text format;
-//! - `nft -f` already gives one atomic kernel transaction per pod (a single netlink batch), reads
-//!   the same text format the spec and operators use, and is one exec per apply (about 2 ms here).
-//!
-//! The backend is behind [`RuleBackend`] and the rule set is typed data ([`NftRuleset`]), so a
-//! netlink encoder can replace [`NftablesBackend`]'s transport without touching callers or tests.
-//! Policy routing uses the `ip` binary for the same reason (same thread, same inherited netns,
-//! the error texts operators know).
+//! The nftables backend and the host probe SNAT talk nf_tables netlink, and policy routing talks
+//! rtnetlink. Both go through the small client in `netlink` and the encoder in `nfnl`, with no
+//! external crate. Each rule is encoded with the expressions `nft` 1.0 emits for the same text,
+//! so `nft list ruleset` shows the spec's rule text (the root tests check this). One batch per
+//! apply is one atomic kernel transaction. A fresh pod's batch contains only additions, because
+//! when a batch deletes anything, closing the socket waits for an RCU grace period (about 10 ms).
+//! We had used `nft -f -` before: no crate fitted (`rustables` is GPL-3.0, `nftnl` binds the C
+//! library, `netlink-packet-netfilter` lacks the expressions), and spawning `nft` and `ip` per
+//! pod cost 8–9 ms of every CNI ADD.
 
 mod capture;
 mod exec;
 pub mod host;
 mod iptables;
+mod netlink;
 mod netns;
+mod nfnl;
 mod nftables;
 mod routing;
 
@@ -150,6 +144,22 @@ pub enum RedirectError {
         status: String,
         /// Its trimmed standard error.
         stderr: String,
+    },
+    /// Talking netlink to the kernel failed (socket, timeout, malformed reply).
+    #[error("{what}: {detail}")]
+    Netlink {
+        /// Which netlink family (rtnetlink, nf_tables).
+        what: String,
+        /// What went wrong.
+        detail: String,
+    },
+    /// The kernel refused an operation.
+    #[error("the kernel refused `{operation}`: {errno} ({})", errno.desc())]
+    Kernel {
+        /// The operation, written as the `nft`/`ip` command that does the same.
+        operation: String,
+        /// The kernel's errno.
+        errno: nix::errno::Errno,
     },
     /// A tool's output could not be understood.
     #[error("unexpected output from `{command}`: {detail}")]

@@ -1,14 +1,16 @@
 //! The nftables backend (§2.8.3): the rule set as typed data, its `nft -f` transaction text, the
-//! `nft list` text it must read back as, and the backend applying it atomically per pod.
+//! `nft list` text it must read back as, and the backend applying it atomically per pod over
+//! nf_tables netlink ([`crate::nfnl`]).
 
 use std::fmt::Write as _;
 use std::net::IpAddr;
 use std::os::fd::BorrowedFd;
 
 use crate::iptables::check_capture;
+use crate::netlink::Netlink;
 use crate::{
     DNS_CT_ZONE, DNS_PORT, Family, INBOUND_HBONE_PORT, INBOUND_PLAINTEXT_PORT, MARK_MASK, OUTBOUND_PORT,
-    PodCapture, RedirectError, RuleBackend, TPROXY_MARK, Verification, ZTUNNEL_MARK, exec, in_netns, routing,
+    PodCapture, RedirectError, RuleBackend, TPROXY_MARK, Verification, ZTUNNEL_MARK, in_netns, nfnl, routing,
 };
 
 /// The three `inet` tables of the pod capture, in creation order.
@@ -205,10 +207,11 @@ pub enum NftAction {
     Snat(IpAddr),
 }
 
-/// The nftables backend: one `nft -f -` transaction per apply or remove, run in the pod netns.
-#[derive(Debug, Clone)]
+/// The nftables backend: one nf_tables netlink transaction per apply or remove, sent from a
+/// thread inside the pod netns (no `nft` binary involved).
+#[derive(Debug, Clone, Default)]
 pub struct NftablesBackend {
-    nft: String,
+    _private: (),
 }
 
 /// Renders the §2.8.3 pod rule set: nat, mangle and (with DNS capture) raw tables.
@@ -526,46 +529,21 @@ impl BaseChain {
     }
 }
 
-impl Default for NftablesBackend {
-    /// Uses `nft` from `PATH`.
-    fn default() -> Self {
-        NftablesBackend { nft: "nft".into() }
-    }
-}
-
-impl NftablesBackend {
-    /// A backend running the given `nft` binary.
-    pub fn with_binary(nft: &str) -> Self {
-        NftablesBackend { nft: nft.into() }
-    }
-
-    /// The `nft` binary this backend runs.
-    pub(crate) fn binary(&self) -> &str {
-        &self.nft
-    }
-
-    /// Runs an `nft -f -` transaction in the current netns.
-    pub(crate) fn transaction(&self, script: &str) -> Result<(), RedirectError> {
-        exec::run(&self.nft, &["-f", "-"], Some(script)).map(drop)
-    }
-
-    /// `nft list ruleset` of the current netns.
-    pub(crate) fn list_ruleset(&self) -> Result<String, RedirectError> {
-        exec::run(&self.nft, &["list", "ruleset"], None).map(|out| exec::stdout(&out))
-    }
-}
-
 impl RuleBackend for NftablesBackend {
     fn apply(&self, netns: BorrowedFd<'_>, capture: &PodCapture) -> Result<(), RedirectError> {
         check_capture(capture)?;
         let ruleset = render_nftables(capture);
-        // A table the capture no longer needs (e.g. raw after DNS capture was turned off) goes
-        // in the same transaction.
-        let absent: Vec<&str> = POD_TABLES.into_iter().filter(|n| ruleset.table(n).is_none()).collect();
-        let script = ruleset.script(&absent);
         in_netns(netns, || {
             routing::apply(capture)?;
-            self.transaction(&script)
+            let mut nl = Netlink::netfilter()?;
+            let existing = nfnl::table_names(&mut nl)?;
+            // A table the capture no longer needs (e.g. raw after DNS capture was turned off)
+            // goes in the same transaction.
+            let absent: Vec<&str> = POD_TABLES
+                .into_iter()
+                .filter(|n| ruleset.table(n).is_none() && existing.iter().any(|e| e == n))
+                .collect();
+            nl.batch(&nfnl::ruleset_requests(&ruleset, nfnl::Rebuild::Replace, &existing, &absent)?)
         })
     }
 
@@ -574,24 +552,18 @@ impl RuleBackend for NftablesBackend {
         let expected = render_nftables(capture);
         in_netns(netns, || {
             let (mut drift, mut present) = routing::verify(capture)?;
-            let live = listed_tables(&self.list_ruleset()?, &POD_TABLES);
-            present |= !live.is_empty();
+            let mut nl = Netlink::netfilter()?;
+            let tables = nfnl::table_names(&mut nl)?;
             for name in POD_TABLES {
-                let want = expected.table(name).map(|t| NftRuleset { tables: vec![t.clone()] }.listing());
-                match (want, live.iter().find(|(n, _)| n == name)) {
-                    (None, None) => {}
-                    (Some(_), None) => drift.push(format!("table inet {name} missing")),
-                    (None, Some(_)) => drift.push(format!("unexpected table inet {name}")),
-                    (Some(want), Some((_, got))) if want != *got => {
-                        let first = want.iter().zip(got).find(|(w, g)| w != g);
-                        drift.push(match first {
-                            Some((w, g)) => format!("table inet {name}: expected `{w}`, found `{g}`"),
-                            None => {
-                                format!("table inet {name}: {} lines, expected {}", got.len(), want.len())
-                            }
-                        });
+                let live = tables.iter().any(|t| t == name);
+                present |= live;
+                match (expected.table(name), live) {
+                    (None, false) => {}
+                    (Some(_), false) => drift.push(format!("table inet {name} missing")),
+                    (None, true) => drift.push(format!("unexpected table inet {name}")),
+                    (Some(want), true) => {
+                        drift.extend(nfnl::compare_table(want, &nfnl::live_table(&mut nl, name)?)?)
                     }
-                    _ => {}
                 }
             }
             Ok(if !present {
@@ -605,14 +577,23 @@ impl RuleBackend for NftablesBackend {
     }
 
     fn remove(&self, netns: BorrowedFd<'_>, _capture: &PodCapture) -> Result<(), RedirectError> {
-        let script = NftRuleset::default().script(&POD_TABLES);
         in_netns(netns, || {
-            self.transaction(&script)?;
+            let mut nl = Netlink::netfilter()?;
+            let existing = nfnl::table_names(&mut nl)?;
+            let ours: Vec<&str> =
+                POD_TABLES.into_iter().filter(|n| existing.iter().any(|e| e == n)).collect();
+            nl.batch(&nfnl::ruleset_requests(
+                &NftRuleset::default(),
+                nfnl::Rebuild::Replace,
+                &existing,
+                &ours,
+            )?)?;
             routing::remove()
         })
     }
 }
 
+#[cfg(test)]
 /// Extracts `table inet NAME { ... }` blocks for `names` from `nft list ruleset` output, as
 /// trimmed non-empty lines with counters reduced to `counter`.
 pub(crate) fn listed_tables(ruleset: &str, names: &[&str]) -> Vec<(String, Vec<String>)> {
@@ -638,6 +619,7 @@ pub(crate) fn listed_tables(ruleset: &str, names: &[&str]) -> Vec<(String, Vec<S
     tables
 }
 
+#[cfg(test)]
 /// `counter packets N bytes M` → `counter`.
 fn strip_counter_values(line: &str) -> String {
     let tokens: Vec<&str> = line.split_whitespace().collect();

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use crate::host::{parse_ipset_save, parse_nft_set_json, render_host_iptables, render_host_nftables};
+use crate::host::{parse_ipset_save, render_host_iptables, render_host_nftables};
 use crate::iptables::{Saved, save_form};
 use crate::nftables::listed_tables;
 use crate::*;
@@ -275,14 +275,7 @@ fn listing_extraction_strips_counters() {
 }
 
 #[test]
-fn parses_probe_set_listings() {
-    let json = r#"{"nftables": [{"metainfo": {"version": "1.0.6"}}, {"set": {"family": "inet", "name": "s", "elem": [{"elem": {"val": "10.0.0.5", "comment": "uid-1"}}, "10.0.0.6"]}}]}"#;
-    let entries = parse_nft_set_json(json).expect("valid listing");
-    assert_eq!(entries.len(), 2);
-    assert_eq!(entries[0].1.as_deref(), Some("uid-1"));
-    assert_eq!(entries[1].1, None);
-    assert!(parse_nft_set_json("{}").is_err());
-    assert!(parse_nft_set_json(r#"{"nftables":[{"set":{"elem":[{"elem":{"val":"nope"}}]}}]}"#).is_err());
+fn parses_ipset_save_listings() {
     let save = "create istio-inpod-probes-v4 hash:ip family inet hashsize 1024 maxelem 65536 comment\nadd istio-inpod-probes-v4 10.0.0.5 comment \"uid-1\"\nadd istio-inpod-probes-v4 10.0.0.6\n";
     let entries = parse_ipset_save(save);
     assert_eq!(entries.len(), 2);

@@ -204,6 +204,43 @@ fn nftables_drift_is_detected_and_repaired() {
     assert!(!details.is_empty());
     backend.apply(ns.file.as_fd(), &capture).expect("apply");
     assert_eq!(backend.verify(ns.file.as_fd(), &capture).expect("verify"), Verification::InSync);
+
+    // Same number of rules, one value changed: still drift (the comparison reads values).
+    ns.ok(&["nft", "flush", "chain", "inet", "istio-ambient-mangle", "istio-output"]);
+    ns.ok(&[
+        "nft",
+        "add",
+        "rule",
+        "inet",
+        "istio-ambient-mangle",
+        "istio-output",
+        "ct",
+        "mark",
+        "and",
+        "0xfff",
+        "==",
+        "0x222",
+        "counter",
+        "meta",
+        "mark",
+        "set",
+        "ct",
+        "mark",
+    ]);
+    let Verification::Drift(details) = backend.verify(ns.file.as_fd(), &capture).expect("verify") else {
+        panic!("changed mark value not detected");
+    };
+    assert!(details.iter().any(|d| d.contains("istio-output")), "{details:?}");
+    // A missing policy-routing rule is drift too.
+    ns.ok(&["ip", "-4", "rule", "del", "fwmark", "0x111/0xfff", "lookup", "100"]);
+    backend.apply(ns.file.as_fd(), &capture).expect("apply");
+    ns.ok(&["ip", "-4", "rule", "del", "fwmark", "0x111/0xfff", "lookup", "100"]);
+    let Verification::Drift(details) = backend.verify(ns.file.as_fd(), &capture).expect("verify") else {
+        panic!("missing ip rule not detected");
+    };
+    assert!(details.iter().any(|d| d.contains("rule")), "{details:?}");
+    backend.apply(ns.file.as_fd(), &capture).expect("apply");
+    assert_eq!(backend.verify(ns.file.as_fd(), &capture).expect("verify"), Verification::InSync);
     check_removal(&backend, &capture, &ns);
 }
 
@@ -445,6 +482,10 @@ fn nft_host_probe_snat() {
     let entries = snat.entries(fd).expect("entries");
     assert!(entries.contains(&(ip, Some("uid-b".into()))), "{entries:?}");
     assert_eq!(entries.len(), 2);
+    // nft itself reads our element and set comments (same user-data encoding as nft's).
+    let set = host.ok(&["nft", "list", "set", "inet", "istio-ambient-nat", "istio-inpod-probes-v4"]);
+    assert!(set.contains("10.1.2.3 comment \"uid-b\""), "{set}");
+    assert!(set.contains("comment \"kubelet probe targets"), "{set}");
     assert_eq!(
         snat.remove_for_pod(fd, ip, "uid-a").expect("remove"),
         ProbeEntryRemoval::Foreign("uid-b".into())
