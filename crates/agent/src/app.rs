@@ -446,8 +446,10 @@ async fn run_async(args: AgentArgs) -> Result<(), AgentError> {
                 dirty.extend(mesh.upsert_namespace(ns));
             }
             for pod in inv.pods.into_values() {
-                dirty.insert(pod.uid.clone());
-                mesh.upsert_pod(pod);
+                let uid = pod.uid.clone();
+                if mesh.upsert_pod(pod) {
+                    dirty.insert(uid);
+                }
             }
         }
         let mut failed = HashSet::new();
@@ -479,6 +481,7 @@ async fn run_async(args: AgentArgs) -> Result<(), AgentError> {
         };
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
+            _ = mesh.source_wanted() => {}
             _ = &mut stop => break,
         }
     }

@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use tokio::sync::Notify;
+
 use ambit_zds::WorkloadInfo;
 use futures::future::BoxFuture;
 
@@ -116,7 +118,14 @@ pub struct Mesh {
     annotate: Arc<dyn Annotate>,
     paths: HostPaths,
     state: Mutex<State>,
+    /// Signalled after pods are stored (wakes CNI ADDs waiting for their pod).
+    pods_stored: Notify,
+    /// Signalled by a CNI ADD for an unknown pod (wakes the source loop).
+    source_wanted: Notify,
 }
+
+/// How long a CNI ADD waits for the pod source to learn about its pod.
+const UNKNOWN_POD_WAIT: Duration = Duration::from_secs(2);
 
 #[derive(Default)]
 struct State {
@@ -140,7 +149,16 @@ impl Mesh {
         annotate: Arc<dyn Annotate>,
         paths: HostPaths,
     ) -> Arc<Mesh> {
-        Arc::new(Mesh { enrollment, zds, capture, annotate, paths, state: Mutex::new(State::default()) })
+        Arc::new(Mesh {
+            enrollment,
+            zds,
+            capture,
+            annotate,
+            paths,
+            state: Mutex::new(State::default()),
+            pods_stored: Notify::new(),
+            source_wanted: Notify::new(),
+        })
     }
 
     /// Stores a namespace; returns the uids of its pods when its enrollment changed (they must
@@ -159,11 +177,24 @@ impl Mesh {
         st.pods.values().filter(|p| p.namespace == name).map(|p| p.uid.clone()).collect()
     }
 
-    /// Stores a pod (add or update).
-    pub fn upsert_pod(&self, pod: Pod) {
+    /// Stores a pod (add or update); true when it is new or differs from the stored one (it
+    /// must be reconciled).
+    pub fn upsert_pod(&self, pod: Pod) -> bool {
         let mut st = self.lock();
+        if st.pods.get(&pod.uid) == Some(&pod) {
+            return false;
+        }
         st.by_name.insert((pod.namespace.clone(), pod.name.clone()), pod.uid.clone());
         st.pods.insert(pod.uid.clone(), pod);
+        drop(st);
+        self.pods_stored.notify_waiters();
+        true
+    }
+
+    /// Resolves when a CNI ADD is waiting for a pod the agent does not know yet: the source
+    /// loop should read its source now instead of at the next poll.
+    pub async fn source_wanted(&self) {
+        self.source_wanted.notified().await
     }
 
     /// Forgets a deleted pod and removes it from the mesh (its netns is gone, so no rules are
@@ -217,21 +248,24 @@ impl Mesh {
     /// enrolls it from the runtime's netns path when it must be enrolled.
     pub async fn cni_add(&self, ev: &PluginEvent) -> Result<AddOutcome, MeshError> {
         let key = (ev.pod_namespace.clone(), ev.pod_name.clone());
-        let mut found = None;
-        for _ in 0..10 {
+        // The runtime can be a little ahead of the pod source: ask the source to look now and
+        // wake as soon as the pod (and its namespace) is stored, for up to UNKNOWN_POD_WAIT.
+        let deadline = tokio::time::Instant::now() + UNKNOWN_POD_WAIT;
+        let found = loop {
+            let stored = self.pods_stored.notified();
             {
                 let st = self.lock();
                 if let Some(uid) = st.by_name.get(&key)
                     && let (Some(p), Some(ns)) = (st.pods.get(uid), st.namespaces.get(&ev.pod_namespace))
                 {
-                    found = Some((p.clone(), ns.clone()));
+                    break Some((p.clone(), ns.clone()));
                 }
             }
-            if found.is_some() {
-                break;
+            self.source_wanted.notify_one();
+            if tokio::time::timeout_at(deadline, stored).await.is_err() {
+                break None;
             }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        };
         let Some((mut pod, ns)) = found else {
             return Err(MeshError::UnknownPod(format!("{}/{}", ev.pod_namespace, ev.pod_name)));
         };

@@ -21,68 +21,93 @@ pub struct Inventory {
 pub struct FileSource {
     dir: PathBuf,
     node_name: Option<String>,
-    seen: BTreeMap<PathBuf, (SystemTime, u64)>,
+    /// Per file: the (mtime, size) it was parsed at and the objects it held. Only files whose
+    /// stamp changed are parsed again, so a poll costs one `stat` per unchanged file.
+    files: BTreeMap<PathBuf, ((SystemTime, u64), Vec<Object>)>,
+}
+
+/// One object read from a file.
+#[derive(Clone, Debug)]
+enum Object {
+    Namespace(Namespace),
+    Pod(Pod),
 }
 
 impl FileSource {
     /// Watches `dir`; with `node_name`, only pods whose `spec.nodeName` matches are kept.
     pub fn new(dir: &Path, node_name: Option<String>) -> FileSource {
-        FileSource { dir: dir.to_owned(), node_name, seen: BTreeMap::new() }
+        FileSource { dir: dir.to_owned(), node_name, files: BTreeMap::new() }
     }
 
     /// Reads the folder when something changed since the last call (`None`: unchanged).
     /// Unreadable files and objects are logged and skipped; the rest is still used.
     pub fn poll(&mut self) -> Option<Inventory> {
-        let mut now = BTreeMap::new();
+        let mut changed = false;
+        let mut files = BTreeMap::new();
         for path in yaml_files(&self.dir) {
-            if let Ok(m) = std::fs::metadata(&path) {
-                now.insert(path, (m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len()));
-            }
+            let Ok(m) = std::fs::metadata(&path) else { continue };
+            let stamp = (m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len());
+            let objects = match self.files.remove(&path) {
+                Some((old, objects)) if old == stamp => objects,
+                _ => {
+                    changed = true;
+                    self.parse(&path)
+                }
+            };
+            files.insert(path, (stamp, objects));
         }
-        if now == self.seen {
+        changed |= !self.files.is_empty(); // files that disappeared
+        self.files = files;
+        if !changed {
             return None;
         }
-        self.seen = now;
-        Some(self.read())
-    }
-
-    fn read(&self) -> Inventory {
         let mut inv = Inventory::default();
-        for path in self.seen.keys() {
-            let text = match std::fs::read_to_string(path) {
-                Ok(t) => t,
-                Err(e) => {
-                    tracing::warn!(file = %path.display(), error = %e, "cannot read");
-                    continue;
+        for object in self.files.values().flat_map(|(_, objects)| objects) {
+            match object {
+                Object::Namespace(ns) => {
+                    inv.namespaces.insert(ns.name.clone(), ns.clone());
                 }
-            };
-            let docs: Vec<serde_json::Value> = match serde_saphyr::from_multiple(&text) {
-                Ok(d) => d,
-                Err(e) => {
-                    tracing::warn!(file = %path.display(), error = %e, "not valid YAML; file skipped");
-                    continue;
-                }
-            };
-            for doc in docs {
-                match doc.get("kind").and_then(|k| k.as_str()) {
-                    Some("Namespace") => match Namespace::from_value(doc) {
-                        Ok(ns) => {
-                            inv.namespaces.insert(ns.name.clone(), ns);
-                        }
-                        Err(e) => tracing::warn!(file = %path.display(), error = %e, "Namespace skipped"),
-                    },
-                    Some("Pod") => match Pod::from_value(doc) {
-                        Ok(p) if self.node_name.as_ref().is_none_or(|n| *n == p.node_name) => {
-                            inv.pods.insert(p.uid.clone(), p);
-                        }
-                        Ok(_) => {}
-                        Err(e) => tracing::warn!(file = %path.display(), error = %e, "Pod skipped"),
-                    },
-                    _ => {}
+                Object::Pod(p) => {
+                    inv.pods.insert(p.uid.clone(), p.clone());
                 }
             }
         }
-        inv
+        Some(inv)
+    }
+
+    fn parse(&self, path: &Path) -> Vec<Object> {
+        let mut objects = Vec::new();
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(file = %path.display(), error = %e, "cannot read");
+                return objects;
+            }
+        };
+        let docs: Vec<serde_json::Value> = match serde_saphyr::from_multiple(&text) {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(file = %path.display(), error = %e, "not valid YAML; file skipped");
+                return objects;
+            }
+        };
+        for doc in docs {
+            match doc.get("kind").and_then(|k| k.as_str()) {
+                Some("Namespace") => match Namespace::from_value(doc) {
+                    Ok(ns) => objects.push(Object::Namespace(ns)),
+                    Err(e) => tracing::warn!(file = %path.display(), error = %e, "Namespace skipped"),
+                },
+                Some("Pod") => match Pod::from_value(doc) {
+                    Ok(p) if self.node_name.as_ref().is_none_or(|n| *n == p.node_name) => {
+                        objects.push(Object::Pod(p))
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(file = %path.display(), error = %e, "Pod skipped"),
+                },
+                _ => {}
+            }
+        }
+        objects
     }
 }
 
@@ -121,5 +146,10 @@ mod tests {
         std::fs::write(dir.path().join("more.yaml"), "kind: Namespace\nmetadata:\n  name: other\n")
             .expect("write");
         assert_eq!(src.poll().expect("changed").namespaces.len(), 2);
+        std::fs::remove_file(dir.path().join("more.yaml")).expect("remove");
+        let inv = src.poll().expect("a removed file is a change");
+        assert_eq!(inv.namespaces.len(), 1);
+        assert_eq!(inv.pods.len(), 1, "objects of unchanged files are kept");
+        assert!(src.poll().is_none(), "unchanged");
     }
 }
