@@ -63,6 +63,8 @@ pub struct Sandbox {
     pub netns: String,
     /// The final ADD result of the primary list, once ADD succeeded.
     pub result: Option<Value>,
+    /// Wall time of every plugin run for this sandbox: (command, plugin type, time), in order.
+    pub timings: std::sync::Mutex<Vec<(String, String, std::time::Duration)>>,
     pause: Option<ChildGuard>,
     cgroup: PathBuf,
 }
@@ -207,6 +209,7 @@ impl CniRuntime {
             container_id,
             netns,
             result: None,
+            timings: std::sync::Mutex::default(),
             pause: None,
             cgroup,
         };
@@ -307,12 +310,16 @@ impl CniRuntime {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        let started = std::time::Instant::now();
         let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot exec {plugin}: {e}"));
         let stdin = serde_json::to_vec(conf).unwrap_or_default();
         if let Some(mut pipe) = child.stdin.take() {
             let _ = pipe.write_all(&stdin);
         }
         let out = child.wait_with_output().unwrap_or_else(|e| panic!("cannot wait for {plugin}: {e}"));
+        if let Ok(mut t) = sb.timings.lock() {
+            t.push((command.to_owned(), plugin.clone(), started.elapsed()));
+        }
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
         let parsed: Option<Value> = serde_json::from_str(stdout.trim()).ok();
