@@ -246,10 +246,15 @@ impl Netlink {
 
     /// Receives one datagram and splits it into (type, flags, seq, payload) messages.
     fn receive(&mut self) -> Result<Vec<Received>, RedirectError> {
+        self.receive_with(MsgFlags::empty())
+    }
+
+    fn receive_with(&mut self, flags: MsgFlags) -> Result<Vec<Received>, RedirectError> {
         let n = loop {
-            match recv(self.fd.as_raw_fd(), &mut self.buf, MsgFlags::empty()) {
+            match recv(self.fd.as_raw_fd(), &mut self.buf, flags) {
                 Ok(n) => break n,
                 Err(Errno::EINTR) => continue,
+                Err(Errno::EAGAIN) if flags.contains(MsgFlags::MSG_DONTWAIT) => return Ok(Vec::new()),
                 Err(Errno::EAGAIN) => {
                     return Err(self.error(format!("no reply from the kernel within {REPLY_TIMEOUT:?}")));
                 }
@@ -360,7 +365,18 @@ impl Netlink {
         let mut acked = vec![false; requests.len()];
         let mut refused: Option<RedirectError> = None;
         while acked.iter().any(|a| !a) {
-            for (kind, _, seq, payload) in self.receive()? {
+            // After a refusal the kernel may stop answering the rest (e.g. out of memory):
+            // take what is already queued, then report the refusal instead of waiting.
+            let received = if refused.is_some() {
+                let queued = self.receive_with(MsgFlags::MSG_DONTWAIT)?;
+                if queued.is_empty() {
+                    break;
+                }
+                queued
+            } else {
+                self.receive()?
+            };
+            for (kind, _, seq, payload) in received {
                 if kind != NLMSG_ERROR {
                     continue;
                 }

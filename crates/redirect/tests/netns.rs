@@ -468,6 +468,12 @@ fn nft_host_probe_snat() {
     let host = Netns::new("host");
     let fd = host.file.as_fd();
     let snat = NftProbeSnat::new(true, 4242);
+    // Before install there is no set: the kernel's refusal names the operation and the errno.
+    let err = snat.upsert(fd, "10.1.2.3".parse().expect("address"), "uid-a").expect_err("no set yet");
+    let text = err.to_string();
+    assert!(text.contains("add element inet istio-ambient-nat istio-inpod-probes-v4 { 10.1.2.3 }"), "{text}");
+    assert!(text.contains("ENOENT"), "{text}");
+    assert!(!host.ok(&["nft", "list", "ruleset"]).contains("istio"), "nothing half-applied");
     snat.install(fd).expect("install");
     snat.install(fd).expect("install again");
     let ruleset = host.ok(&["nft", "list", "ruleset"]);
