@@ -298,14 +298,3 @@ fn bad_input_gets_the_right_error_code() {
     let run = exec(&without(pod_env("ADD", "web-0", "demo"), "CNI_NETNS"), &good);
     assert!(run.error_msg().contains("CNI_NETNS"), "{}", run.error_msg());
 }
-
-#[test]
-fn starts_fast() {
-    let env = [("CNI_COMMAND".to_owned(), "VERSION".to_owned())];
-    exec(&env, "").assert_success(); // warm the page cache
-    let mut times: Vec<Duration> = (0..20).map(|_| exec(&env, "").took).collect();
-    times.sort();
-    let median = times[times.len() / 2];
-    println!("ambit-cni VERSION: min {:?}, median {median:?}, max {:?}", times[0], times[times.len() - 1]);
-    assert!(median < Duration::from_millis(500), "median {median:?}");
-}
