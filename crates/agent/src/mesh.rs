@@ -452,9 +452,16 @@ impl Mesh {
             .namespaces
             .values()
             .map(|ns| {
-                let enrolled = !self.enrollment.excluded_namespaces.contains(&ns.name)
-                    && self.enrollment.namespace_enrolls(ns);
-                (ns.name.clone(), serde_json::Value::Bool(enrolled))
+                // "Pods here may be enrolled": by the namespace's labels, or because some pod of
+                // the namespace is selected by its own labels (its siblings, e.g. a new replica
+                // created while the agent is down, likely carry the same labels).
+                let may_enroll = !self.enrollment.excluded_namespaces.contains(&ns.name)
+                    && (self.enrollment.namespace_enrolls(ns)
+                        || st
+                            .pods
+                            .values()
+                            .any(|p| p.namespace == ns.name && self.enrollment.selected(p, ns)));
+                (ns.name.clone(), serde_json::Value::Bool(may_enroll))
             })
             .collect();
         let mut pods: Vec<String> = st

@@ -734,8 +734,9 @@ fn agent_killed_during_add() {
     w.wait_proxy_state(&first.uid, Some("Up"), "first pod after the agent restart");
 }
 
-/// 4. With the agent stopped, ADD for an enrolled namespace fails (code 11); ADD in a namespace
-///    the agent listed as not enrolled in `enrollment.json` succeeds uncaptured.
+/// 4. With the agent stopped, ADD for an enrolled namespace fails (code 11), and so does ADD
+///    beside a pod enrolled by its own label; ADD in a namespace the agent listed as holding no
+///    enrolled pod in `enrollment.json` succeeds uncaptured.
 #[test]
 fn agent_down_fails_enrolled_pods_and_admits_others() {
     if !require_root() {
@@ -745,11 +746,21 @@ fn agent_down_fails_enrolled_pods_and_admits_others() {
     let mut w = World::new("50ms");
     w.write_namespace("demo", true);
     w.write_namespace("plain", false);
+    // A namespace that is not enrolled, holding a pod enrolled by its own label.
+    w.write_namespace("mixed", false);
+    write_atomic(
+        &w.source().join("pod-mixed-api-1.yaml"),
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: api-1\n  namespace: mixed\n  uid: 5a0c3d4e-0000-4000-8000-000000000001\n  labels:\n    istio.io/dataplane-mode: ambient\nspec:\n  nodeName: {NODE}\nstatus:\n  phase: Pending\n"
+        ),
+    );
     w.start_agent();
     let cached = wait_for(
         || {
             let c = w.enrollment_cache();
-            c["namespaces"]["demo"] == json!(true) && c["namespaces"]["plain"] == json!(false)
+            c["namespaces"]["demo"] == json!(true)
+                && c["namespaces"]["plain"] == json!(false)
+                && c["namespaces"]["mixed"] == json!(true)
         },
         Duration::from_secs(5),
     );
@@ -774,6 +785,13 @@ fn agent_down_fails_enrolled_pods_and_admits_others() {
     assert!(!captured(&p.netns), "p captured:\n{}", capture_state(&p.netns));
     w.rt.check(&p).unwrap_or_else(|e| panic!("CHECK p: {e}"));
     w.rt.del(&p).unwrap_or_else(|e| panic!("DEL p: {e}"));
+
+    // A sibling of a pod enrolled by its own label (a new replica) is not admitted either.
+    let mut m = w.new_pod("mixed", "api-2");
+    let err = w.rt.add(&mut m).err().unwrap_or_else(|| panic!("ADD beside a label-enrolled pod succeeded"));
+    assert_eq!(err.code, Some(11), "{err}");
+    assert!(err.details.contains("by their own label"), "{err}");
+    w.rt.del(&m).unwrap_or_else(|e| panic!("DEL api-2: {e}"));
 
     // A namespace the agent never saw is not admitted.
     let mut u = w.new_pod("unseen", "u");

@@ -2,16 +2,18 @@
 //! agent cannot be reached, so that pods that are certainly not enrolled can still start.
 //!
 //! The agent rewrites the file (atomically) whenever a namespace's enrollment or the set of
-//! enrolled pods changes: `{"namespaces": {"<ns>": <enrolled by namespace label>}, "enrolledPods":
-//! ["<ns>/<name>", …]}`. A pod may start without the agent only if its namespace is listed as
-//! not enrolled and the pod is not listed as enrolled. Anything else — no file, a namespace the
-//! agent never saw, an enrolled namespace or pod, a file that does not parse — fails closed.
+//! enrolled pods changes: `{"namespaces": {"<ns>": <pods there may be enrolled>}, "enrolledPods":
+//! ["<ns>/<name>", …]}`. A namespace is marked `true` when its labels enroll its pods, and also
+//! when any of its pods is selected by its own labels (`istio.io/dataplane-mode=ambient` on the
+//! pod): a new replica of such a pod, created while the agent is down, most likely carries the
+//! same label. A pod may start without the agent only if its namespace is listed as `false` and
+//! the pod is not listed as enrolled. Anything else — no file, a namespace the agent never saw, a
+//! namespace marked `true`, an enrolled pod, a file that does not parse — fails closed.
 //!
-//! The one gap, documented: a pod enrolled only by its *own* label
-//! (`istio.io/dataplane-mode=ambient` on the pod) in a non-enrolled namespace, created while the
-//! agent is down, starts uncaptured; the agent captures it as soon as it is back (it re-adopts
-//! running pods at start). Closing that gap would need the plugin to read pod labels from the
-//! API server.
+//! The remaining gap, documented: the *first* pod enrolled by its own label in a namespace where
+//! no other pod is, created while the agent is down, starts uncaptured; the agent captures it as
+//! soon as it is back (it re-adopts running pods at start). Closing that would need the plugin to
+//! read pod labels from the API server.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -44,7 +46,9 @@ pub fn certainly_not_enrolled(run_dir: &Path, namespace: &str, name: &str) -> Re
         .map_err(|e| format!("enrollment cache {} is invalid: {e}", path.display()))?;
     match cache.namespaces.get(namespace) {
         None => Err(format!("namespace {namespace} is not in the enrollment cache")),
-        Some(true) => Err(format!("namespace {namespace} is enrolled in the mesh")),
+        Some(true) => Err(format!(
+            "namespace {namespace} is enrolled in the mesh, or some of its pods are (by their own label)"
+        )),
         Some(false) if cache.enrolled_pods.contains(&format!("{namespace}/{name}")) => {
             Err(format!("pod {namespace}/{name} is enrolled in the mesh"))
         }

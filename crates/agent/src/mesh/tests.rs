@@ -205,3 +205,20 @@ async fn deleted_pods_leave_the_proxy_without_touching_their_netns() {
     let err = s.mesh.cni_add(&event("job", "demo")).await.expect_err("gone");
     assert!(matches!(err, MeshError::UnknownPod(_)), "{err}");
 }
+
+#[tokio::test]
+async fn enrollment_cache_marks_namespaces_where_pods_may_be_enrolled() {
+    let s = setup().await;
+    s.mesh.upsert_namespace(ns("demo", true));
+    s.mesh.upsert_namespace(ns("plain", false));
+    s.mesh.upsert_namespace(ns("mixed", false));
+    s.mesh.upsert_pod(pod("u1", "web", "plain"));
+    let mut labelled = pod("u2", "api-7d9", "mixed");
+    labelled.labels = BTreeMap::from([(DATAPLANE_MODE.to_owned(), AMBIENT.to_owned())]);
+    s.mesh.upsert_pod(labelled);
+    let cache = s.mesh.enrollment_cache();
+    assert_eq!(cache["namespaces"]["demo"], true);
+    assert_eq!(cache["namespaces"]["plain"], false, "no pod of it is selected");
+    // A sibling of the labelled pod created while the agent is down must not start uncaptured.
+    assert_eq!(cache["namespaces"]["mixed"], true, "a pod selected by its own label");
+}
