@@ -1,6 +1,7 @@
 //! Istio-standard metrics (`istio_tcp_*`, `istio_build`) and the access log.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
@@ -105,7 +106,76 @@ pub struct Metrics {
     sent: Family<TrafficLabels, Counter>,
     failed: Family<TrafficLabels, Counter>,
     sockets_open: Family<ReporterLabel, Gauge>,
+    /// `sockets_open` for reporter=source and reporter=destination.
+    open_by_reporter: [Gauge; 2],
+    handles: Arc<Mutex<HashMap<HandleKey, Arc<Handles>>>>,
 }
+
+/// The counters of one label set, looked up once and then shared by every connection with
+/// the same peers: building the 23 labels, hashing and comparing them four times per
+/// connection was the largest user-space cost of a new connection.
+struct Handles {
+    opened: Counter,
+    closed: Counter,
+    received: Counter,
+    sent: Counter,
+}
+
+/// What the labels of an established connection are derived from. Workloads and services are
+/// compared by identity of their `Arc` (the state hands out new ones when they change), and the
+/// key holds them, so an address cannot be reused while cached.
+#[derive(Clone)]
+struct HandleKey {
+    reporter: Reporter,
+    src: Option<Arc<Workload>>,
+    dst: Option<Arc<Workload>>,
+    service: Option<Arc<Service>>,
+    src_id: Option<ambit_identity::Identity>,
+    dst_id: Option<ambit_identity::Identity>,
+    mtls: bool,
+}
+
+impl HandleKey {
+    fn of(info: &ConnectionInfo) -> HandleKey {
+        HandleKey {
+            reporter: info.reporter,
+            src: info.src_workload.clone(),
+            dst: info.dst_workload.clone(),
+            service: info.dst_service.clone(),
+            src_id: info.src_identity.clone(),
+            dst_id: info.dst_identity.clone(),
+            mtls: info.mtls,
+        }
+    }
+}
+
+fn ptr<T>(a: &Option<Arc<T>>) -> usize {
+    a.as_ref().map_or(0, |a| Arc::as_ptr(a) as usize)
+}
+
+impl PartialEq for HandleKey {
+    fn eq(&self, o: &Self) -> bool {
+        self.reporter == o.reporter
+            && ptr(&self.src) == ptr(&o.src)
+            && ptr(&self.dst) == ptr(&o.dst)
+            && ptr(&self.service) == ptr(&o.service)
+            && self.mtls == o.mtls
+            && self.src_id == o.src_id
+            && self.dst_id == o.dst_id
+    }
+}
+
+impl Eq for HandleKey {}
+
+impl std::hash::Hash for HandleKey {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        (self.reporter, ptr(&self.src), ptr(&self.dst), ptr(&self.service), self.mtls).hash(h);
+        // Identities follow from the workloads in practice; hashing them adds little.
+    }
+}
+
+/// Cached label sets; past this many, the cache starts over (state churn, many peers).
+const MAX_CACHED_HANDLES: usize = 4096;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReporterLabel {
@@ -128,6 +198,13 @@ impl Metrics {
             sent: Family::default(),
             failed: Family::default(),
             sockets_open: Family::default(),
+            open_by_reporter: [Gauge::default(), Gauge::default()],
+            handles: Arc::default(),
+        };
+        let m = Metrics {
+            open_by_reporter: [Reporter::source, Reporter::destination]
+                .map(|reporter| m.sockets_open.get_or_create(&ReporterLabel { reporter }).clone()),
+            ..m
         };
         let istio = registry.sub_registry_with_prefix("istio");
         let build = Family::<BuildLabels, Gauge>::default();
@@ -170,6 +247,33 @@ impl Metrics {
         );
         m
     }
+
+    fn handles(&self, info: &ConnectionInfo) -> Arc<Handles> {
+        let key = HandleKey::of(info);
+        let mut cache = self.handles.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(h) = cache.get(&key) {
+            return h.clone();
+        }
+        let labels = labels(info, Flag::None);
+        let h = Arc::new(Handles {
+            opened: self.opened.get_or_create(&labels).clone(),
+            closed: self.closed.get_or_create(&labels).clone(),
+            received: self.received.get_or_create(&labels).clone(),
+            sent: self.sent.get_or_create(&labels).clone(),
+        });
+        if cache.len() >= MAX_CACHED_HANDLES {
+            cache.clear();
+        }
+        cache.insert(key, h.clone());
+        h
+    }
+
+    fn open_gauge(&self, reporter: Reporter) -> &Gauge {
+        match reporter {
+            Reporter::source => &self.open_by_reporter[0],
+            Reporter::destination => &self.open_by_reporter[1],
+        }
+    }
 }
 
 /// What is known about one connection, for metrics and the access log.
@@ -201,7 +305,7 @@ pub struct ConnectionInfo {
 pub struct ConnectionRecord {
     metrics: Metrics,
     info: ConnectionInfo,
-    labels: TrafficLabels,
+    handles: Arc<Handles>,
     start: std::time::Instant,
     /// Counters for the copy loop (client→server, server→client), shared with the copy.
     pub counters: Arc<crate::copy::LiveCounters>,
@@ -210,12 +314,12 @@ pub struct ConnectionRecord {
 impl ConnectionRecord {
     /// Records a newly established connection.
     pub fn open(metrics: &Metrics, info: ConnectionInfo) -> ConnectionRecord {
-        let labels = labels(&info, Flag::None);
-        metrics.opened.get_or_create(&labels).inc();
-        metrics.sockets_open.get_or_create(&ReporterLabel { reporter: info.reporter }).inc();
+        let handles = metrics.handles(&info);
+        handles.opened.inc();
+        metrics.open_gauge(info.reporter).inc();
         let counters = Arc::new(crate::copy::LiveCounters::new(
-            vec![metrics.received.get_or_create(&labels).clone()],
-            vec![metrics.sent.get_or_create(&labels).clone()],
+            vec![handles.received.clone()],
+            vec![handles.sent.clone()],
         ));
         tracing::debug!(target: "access",
             { src.addr = %info.src_addr, dst.addr = %info.dst_addr, direction = direction(info.reporter) },
@@ -223,7 +327,7 @@ impl ConnectionRecord {
         ConnectionRecord {
             metrics: metrics.clone(),
             info,
-            labels,
+            handles,
             start: std::time::Instant::now(),
             counters,
         }
@@ -236,8 +340,8 @@ impl ConnectionRecord {
 
     /// Records the end of the connection and writes its access-log line.
     pub fn finish(self, transferred: crate::copy::Transferred, error: Option<&dyn std::fmt::Display>) {
-        self.metrics.closed.get_or_create(&self.labels).inc();
-        self.metrics.sockets_open.get_or_create(&ReporterLabel { reporter: self.info.reporter }).dec();
+        self.handles.closed.inc();
+        self.metrics.open_gauge(self.info.reporter).dec();
         let error = error.map(|e| e.to_string());
         access_log(&self.info, transferred, self.start.elapsed(), error.as_deref());
     }
@@ -332,5 +436,87 @@ fn labels(info: &ConnectionInfo, flag: Flag) -> TrafficLabels {
         request_protocol: Label("tcp".into()),
         response_flags: Label(flag.as_str().into()),
         connection_security_policy: Label(if info.mtls { "mutual_tls" } else { "unknown" }.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(reporter: Reporter, dst: &Arc<Workload>) -> ConnectionInfo {
+        ConnectionInfo {
+            reporter,
+            src_addr: "10.0.0.1:40000".parse().expect("addr"),
+            src_workload: None,
+            src_identity: None,
+            dst_addr: "10.0.0.2:8080".parse().expect("addr"),
+            hbone_addr: None,
+            dst_service: None,
+            dst_workload: Some(dst.clone()),
+            dst_identity: None,
+            mtls: false,
+        }
+    }
+
+    fn workload(name: &str, namespace: &str) -> Arc<Workload> {
+        Arc::new(
+            serde_json::from_value(
+                serde_json::json!({"name": name, "namespace": namespace, "workloadIps": []}),
+            )
+            .expect("workload"),
+        )
+    }
+
+    fn scrape(registry: &Registry) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, registry).expect("encode");
+        out
+    }
+
+    fn count(text: &str, metric: &str, needle: &str) -> Vec<String> {
+        text.lines().filter(|l| l.starts_with(metric) && l.contains(needle)).map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn cached_handles_count_into_the_right_series() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        let (web, db) = (workload("web", "demo"), workload("db", "demo"));
+        for _ in 0..3 {
+            let r = ConnectionRecord::open(&metrics, info(Reporter::source, &web));
+            r.finish(crate::copy::Transferred::default(), None);
+        }
+        let open = ConnectionRecord::open(&metrics, info(Reporter::destination, &web));
+        ConnectionRecord::open(&metrics, info(Reporter::source, &db))
+            .finish(crate::copy::Transferred::default(), None);
+        // A changed workload (the state hands out a new Arc) gets its own labels.
+        let web2 = workload("web", "demo2");
+        ConnectionRecord::open(&metrics, info(Reporter::source, &web2))
+            .finish(crate::copy::Transferred::default(), None);
+
+        let text = scrape(&registry);
+        let opened = "istio_tcp_connections_opened_total";
+        let src_web = "reporter=\"source\",source_workload=\"unknown\"";
+        let web_lines: Vec<String> = count(&text, opened, src_web)
+            .into_iter()
+            .filter(|l| l.contains("destination_workload=\"web\""))
+            .collect();
+        assert_eq!(web_lines.len(), 2, "demo/web and demo2/web are separate series: {web_lines:?}");
+        assert!(
+            web_lines.iter().any(|l| l.contains("namespace=\"demo\"") && l.ends_with(" 3")),
+            "{web_lines:?}"
+        );
+        assert!(
+            web_lines.iter().any(|l| l.contains("namespace=\"demo2\"") && l.ends_with(" 1")),
+            "{web_lines:?}"
+        );
+        assert_eq!(count(&text, opened, "destination_workload=\"db\"").len(), 1);
+        assert_eq!(count(&text, opened, "reporter=\"destination\"").len(), 1);
+        let sockets = count(&text, "istio_tcp_sockets_open", "reporter=\"destination\"");
+        assert_eq!(sockets.len(), 1);
+        assert!(sockets[0].ends_with(" 1"), "one inbound connection still open: {sockets:?}");
+        let sockets = count(&text, "istio_tcp_sockets_open", "reporter=\"source\"");
+        assert!(sockets[0].ends_with(" 0"), "{sockets:?}");
+        drop(open);
     }
 }
