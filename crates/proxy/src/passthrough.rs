@@ -41,7 +41,7 @@ pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: Sock
             &"attempted recursive call to ourselves",
         );
     }
-    let _ = inputs.sockets.tune(&stream);
+    // The downstream socket inherited nodelay and keepalive from the listener.
     let local = match inputs.local_workload().await {
         Ok(w) => w,
         Err(e) => return metrics::record_failure(&inputs.metrics, &info, Flag::Connect, &e),

@@ -58,8 +58,13 @@ impl SocketOptions {
 
     /// Applies per-connection options (nodelay, keepalive, user timeout) to a connected socket.
     pub fn tune(&self, stream: &TcpStream) -> io::Result<()> {
-        stream.set_nodelay(true)?;
-        let sock = SockRef::from(stream);
+        self.tune_raw(SockRef::from(stream))
+    }
+
+    /// [`SocketOptions::tune`] on any TCP socket. On a listener, Linux copies these options to
+    /// every accepted socket, which then needs no setsockopt of its own.
+    fn tune_raw(&self, sock: SockRef<'_>) -> io::Result<()> {
+        sock.set_tcp_nodelay(true)?;
         if let Some(ka) = self.keepalive {
             let params =
                 TcpKeepalive::new().with_time(ka.time).with_interval(ka.interval).with_retries(ka.retries);
@@ -97,12 +102,14 @@ impl SocketOptions {
         UdpSocket::from_std(sock.into())
     }
 
-    /// Binds a listener with `SO_REUSEADDR`, optionally `SO_REUSEPORT`, and the mark.
+    /// Binds a listener with `SO_REUSEADDR`, optionally `SO_REUSEPORT`, the mark and the
+    /// per-connection options of [`SocketOptions::tune`], which accepted sockets inherit.
     ///
     /// A `[::]` address is bound dual-stack.
     pub fn listen(&self, addr: SocketAddr, reuse_port: bool) -> Result<TcpListener, BindError> {
         let bind = || -> io::Result<TcpListener> {
             let sock = self.socket(Domain::for_address(addr), Type::STREAM, Protocol::TCP)?;
+            self.tune_raw(SockRef::from(&sock))?;
             if addr.is_ipv6() {
                 sock.set_only_v6(false)?;
             }
@@ -193,4 +200,28 @@ pub fn unspecified(ipv6: bool) -> IpAddr {
 /// Whether an address is a loopback address (after unmapping).
 pub fn is_loopback(ip: IpAddr) -> bool {
     canonical_ip(ip).is_loopback()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Accepted sockets get nodelay, keepalive and the user timeout from the listener (Linux
+    /// copies them on accept), so the accept path sets none of them itself.
+    #[tokio::test]
+    async fn accepted_sockets_inherit_the_listener_options() {
+        let ka = Keepalive { time: Duration::from_secs(42), interval: Duration::from_secs(7), retries: 3 };
+        let opts = SocketOptions { keepalive: Some(ka), user_timeout: true, ..Default::default() };
+        let listener = opts.listen("127.0.0.1:0".parse().expect("addr"), false).expect("listen");
+        let addr = listener.local_addr().expect("addr");
+        let _client = TcpStream::connect(addr).await.expect("connect");
+        let (accepted, _) = listener.accept().await.expect("accept");
+        let sock = SockRef::from(&accepted);
+        assert!(sock.tcp_nodelay().expect("nodelay"), "TCP_NODELAY not inherited");
+        assert!(sock.keepalive().expect("keepalive"), "SO_KEEPALIVE not inherited");
+        assert_eq!(sock.tcp_keepalive_time().expect("idle"), ka.time);
+        assert_eq!(sock.tcp_keepalive_interval().expect("interval"), ka.interval);
+        assert_eq!(sock.tcp_keepalive_retries().expect("retries"), ka.retries);
+        assert_eq!(sock.tcp_user_timeout().expect("user timeout"), Some(ka.time + ka.interval * ka.retries));
+    }
 }
