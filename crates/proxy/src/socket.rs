@@ -76,13 +76,14 @@ impl SocketOptions {
         Ok(())
     }
 
-    /// Creates a socket, in the configured namespace if any, marked.
+    /// Creates a non-blocking, close-on-exec socket (both set by `socket(2)` itself), in the
+    /// configured namespace if any, marked.
     pub fn socket(&self, domain: Domain, ty: Type, protocol: Protocol) -> io::Result<Socket> {
+        let ty = ty.nonblocking();
         let sock = match &self.netns {
             Some(ns) => ns.run(|| Socket::new(domain, ty, Some(protocol)))??,
             None => Socket::new(domain, ty, Some(protocol))?,
         };
-        sock.set_cloexec(true)?;
         self.mark(SockRef::from(&sock))?;
         Ok(sock)
     }
@@ -97,7 +98,6 @@ impl SocketOptions {
         if reuse_port {
             sock.set_reuse_port(true)?;
         }
-        sock.set_nonblocking(true)?;
         sock.bind(&addr.into())?;
         UdpSocket::from_std(sock.into())
     }
@@ -117,7 +117,6 @@ impl SocketOptions {
             if reuse_port {
                 sock.set_reuse_port(true)?;
             }
-            sock.set_nonblocking(true)?;
             sock.bind(&addr.into())?;
             sock.listen(1024)?;
             TcpListener::from_std(sock.into())
@@ -128,7 +127,6 @@ impl SocketOptions {
     /// Dials `dst`, marked, optionally from a spoofed source address (`IP_TRANSPARENT`).
     pub async fn connect(&self, dst: SocketAddr, src: Option<IpAddr>) -> io::Result<TcpStream> {
         let raw = self.socket(Domain::for_address(dst), Type::STREAM, Protocol::TCP)?;
-        raw.set_nonblocking(true)?;
         let sock = TcpSocket::from_std_stream(raw.into());
         if let Some(src) = src {
             let src = canonical_ip(src);
