@@ -178,6 +178,26 @@ fn nftables_apply_verify_remove() {
     check_removal(&backend, &capture, &ns);
 }
 
+/// A dual-stack capture in a pod whose IPv6 is disabled (an IPv4-only node with the agent's
+/// IPv6 support on): apply, verify and remove all work, and no IPv6 route is needed.
+#[test]
+fn nftables_dual_stack_capture_in_a_pod_without_ipv6() {
+    if !require_root() {
+        return;
+    }
+    let backend = NftablesBackend::default();
+    let capture = dual_stack();
+    let ns = Netns::new("nov6");
+    ns.ok(&["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"]);
+    ns.ok(&["sysctl", "-qw", "net.ipv6.conf.lo.disable_ipv6=1"]);
+    let fd = ns.file.as_fd();
+    backend.apply(fd, &capture).expect("apply without IPv6");
+    assert_eq!(backend.verify(fd, &capture).expect("verify"), Verification::InSync);
+    assert_eq!(live_nft_listing(&ns), render_nftables(&capture).listing());
+    backend.apply(fd, &capture).expect("second apply");
+    check_removal(&backend, &capture, &ns);
+}
+
 #[test]
 fn nftables_drift_is_detected_and_repaired() {
     if !require_root() {
