@@ -63,7 +63,7 @@ pub struct AgentArgs {
     /// Capture IPv6 too.
     #[arg(long, env = "AMBIENT_IPV6", default_value_t = true, action = clap::ArgAction::Set)]
     pub ipv6: bool,
-    /// Capture backend: `nftables` or `iptables`.
+    /// Capture backend: `nftables` (programmed over netlink, no `nft` binary needed) or `iptables` (runs `iptables-restore`).
     #[arg(long, env = "AMBIT_CAPTURE_BACKEND", default_value = "nftables")]
     pub capture_backend: String,
     /// Prefix for netns paths given by the CNI runtime (`/host` when the agent runs in a container).
