@@ -121,6 +121,9 @@ fn bench_zds_add_latency_and_memory() {
         tokio::time::sleep(Duration::from_secs(2)).await;
         (latencies, rss_empty, rss_kib(proxy.pid()))
     });
+    for (i, l) in latencies.iter().enumerate().filter(|(_, l)| **l > Duration::from_millis(2)) {
+        println!("slow Add (over 2 ms): pod #{i} took {l:?}");
+    }
     let mut sorted = latencies.clone();
     sorted.sort();
     println!(
