@@ -448,19 +448,21 @@ impl Mesh {
     /// `cache` module): namespaces with whether their labels enroll them, and enrolled pods.
     pub fn enrollment_cache(&self) -> serde_json::Value {
         let st = self.lock();
+        // Namespaces where some pod is selected by its own labels: its siblings (e.g. a new
+        // replica created while the agent is down) likely carry the same labels. One pass over
+        // the pods; this runs on every turn of the source loop.
+        let by_pod_label: HashSet<&str> = st
+            .pods
+            .values()
+            .filter(|p| st.namespaces.get(&p.namespace).is_some_and(|ns| self.enrollment.selected(p, ns)))
+            .map(|p| p.namespace.as_str())
+            .collect();
         let namespaces: serde_json::Map<String, serde_json::Value> = st
             .namespaces
             .values()
             .map(|ns| {
-                // "Pods here may be enrolled": by the namespace's labels, or because some pod of
-                // the namespace is selected by its own labels (its siblings, e.g. a new replica
-                // created while the agent is down, likely carry the same labels).
                 let may_enroll = !self.enrollment.excluded_namespaces.contains(&ns.name)
-                    && (self.enrollment.namespace_enrolls(ns)
-                        || st
-                            .pods
-                            .values()
-                            .any(|p| p.namespace == ns.name && self.enrollment.selected(p, ns)));
+                    && (self.enrollment.namespace_enrolls(ns) || by_pod_label.contains(ns.name.as_str()));
                 (ns.name.clone(), serde_json::Value::Bool(may_enroll))
             })
             .collect();
