@@ -140,13 +140,8 @@ impl NftProbeSnat {
         let (set, ip) = self.set_for(ip);
         in_netns(netns, || {
             let mut nl = Netlink::netfilter()?;
-            let entries = nfnl::set_elements(&mut nl, HOST_NFT_TABLE, set)?;
-            let Some((_, owner)) = entries.into_iter().find(|(addr, _)| *addr == ip) else {
-                return Ok(ProbeEntryRemoval::Absent);
-            };
-            let owner = owner.unwrap_or_default();
-            if owner != uid {
-                return Ok(ProbeEntryRemoval::Foreign(owner));
+            if let Some(keep) = keep_entry(nfnl::set_elements(&mut nl, HOST_NFT_TABLE, set)?, ip, uid) {
+                return Ok(keep);
             }
             nl.batch(&[nfnl::element_request(false, HOST_NFT_TABLE, set, Some((ip, None)))])?;
             Ok(ProbeEntryRemoval::Removed)
@@ -201,6 +196,18 @@ impl NftProbeSnat {
         match ip.to_canonical() {
             ip @ IpAddr::V4(_) => (PROBE_SET_V4, ip),
             ip @ IpAddr::V6(_) => (PROBE_SET_V6, ip),
+        }
+    }
+}
+
+/// Why the entry for `ip` must not be deleted for pod `uid` (absent, or another pod's), or
+/// `None` when it is this pod's.
+fn keep_entry(entries: Vec<(IpAddr, Option<String>)>, ip: IpAddr, uid: &str) -> Option<ProbeEntryRemoval> {
+    match entries.into_iter().find(|(addr, _)| *addr == ip) {
+        None => Some(ProbeEntryRemoval::Absent),
+        Some((_, owner)) => {
+            let owner = owner.unwrap_or_default();
+            (owner != uid).then_some(ProbeEntryRemoval::Foreign(owner))
         }
     }
 }
@@ -261,13 +268,8 @@ impl IptablesProbeSnat {
         let set = if ip.is_ipv4() { PROBE_SET_V4 } else { PROBE_SET_V6 };
         in_netns(netns, || {
             let out = exec::run("ipset", &["save", set], None)?;
-            let Some((_, owner)) = parse_ipset_save(&exec::stdout(&out)).into_iter().find(|(a, _)| *a == ip)
-            else {
-                return Ok(ProbeEntryRemoval::Absent);
-            };
-            let owner = owner.unwrap_or_default();
-            if owner != uid {
-                return Ok(ProbeEntryRemoval::Foreign(owner));
+            if let Some(keep) = keep_entry(parse_ipset_save(&exec::stdout(&out)), ip, uid) {
+                return Ok(keep);
             }
             exec::run("ipset", &["del", set, &ip.to_string(), "-exist"], None)?;
             Ok(ProbeEntryRemoval::Removed)
