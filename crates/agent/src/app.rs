@@ -8,12 +8,13 @@
 
 use std::collections::{BTreeSet, HashSet};
 use std::net::SocketAddr;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use ambit_netns::Netns;
 use ambit_redirect::{IptablesBackend, NftablesBackend, PodCapture, RuleBackend};
 use futures::future::BoxFuture;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -164,11 +165,11 @@ struct RedirectCapture {
     dns: bool,
     ipv6: bool,
     errors: Counter,
-    probes: Option<(OwnedFd, ambit_redirect::host::NftProbeSnat)>,
+    probes: Option<(Netns, ambit_redirect::host::NftProbeSnat)>,
 }
 
 impl Capture for RedirectCapture {
-    fn apply(&self, netns: &OwnedFd, pod: &Pod) -> Result<(), String> {
+    fn apply(&self, netns: &Netns, pod: &Pod) -> Result<(), String> {
         let capture = PodCapture::from_annotations(&pod.annotations, self.dns, self.ipv6);
         self.backend.apply(netns.as_fd(), &capture).map_err(|e| {
             self.errors.inc();
@@ -176,7 +177,7 @@ impl Capture for RedirectCapture {
         })
     }
 
-    fn remove(&self, netns: &OwnedFd) -> Result<(), String> {
+    fn remove(&self, netns: &Netns) -> Result<(), String> {
         let capture = PodCapture::from_annotations(&Default::default(), self.dns, self.ipv6);
         self.backend.remove(netns.as_fd(), &capture).map_err(|e| {
             self.errors.inc();
@@ -203,7 +204,7 @@ impl Capture for RedirectCapture {
 
 /// Installs the host probe SNAT (kubelet's probes to captured pods come from a link-local
 /// address the in-pod rules let through), when a kubelet runs on this host.
-fn probe_snat(args: &AgentArgs) -> Option<(OwnedFd, ambit_redirect::host::NftProbeSnat)> {
+fn probe_snat(args: &AgentArgs) -> Option<(Netns, ambit_redirect::host::NftProbeSnat)> {
     let uid = match ambit_redirect::host::kubelet_uid(&args.proc_root) {
         Ok(uid) => uid,
         Err(e) => {
@@ -211,7 +212,7 @@ fn probe_snat(args: &AgentArgs) -> Option<(OwnedFd, ambit_redirect::host::NftPro
             return None;
         }
     };
-    let host = match ambit_zds::open_netns(&args.host_netns) {
+    let host = match Netns::open(&args.host_netns) {
         Ok(fd) => fd,
         Err(e) => {
             tracing::warn!(error = %e, "cannot open the host network namespace: host probe SNAT not installed");

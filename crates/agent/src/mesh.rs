@@ -9,13 +9,13 @@
 //! captured with no proxy listening, so it cannot bypass the mesh (fail closed).
 
 use std::collections::{HashMap, HashSet};
-use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::Notify;
 
+use ambit_netns::Netns;
 use ambit_zds::WorkloadInfo;
 use futures::future::BoxFuture;
 
@@ -27,9 +27,9 @@ use crate::zds::{PodEntry, ZdsError, ZdsServer};
 /// Installs and removes the capture rules inside a pod's network namespace.
 pub trait Capture: Send + Sync + 'static {
     /// Installs (or repairs) the pod's capture; idempotent.
-    fn apply(&self, netns: &OwnedFd, pod: &Pod) -> Result<(), String>;
+    fn apply(&self, netns: &Netns, pod: &Pod) -> Result<(), String>;
     /// Removes the pod's capture; idempotent.
-    fn remove(&self, netns: &OwnedFd) -> Result<(), String>;
+    fn remove(&self, netns: &Netns) -> Result<(), String>;
     /// Host side of an enrolled pod (probe SNAT entries for its IPs); idempotent.
     fn host_add(&self, _pod: &Pod) -> Result<(), String> {
         Ok(())
@@ -137,7 +137,7 @@ struct State {
 
 struct Enrolled {
     info: WorkloadInfo,
-    netns: Option<Arc<OwnedFd>>,
+    netns: Option<Arc<Netns>>,
 }
 
 impl Mesh {
@@ -298,8 +298,9 @@ impl Mesh {
     async fn add_to_mesh(&self, pod: &Pod, netns_path: Option<&Path>) -> Result<(), MeshError> {
         let name = format!("{}/{}", pod.namespace, pod.name);
         let netns = match netns_path {
-            Some(p) => ambit_zds::open_netns(p)
-                .map_err(|e| MeshError::Netns { pod: name.clone(), error: e.to_string() })?,
+            Some(p) => {
+                Netns::open(p).map_err(|e| MeshError::Netns { pod: name.clone(), error: e.to_string() })?
+            }
             None => self.find_netns(pod).map_err(|error| MeshError::Netns { pod: name.clone(), error })?,
         };
         let netns = Arc::new(netns);
@@ -375,7 +376,7 @@ impl Mesh {
     }
 
     /// Finds a running pod's netns through its processes (pods enrolled after they started).
-    fn find_netns(&self, pod: &Pod) -> Result<OwnedFd, String> {
+    fn find_netns(&self, pod: &Pod) -> Result<Netns, String> {
         let wanted: HashSet<String> = [pod.uid.clone()].into();
         let ips = pod.ips.clone();
         let found = crate::procfs::scan(&self.paths.proc_root, &wanted, |_, netns_path| {
@@ -384,7 +385,7 @@ impl Mesh {
             ips.iter().any(|ip| local.contains(ip))
         });
         let f = found.get(&pod.uid).ok_or("no process of the pod found in /proc (is the pod running?)")?;
-        ambit_zds::open_netns(&f.netns_path).map_err(|e| e.to_string())
+        Netns::open(&f.netns_path).map_err(|e| e.to_string())
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {

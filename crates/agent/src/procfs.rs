@@ -10,8 +10,9 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fs;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+
+use ambit_netns::NetnsId;
 
 /// A pod's network namespace found through one of its processes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -23,7 +24,7 @@ pub struct Found {
     /// `<proc>/<pid>/ns/net`.
     pub netns_path: PathBuf,
     /// `(dev, inode)` of the namespace.
-    pub netns_id: (u64, u64),
+    pub netns_id: NetnsId,
     /// The process's start time (clock ticks since boot).
     pub starttime: u64,
 }
@@ -110,16 +111,16 @@ pub fn scan(
     wanted: &HashSet<String>,
     owns: impl Fn(&str, &Path) -> bool,
 ) -> HashMap<String, Found> {
-    let host = netns_id(&proc_root.join("1/ns/net"));
+    let host = ambit_netns::host_id(proc_root).ok();
     let mut best: HashMap<String, Found> = HashMap::new();
-    let mut accepted: HashSet<(u64, u64)> = HashSet::new();
+    let mut accepted: HashSet<NetnsId> = HashSet::new();
     let Ok(entries) = fs::read_dir(proc_root) else { return best };
     for entry in entries.flatten() {
         let name = entry.file_name();
         let Some(pid) = name.to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
         let dir = entry.path();
         let netns_path = dir.join("ns/net");
-        let Some(id) = netns_id(&netns_path) else { continue };
+        let Ok(id) = NetnsId::of_path(&netns_path) else { continue };
         if Some(id) == host {
             continue;
         }
@@ -146,10 +147,6 @@ pub fn scan(
         }
     }
     best
-}
-
-fn netns_id(path: &Path) -> Option<(u64, u64)> {
-    fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
 #[cfg(test)]

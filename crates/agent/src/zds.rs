@@ -6,12 +6,13 @@
 //! go to every connection (a draining proxy must drop the pod too). Requests on one connection
 //! are strictly sequential: each waits for its ack.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use ambit_netns::Netns;
 use ambit_zds::{RecvError, WorkloadInfo, ZdsListener, ZdsServerConn};
 use tokio::sync::{mpsc, oneshot};
 
@@ -23,7 +24,7 @@ pub struct PodEntry {
     /// Name, namespace, service account.
     pub info: WorkloadInfo,
     /// The pod's network namespace, when the agent holds it.
-    pub netns: Option<Arc<OwnedFd>>,
+    pub netns: Option<Arc<Netns>>,
 }
 
 /// Produces the current snapshot for a new connection.

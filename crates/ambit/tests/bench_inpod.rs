@@ -107,7 +107,7 @@ fn bench_zds_add_latency_and_memory() {
         let mut latencies = Vec::with_capacity(PODS);
         for (i, name) in ns.0.iter().enumerate() {
             let fd =
-                ambit_zds::open_netns(&std::path::Path::new("/var/run/netns").join(name)).expect("netns");
+                ambit_netns::Netns::open(&std::path::Path::new("/var/run/netns").join(name)).expect("netns");
             let info = ambit_zds::WorkloadInfo {
                 name: format!("pod-{i}"),
                 namespace: "bench".into(),

@@ -391,8 +391,11 @@ fn zds_bad_input_is_nacked() {
     roundtrip(&mut held, b"before");
     assert_echo(&a.pod, b.pod.addr4(8080), "before any bad input");
     let info = WorkloadInfo { name: "x".into(), namespace: "default".into(), service_account: "x".into() };
-    let netns_fd =
-        || ambit_zds::open_netns(&Path::new("/var/run/netns").join(&a.pod.netns)).expect("netns fd");
+    let netns_fd = || {
+        std::os::fd::OwnedFd::from(
+            ambit_netns::Netns::open(&Path::new("/var/run/netns").join(&a.pod.netns)).expect("netns fd"),
+        )
+    };
     let scratch = tempfile::tempdir().expect("tempdir");
 
     let cases = [

@@ -9,14 +9,14 @@ use std::sync::Arc;
 
 use tokio::net::{TcpListener, TcpSocket, TcpStream, UdpSocket};
 
-use crate::inpod::netns::InpodNetns;
+use ambit_netns::Netns;
 
 /// Options applied to every socket the proxy creates or accepts, and the network namespace
 /// the sockets are created in (a pod's, in shared mode).
 #[derive(Clone, Debug, Default)]
 pub struct SocketOptions {
     /// Create sockets in this namespace instead of the current one.
-    pub netns: Option<Arc<InpodNetns>>,
+    pub netns: Option<Arc<Netns>>,
     /// `SO_MARK` on proxy sockets (`PACKET_MARK`), so capture rules let them through.
     pub mark: Option<u32>,
     /// TCP keepalive settings; `None` disables keepalive.

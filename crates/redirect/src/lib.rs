@@ -30,7 +30,6 @@ mod exec;
 pub mod host;
 mod iptables;
 mod netlink;
-mod netns;
 mod nfnl;
 mod nftables;
 mod routing;
@@ -43,7 +42,6 @@ pub use capture::{
     parse_go_bool,
 };
 pub use iptables::{IptablesBackend, Xtables, render_iptables};
-pub use netns::in_netns;
 pub use nftables::{
     BaseChain, ChainKind, Hook, L4Proto, Match, NftAction, NftChain, NftRule, NftRuleset, NftSet, NftTable,
     NftablesBackend, POD_TABLES, SetType, render_nftables,
@@ -115,18 +113,9 @@ impl Verification {
 /// Errors from rendering inputs, entering a netns and running the rule tools.
 #[derive(Debug, thiserror::Error)]
 pub enum RedirectError {
-    /// The helper thread that enters the netns could not be started.
-    #[error("cannot start a thread to enter the network namespace: {0}")]
-    Thread(io::Error),
-    /// `setns(CLONE_NEWNET)` failed.
-    #[error(
-        "cannot enter the pod network namespace (setns): {0}; does the agent have CAP_SYS_ADMIN \
-         and is the namespace still alive?"
-    )]
-    Setns(nix::Error),
-    /// Work running inside the netns panicked (a bug, reported rather than propagated).
-    #[error("the network namespace worker thread panicked")]
-    WorkerPanicked,
+    /// The pod network namespace could not be entered (or the thread that enters it failed).
+    #[error(transparent)]
+    Netns(#[from] ambit_netns::NetnsError),
     /// A tool could not be started.
     #[error("cannot run `{program}`: {source}; is it installed and on the agent's PATH?")]
     Spawn {
@@ -193,6 +182,16 @@ pub enum RedirectError {
          the host's (hostPID or a /host/proc mount)?"
     )]
     KubeletNotFound(String),
+}
+
+/// Runs `work` on a fresh thread inside `netns` (see [`ambit_netns::run_in_thread`]): netlink
+/// sockets opened there belong to the pod netns, and so do the `iptables*` children spawned
+/// from it.
+pub fn in_netns<T: Send>(
+    netns: BorrowedFd<'_>,
+    work: impl FnOnce() -> Result<T, RedirectError> + Send,
+) -> Result<T, RedirectError> {
+    ambit_netns::run_in_thread(netns, work)?
 }
 
 #[cfg(test)]

@@ -8,7 +8,6 @@
 
 mod client;
 mod message;
-mod netns;
 mod packet;
 mod server;
 
@@ -17,7 +16,6 @@ pub use message::{
     ProtocolError, RecvError, Request, WorkloadInfo, decode_hello, decode_request, decode_response,
     encode_ack, encode_add, encode_del, encode_hello, encode_keep, encode_snapshot_sent,
 };
-pub use netns::{is_netns, netns_id, open_netns};
 pub use server::{DEFAULT_TIMEOUT, PeerCred, ZdsListener, ZdsServerConn};
 
 /// Largest ZDS record: both sides read into this many bytes; longer records are errors.

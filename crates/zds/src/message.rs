@@ -6,8 +6,9 @@ use std::os::fd::OwnedFd;
 use ambit_api::workload::zds as proto;
 use prost::Message;
 
+use ambit_netns::Netns;
+
 use crate::MAX_MESSAGE;
-use crate::netns;
 
 /// Kubernetes metadata of a pod that the node agent hands to the node proxy.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
@@ -30,7 +31,7 @@ pub enum Request {
         /// Pod metadata.
         info: WorkloadInfo,
         /// The pod's network namespace (checked to be a netns, close-on-exec).
-        netns: OwnedFd,
+        netns: Netns,
     },
     /// Snapshot only: the pod exists but the agent could not find its netns; keep its proxies.
     Keep {
@@ -188,9 +189,13 @@ pub fn decode_request(bytes: &[u8], mut fds: Vec<OwnedFd>) -> Result<Request, Pr
             let Some(info) = add.workload_info else {
                 return Err(ProtocolError::AddWithoutWorkloadInfo { uid });
             };
-            if let Err(detail) = netns::check_netns(std::os::fd::AsFd::as_fd(&netns)) {
-                return Err(ProtocolError::NotANetns { uid, detail });
-            }
+            let netns = match Netns::from_fd(netns) {
+                Ok(ns) => ns,
+                Err(ambit_netns::NetnsError::NotANetns { detail, .. }) => {
+                    return Err(ProtocolError::NotANetns { uid, detail });
+                }
+                Err(e) => return Err(ProtocolError::NotANetns { uid, detail: e.to_string() }),
+            };
             Ok(Request::Add { uid, info: info.into(), netns })
         }
         _ if fd.is_some() => Err(ProtocolError::UnexpectedFd),

@@ -1,4 +1,4 @@
-//! Unit tests of the codec and netns helpers (no sockets; see `tests/` for the transport).
+//! Unit tests of the codec (no sockets; see `tests/` for the transport).
 
 #![allow(clippy::unwrap_used)]
 
@@ -60,7 +60,8 @@ fn decodes_every_request_kind() {
         panic!("expected Add, got {add:?}");
     };
     assert_eq!((uid.as_str(), &got), ("u1", &info()));
-    assert!(is_netns(netns.as_fd()));
+    assert!(ambit_netns::is_netns(netns.as_fd()));
+    assert!(netns.is_own());
     assert!(matches!(
         decode_request(&encode_keep("k").unwrap(), vec![]),
         Ok(Request::Keep { uid }) if uid == "k"
@@ -150,31 +151,6 @@ fn ack_errors_are_cut_to_fit_and_never_empty() {
     };
     assert!(text.chars().all(|c| c == 'é') && text.len() > MAX_MESSAGE - 16);
     assert!(decode_response(&encode_ack(&Err(String::new())), vec![]).unwrap().is_err());
-}
-
-#[test]
-fn netns_helpers() {
-    let a = netns_fd();
-    let b = open_netns(std::path::Path::new("/proc/self/ns/net")).unwrap();
-    assert!(is_netns(a.as_fd()) && is_netns(b.as_fd()));
-    assert_eq!(netns_id(a.as_fd()).unwrap(), netns_id(b.as_fd()).unwrap());
-
-    let (file, fd) = regular_fd();
-    assert!(!is_netns(fd.as_fd()));
-    assert_ne!(netns_id(fd.as_fd()).unwrap(), netns_id(a.as_fd()).unwrap());
-    let err = open_netns(file.path()).unwrap_err();
-    assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput, "{err}");
-
-    // Another namespace type is not a network namespace.
-    let uts: OwnedFd = File::open("/proc/self/ns/uts").unwrap().into();
-    assert!(!is_netns(uts.as_fd()));
-
-    // A file *named* like an nsfs link is still a regular file.
-    let dir = tempfile::tempdir().unwrap();
-    let fake = dir.path().join("net:[4026531840]");
-    std::fs::write(&fake, b"").unwrap();
-    assert!(open_netns(&fake).is_err());
-    assert!(open_netns(&dir.path().join("missing")).is_err());
 }
 
 fn arb_info() -> impl Strategy<Value = WorkloadInfo> {

@@ -8,7 +8,8 @@ use std::io;
 use std::os::fd::AsFd;
 use std::time::Duration;
 
-use ambit_zds::{MAX_MESSAGE, ProtocolError, RecvError, Request, ZdsClient, ZdsListener, is_netns, netns_id};
+use ambit_netns::{NetnsId, is_netns};
+use ambit_zds::{MAX_MESSAGE, ProtocolError, RecvError, Request, ZdsClient, ZdsListener};
 use common::{Agent, info, netns_fd, raw_recv, regular_fd};
 use tokio_seqpacket::{UnixSeqpacket, UnixSeqpacketListener};
 
@@ -77,7 +78,7 @@ async fn full_sequence() {
     let agent = Agent::new();
     let (mut server, mut client) = agent.connect().await;
     let netns = netns_fd();
-    let expected_id = netns_id(netns.as_fd()).unwrap();
+    let expected_id = NetnsId::of(netns.as_fd()).unwrap();
 
     let proxy = async {
         let mut log = Vec::new();
@@ -85,7 +86,7 @@ async fn full_sequence() {
             let line = match &request {
                 Request::Add { uid, info, netns } => {
                     assert!(is_netns(netns.as_fd()));
-                    assert_eq!(netns_id(netns.as_fd()).unwrap(), expected_id);
+                    assert_eq!(netns.id(), expected_id);
                     format!("add {uid} {}/{}/{}", info.namespace, info.name, info.service_account)
                 }
                 Request::Keep { uid } => format!("keep {uid}"),

@@ -23,7 +23,7 @@ impl Recorder {
 }
 
 impl Capture for Recorder {
-    fn apply(&self, _: &OwnedFd, pod: &Pod) -> Result<(), String> {
+    fn apply(&self, _: &Netns, pod: &Pod) -> Result<(), String> {
         self.push(format!("apply {}", pod.name));
         if self.fail_apply.load(std::sync::atomic::Ordering::Relaxed) {
             Err("iptables exploded".into())
@@ -31,7 +31,7 @@ impl Capture for Recorder {
             Ok(())
         }
     }
-    fn remove(&self, _: &OwnedFd) -> Result<(), String> {
+    fn remove(&self, _: &Netns) -> Result<(), String> {
         self.push("remove".into());
         Ok(())
     }

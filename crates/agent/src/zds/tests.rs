@@ -5,8 +5,8 @@ fn info(name: &str) -> WorkloadInfo {
     WorkloadInfo { name: name.into(), namespace: "demo".into(), service_account: "sa".into() }
 }
 
-fn own_netns() -> Arc<OwnedFd> {
-    Arc::new(ambit_zds::open_netns(Path::new("/proc/self/ns/net")).expect("own netns"))
+fn own_netns() -> Arc<Netns> {
+    Arc::new(Netns::own().expect("own netns"))
 }
 
 async fn next(client: &mut ZdsClient) -> Request {

@@ -286,7 +286,7 @@ async fn serve(
 }
 
 async fn add(conn: &mut ZdsServerConn, uid: &str, pod: &PodEntry) -> Result<Result<(), String>, String> {
-    let fd = match ambit_zds::open_netns(&pod.netns) {
+    let fd = match ambit_netns::Netns::open(&pod.netns) {
         Ok(fd) => fd,
         // Not the proxy's fault and not a transport error: report it without closing.
         Err(e) => return Ok(Err(format!("fake agent: {e}"))),

@@ -12,7 +12,6 @@
 //! agreed state. Either way the pods it serves keep their traffic.
 
 use std::collections::{HashMap, HashSet};
-use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -23,7 +22,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde::Serialize;
 
-use super::netns::{InpodNetns, NetnsId};
+use super::netns::{Netns, NetnsId};
 use crate::config::WorkloadInfo;
 use crate::drain::Drain;
 use crate::inputs::Inputs;
@@ -49,7 +48,7 @@ struct Inner {
 
 struct Pod {
     info: WorkloadInfo,
-    netns: Arc<InpodNetns>,
+    netns: Arc<Netns>,
     state: PodState,
 }
 
@@ -226,8 +225,7 @@ impl Manager {
         }
     }
 
-    fn add(&self, uid: String, info: ambit_zds::WorkloadInfo, fd: OwnedFd) -> Result<(), String> {
-        let netns = InpodNetns::new(fd).map_err(|e| format!("pod {uid}: unusable netns fd: {e}"))?;
+    fn add(&self, uid: String, info: ambit_zds::WorkloadInfo, netns: Netns) -> Result<(), String> {
         let info = WorkloadInfo {
             namespace: info.namespace,
             name: info.name,
