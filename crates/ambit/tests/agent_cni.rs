@@ -287,10 +287,50 @@ fn metric(body: &str, name: &str) -> Option<f64> {
         .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
 }
 
-/// Output of a command run inside `netns` (empty on failure to run).
+/// Output of a command run inside `netns`.
+///
+/// Panics when the command cannot run or exits non-zero: an empty output from a failed exec
+/// would read as "nothing installed" and let a `!captured(..)` check pass on a broken setup.
 fn in_netns(netns: &str, args: &[&str]) -> String {
-    let out = Command::new("ip").args(["netns", "exec", netns]).args(args).output();
-    out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default()
+    let out = Command::new("ip")
+        .args(["netns", "exec", netns])
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run `ip netns exec {netns} {}`: {e}", args.join(" ")));
+    assert!(
+        out.status.success(),
+        "`ip netns exec {netns} {}` failed ({}): {}",
+        args.join(" "),
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The capture checks fail, not pass, when their commands cannot run: a namespace that does
+/// not exist, or a command that fails inside a real one. (`in_netns` used to return an empty
+/// output then, so `!captured(..)` held on a broken setup.)
+#[test]
+fn capture_checks_fail_when_exec_fails() {
+    if !require_root() {
+        return;
+    }
+    let cluster = Cluster::new();
+    let node = cluster.node().netns.clone();
+    assert!(!captured(&node), "setup: the node netns has no capture");
+    let gone = format!("amb{}-no-such-netns", std::process::id());
+    for (netns, args) in
+        [(gone.as_str(), &["nft", "list", "tables"][..]), (node.as_str(), &["nft", "--no-such-flag"])]
+    {
+        let r = std::panic::catch_unwind(|| in_netns(netns, args));
+        let Err(panic) = r else {
+            panic!("in_netns({netns}, {args:?}) returned {r:?} instead of failing");
+        };
+        let msg = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(msg.contains("failed (exit status:"), "{msg}");
+    }
+    let r = std::panic::catch_unwind(|| captured(&gone));
+    assert!(r.is_err(), "captured() of a missing netns answered {r:?}");
 }
 
 /// Everything capture installs in a pod netns: nftables (without counter values), iptables,

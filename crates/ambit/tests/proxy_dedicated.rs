@@ -118,18 +118,25 @@ fn authorization_policies() {
     let outside = mesh.outside_pod("e");
     let policies = [DENY_9090, ONLY_CLIENT, STATIC_STRICT];
     mesh.write_config(&[&a, &b, &c, &d], &policies, &[]);
-    let _proxies = [mesh.start_proxy(&a), mesh.start_proxy(&b), mesh.start_proxy(&c), mesh.start_proxy(&d)];
+    let [_pa, _pb, _pc, pd] =
+        [mesh.start_proxy(&a), mesh.start_proxy(&b), mesh.start_proxy(&c), mesh.start_proxy(&d)];
     let _e8080 = b.pod.echo_server(8080);
-    let _e9090 = b.pod.echo_server(9090);
+    let e9090 = b.pod.echo_server(9090);
     let ed = d.pod.echo_server(8080);
 
     assert_echo(&a.pod, b.pod.addr4(8080), "deny-9090 must not block 8080");
-    assert_blocked(&a.pod, b.pod.addr4(9090), "deny-9090 must block 9090");
+    assert_denied(&a.pod, b.pod.addr4(9090), ProxyOf::Pod(&b), "deny-9090 must block 9090");
+    assert!(e9090.peers().is_empty(), "a denied connection reached B's app on 9090");
     assert_echo(&c.pod, b.pod.addr4(8080), "any identity may reach B:8080");
     assert_echo(&a.pod, d.pod.addr4(8080), "only-client allows A");
-    assert_blocked(&c.pod, d.pod.addr4(8080), "only-client must block C");
+    assert_denied(&c.pod, d.pod.addr4(8080), ProxyOf::Pod(&d), "only-client must block C");
     let before = ed.peers().len();
-    assert_blocked(&outside, d.pod.addr4(8080), "plaintext to a STRICT pod must be refused on 15006");
+    assert_denied(
+        &outside,
+        d.pod.addr4(8080),
+        ProxyOf::Pod(&d),
+        "plaintext to a STRICT pod must be refused on 15006",
+    );
     assert_eq!(ed.peers().len(), before, "the refused plaintext connection reached D's app");
     assert_echo(&outside, b.pod.addr4(8080), "plaintext to a non-strict pod is allowed");
 
@@ -143,12 +150,19 @@ fn authorization_policies() {
         yaml: "- name: deny-client\n  namespace: default\n  scope: Namespace\n  action: Deny\n  rules: [[[{principals: [{Exact: \"cluster.local/ns/default/sa/client\"}]}]]]\n",
     };
     mesh.write_config(&[&a, &b, &c, &d], &[DENY_9090, ONLY_CLIENT, STATIC_STRICT, deny_client], &[]);
-    let t0 = Instant::now();
-    let mut rest = Vec::new();
-    let r = live.read_to_end(&mut rest);
-    assert!(r.is_ok() || r.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset), "{r:?}");
-    assert!(t0.elapsed() < Duration::from_secs(5), "live connection not closed after the policy change");
-    assert_blocked(&a.pod, d.pod.addr4(8080), "new connections are denied too");
+    // Closed by D's proxy because of the new policy (not by a dead proxy), within the reload
+    // interval (500 ms) plus the deny bound.
+    let closed = expect_close(&mut live, Duration::from_secs(5));
+    assert!(closed.is_ok(), "live connection not closed after the policy change: {closed:?}");
+    assert!(
+        wait_for(
+            || pd.logs().contains("closing connection denied after a policy change"),
+            Duration::from_secs(2)
+        ),
+        "D's proxy did not log closing the denied connection:\n{}",
+        pd.logs()
+    );
+    assert_denied(&a.pod, d.pod.addr4(8080), ProxyOf::Pod(&d), "new connections are denied too");
 }
 
 /// A service VIP with two endpoints spreads connections over both; an unknown destination
@@ -189,8 +203,9 @@ fn service_vip_and_passthrough() {
     assert_eq!(eo.peer_ips(), vec![IpAddr::V4(a.pod.ip4)]);
 }
 
-/// Graceful drain: listeners close at once, an open connection keeps working until the
-/// deadline, and a second proxy started beside the first takes every new connection.
+/// Graceful drain: listeners close at once and readiness turns to 500 "draining", an open
+/// connection keeps working until the deadline and is then closed by force, and a second proxy
+/// started beside the first takes every new connection.
 #[test]
 fn drain_and_handoff() {
     if !require_root() {
@@ -234,11 +249,23 @@ fn drain_and_handoff() {
     };
     std::thread::sleep(Duration::from_millis(500));
     old.signal(nix::sys::signal::Signal::SIGTERM);
+    let sigterm = Instant::now();
     assert!(
         wait_for(|| old.logs().contains("listener closed for drain"), Duration::from_secs(2)),
         "old proxy did not close its listeners at once:\n{}",
         old.logs()
     );
+    // The draining proxy reports not ready (its readiness port stays open to say so).
+    let mut last = None;
+    let not_ready = wait_for(
+        || {
+            last = Some(b.pod.http_get(b.pod.addr4(15021), "/healthz/ready").map_err(|e| e.to_string()));
+            last.as_ref()
+                .is_some_and(|r| r.as_ref().is_ok_and(|(s, body)| *s == 500 && body.contains("draining")))
+        },
+        Duration::from_secs(2),
+    );
+    assert!(not_ready, "the draining proxy's readiness did not answer 500 draining: {last:?}");
     let opened_old = counter(&metrics(&b), "istio_tcp_connections_opened_total", "destination");
     std::thread::sleep(Duration::from_secs(2));
     // The held connection still works during the drain.
@@ -258,8 +285,32 @@ fn drain_and_handoff() {
         counter(&http_body(&b, 16020, "/metrics"), "istio_tcp_connections_opened_total", "destination");
     assert!(new_opened > 0, "the new proxy took no connection");
     assert!(old.try_wait().is_none(), "old proxy exited before its deadline with a connection open");
-    drop(held);
-    assert!(old.wait_timeout(Duration::from_secs(10)).is_some(), "old proxy did not exit after draining");
+    // The held connection is still open at the deadline: the old proxy closes it by force then.
+    let closed = expect_close(&mut held, Duration::from_secs(12));
+    let at = sigterm.elapsed();
+    assert!(closed.is_ok(), "held connection not closed at the drain deadline: {closed:?}");
+    assert!(
+        at >= Duration::from_millis(7500) && at <= Duration::from_secs(10),
+        "held connection closed {at:?} after SIGTERM; the deadline is 8 s"
+    );
+    let status = old.wait_timeout(Duration::from_secs(5));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "old proxy did not exit cleanly after its deadline: {status:?}"
+    );
+    // Its access-log line (the only inbound one with 18 bytes: "before" + "during drain") says
+    // why it was closed.
+    let logs = old.logs();
+    let forced = logs.lines().find(|l| {
+        l.contains("connection complete")
+            && l.contains("direction=\"inbound\"")
+            && l.contains("bytes_recv=18")
+    });
+    assert!(
+        forced.is_some_and(|l| l.contains("error=\"connection failed to drain within the timeout\"")),
+        "the old proxy did not log the forced close of the held connection:\n{logs}"
+    );
+    assert!(logs.contains("closed connections that did not finish before the drain deadline"), "{logs}");
     drop(new);
 }
 
@@ -309,14 +360,16 @@ fn bad_input_is_rejected_and_service_continues() {
         "CONNECT",
         &b.pod.addr4(8080).to_string(),
     ));
-    assert!(r.is_err(), "a foreign trust domain was accepted: {r:?}");
-    // Garbage instead of a TLS ClientHello: the proxy closes the connection.
+    // Refused by the proxy in TLS (a dead proxy or a closed port fails at "tcp:" instead).
+    let refused = r.as_ref().err().is_some_and(|e| !e.starts_with("tcp:"));
+    assert!(refused, "a foreign trust domain was not refused by the proxy's TLS: {r:?}");
+    // Garbage instead of a TLS ClientHello: the proxy closes the connection at once, with no
+    // HTTP answer (a silent or dead peer fails: the close must come within the bound).
     let mut g = outside.connect_tcp(hbone).expect("tcp to 15008");
-    g.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
     g.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n\x00\x01garbage").expect("write garbage");
-    let mut buf = Vec::new();
-    let _ = g.read_to_end(&mut buf);
-    assert!(!contains(&buf, b"HTTP/1.1 200"), "garbage got an HTTP answer");
+    let closed = expect_close(&mut g, Duration::from_secs(2));
+    let (buf, _) = closed.unwrap_or_else(|e| panic!("garbage on 15008: {e}"));
+    assert!(!contains(&buf, b"HTTP/1.1"), "garbage got an HTTP answer: {:?}", String::from_utf8_lossy(&buf));
     // A malformed config on reload: rejected with an error, previous state kept.
     mesh.write_raw("workloads: [ {uid: broken, workloadIps: [\"not-an-ip\"\n");
     assert!(
@@ -327,6 +380,152 @@ fn bad_input_is_rejected_and_service_continues() {
     assert_echo(&a.pod, b.pod.addr4(8080), "after all of the above, A still reaches B");
     mesh.write_config(&[&a, &b], &[], &[]);
     assert_echo(&a.pod, b.pod.addr4(8080), "after the config is repaired");
+}
+
+/// The deny check proves a denial, not merely a closed connection. Against broken setups in
+/// which the former check ("connect failed, or no bytes came back within 10 s") passed, it
+/// fails, each time for its own reason: no app behind the port (closed after a failed dial),
+/// the policy removed, the source's proxy killed (connect refused), the destination's proxy
+/// killed. The close check likewise fails on a peer that stays silent.
+#[test]
+fn deny_evidence_rejects_broken_setups() {
+    if !require_root() {
+        return;
+    }
+    let mesh = Mesh::new();
+    let a = mesh.pod("a", "client");
+    let b = mesh.pod("b", "server").with_policies(&["default/deny-9090"]);
+    let outside = mesh.outside_pod("e");
+    mesh.write_config(&[&a, &b], &[DENY_9090], &[]);
+    let mut pa = mesh.start_proxy(&a);
+    let mut pb = mesh.start_proxy(&b);
+    let _e9090 = b.pod.echo_server(9090);
+    // The real denial passes the check.
+    assert_denied(&a.pod, b.pod.addr4(9090), ProxyOf::Pod(&b), "deny-9090");
+
+    // No app on 7070: B's proxy closes the stream after a failed dial, with no DENY.
+    let no_app = b.pod.addr4(7070);
+    assert!(former_blocked_check(&a.pod, no_app), "setup: 7070 should look blocked to the former check");
+    let e = check_fails(|| assert_denied(&a.pod, no_app, ProxyOf::Pod(&b), "no app"));
+    assert!(e.contains("DENY failures") && e.contains("(expected 1)"), "{e}");
+
+    // A silent app behind the proxy: the close check does not take silence for a close.
+    let _silent = b.pod.listen_tcp(b.pod.addr4(7171));
+    let mut s = outside.connect_tcp(b.pod.addr4(7171)).expect("connect to the silent app");
+    let r = expect_close(&mut s, Duration::from_secs(1));
+    assert!(r.as_ref().is_err_and(|e| e.starts_with("not closed within 1s")), "{r:?}");
+
+    // The policy removed: 9090 echoes, and the check says so.
+    mesh.write_config(&[&a, &b.clone().with_policies(&[])], &[], &[]);
+    let reloaded = wait_for(
+        || {
+            a.pod
+                .connect_tcp(b.pod.addr4(9090))
+                .and_then(|mut s| echo_roundtrip(&mut s, MARKER))
+                .is_ok_and(|r| r == MARKER)
+        },
+        Duration::from_secs(5),
+    );
+    assert!(reloaded, "9090 still denied after the policy was removed");
+    let e = check_fails(|| assert_denied(&a.pod, b.pod.addr4(9090), ProxyOf::Pod(&b), "no policy"));
+    assert!(
+        e.contains("not closed within 2s") && e.contains(&format!("{} bytes arrived", MARKER.len())),
+        "{e}"
+    );
+    mesh.write_config(&[&a, &b], &[DENY_9090], &[]);
+    assert!(
+        wait_for(|| former_blocked_check(&a.pod, b.pod.addr4(9090)), Duration::from_secs(5)),
+        "the policy did not come back"
+    );
+
+    // The source's proxy killed: the capture sends the connect to a closed port.
+    pa.kill();
+    assert!(former_blocked_check(&a.pod, b.pod.addr4(9090)), "the former check passed on a refused connect");
+    let e = check_fails(|| assert_denied(&a.pod, b.pod.addr4(9090), ProxyOf::Pod(&b), "dead source proxy"));
+    assert!(e.contains("connect to") && e.contains("is the proxy running?"), "{e}");
+
+    // The destination's proxy killed: nothing can count a denial.
+    pb.kill();
+    let e = check_fails(|| {
+        assert_denied(&outside, b.pod.addr4(9090), ProxyOf::Pod(&b), "dead destination proxy")
+    });
+    assert!(e.contains("GET from the proxy"), "{e}");
+    assert!(former_blocked_check(&outside, b.pod.addr4(9090)), "the former check passed on a dead proxy");
+}
+
+/// The deny check these tests used before: a connect error, an error while reading (a 10 s
+/// timeout included) or an empty reply all counted as "blocked". Kept only to show, above,
+/// that it passes on broken setups.
+fn former_blocked_check(from: &Pod, dst: SocketAddr) -> bool {
+    let Ok(mut s) = from.connect_tcp(dst) else {
+        return true;
+    };
+    match echo_roundtrip(&mut s, MARKER) {
+        Ok(reply) => reply.is_empty(),
+        Err(_) => true,
+    }
+}
+
+/// Runs a check that must fail; returns its panic message.
+fn check_fails(check: impl FnOnce()) -> String {
+    let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(check)) else {
+        panic!("the check passed against a broken setup");
+    };
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_default()
+}
+
+/// The admin and metrics endpoints the README documents: `/stats/prometheus` serves the same
+/// families and samples as `/metrics`, unknown paths are 404; `/quitquitquit` refuses GET (405)
+/// and on POST (200) drains and exits the proxy cleanly.
+#[test]
+fn admin_quitquitquit_and_stats_prometheus() {
+    if !require_root() {
+        return;
+    }
+    let mesh = Mesh::new();
+    let a = mesh.pod("a", "client");
+    let b = mesh.pod("b", "server");
+    mesh.write_config(&[&a, &b], &[], &[]);
+    let _pb = mesh.start_proxy(&b);
+    let mut pa = mesh.start_proxy(&a);
+    let _echo = b.pod.echo_server(8080);
+    assert_echo(&a.pod, b.pod.addr4(8080), "a -> b");
+
+    let metrics = http_body(&a, 15020, "/metrics");
+    let stats = http_body(&a, 15020, "/stats/prometheus");
+    let families = |body: &str| -> std::collections::BTreeSet<String> {
+        body.lines().filter_map(|l| l.strip_prefix("# TYPE ")).map(str::to_owned).collect()
+    };
+    assert!(
+        families(&stats).contains("istio_tcp_connections_opened counter"),
+        "/stats/prometheus lacks the connection counters:\n{stats}"
+    );
+    assert_eq!(families(&stats), families(&metrics), "/stats/prometheus and /metrics differ");
+    assert_eq!(counter(&stats, "istio_tcp_connections_opened_total", "source"), 1, "{stats}");
+    let not_found = a.pod.http_get(a.pod.addr4(15020), "/stats/nothing").expect("GET /stats/nothing");
+    assert_eq!(not_found, (404, "not found\n".to_owned()));
+
+    let admin = SocketAddr::from(([127, 0, 0, 1], 15000));
+    let get = a.pod.http_get(admin, "/quitquitquit").expect("GET /quitquitquit");
+    assert_eq!(get, (405, "use POST\n".to_owned()));
+    assert!(pa.try_wait().is_none(), "a GET of /quitquitquit stopped the proxy");
+    let stream = a.pod.connect_tcp(admin).expect("connect to the admin port");
+    let post = http_request_on(stream, admin, "POST", "/quitquitquit").expect("POST /quitquitquit");
+    assert_eq!(post, (200, "shutdown now\n".to_owned()));
+    let status = pa.wait_timeout(Duration::from_secs(5));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "proxy did not exit cleanly after /quitquitquit: {status:?}"
+    );
+    let logs = pa.logs();
+    assert!(
+        logs.contains("/quitquitquit received") && logs.contains("drained, exiting"),
+        "no drain after /quitquitquit:\n{logs}"
+    );
 }
 
 /// A hand-built HBONE client, to send what a well-behaved proxy never would.

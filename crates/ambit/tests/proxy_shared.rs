@@ -166,8 +166,13 @@ fn hbone_same_node_and_cross_node() {
 
     // Per-pod identity: b only admits service account `client` (pod a).
     let before = eb.peers().len();
-    assert_blocked(&c.pod, b.pod.addr4(8080), "c (sa other) -> b (only-client)");
-    assert_blocked(&d.pod, b.pod.addr4(8080), "d (sa server, other node) -> b (only-client)");
+    assert_denied(&c.pod, b.pod.addr4(8080), ProxyOf::Node(s.node()), "c (sa other) -> b (only-client)");
+    assert_denied(
+        &d.pod,
+        b.pod.addr4(8080),
+        ProxyOf::Node(s.node()),
+        "d (sa server, other node) -> b (only-client)",
+    );
     assert_eq!(eb.peers().len(), before, "a denied connection reached b's app");
     assert_echo(&c.pod, d.pod.addr4(8080), "c -> d (no policy): c is served, only b's policy blocks it");
     assert_eq!(ed.peer_ips().last(), Some(&IpAddr::V4(c.pod.ip4)), "d's app did not see c's IP");
@@ -225,7 +230,7 @@ fn del_then_readd_with_new_netns() {
     let eb2 = b2.pod.echo_server(8080);
     assert_echo(&a.pod, b2.pod.addr4(8080), "a -> re-added b");
     assert_eq!(eb2.peer_ips(), vec![IpAddr::V4(a.pod.ip4)], "re-added b's app must see a's IP");
-    assert_blocked(&c.pod, b2.pod.addr4(8080), "c -> re-added b (only-client)");
+    assert_denied(&c.pod, b2.pod.addr4(8080), ProxyOf::Node(s.node()), "c -> re-added b (only-client)");
     assert_eq!(eb2.peers().len(), 1, "a denied connection reached re-added b's app");
     let state = workload_state(s.node(), 15000);
     assert_eq!(state.len(), 3, "expected pods a, b, c in workloadState: {state:?}");
@@ -582,15 +587,21 @@ fn parse_question(msg: &[u8]) -> Option<(String, u16, &[u8])> {
     Some((labels.join("."), qtype, msg.get(12..pos + 4)?))
 }
 
-/// A recursive A query for `name`.
-fn dns_query(id: u16, name: &str) -> Vec<u8> {
+/// Query types the tests ask for.
+const A: u16 = 1;
+const AAAA: u16 = 28;
+
+/// A recursive query of type `qtype` for `name`.
+fn dns_query(id: u16, name: &str, qtype: u16) -> Vec<u8> {
     let mut q = id.to_be_bytes().to_vec();
     q.extend_from_slice(&[0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0]);
     for label in name.trim_end_matches('.').split('.') {
         q.push(u8::try_from(label.len()).expect("short label"));
         q.extend_from_slice(label.as_bytes());
     }
-    q.extend_from_slice(&[0, 0, 1, 0, 1]);
+    q.push(0);
+    q.extend_from_slice(&qtype.to_be_bytes());
+    q.extend_from_slice(&[0, 1]);
     q
 }
 
@@ -608,8 +619,8 @@ fn skip_name(msg: &[u8], mut pos: usize) -> Option<usize> {
     }
 }
 
-/// (rcode, IPv4 addresses of the A records) of a response to query `id`.
-fn dns_answers(msg: &[u8], id: u16) -> Result<(u8, Vec<Ipv4Addr>), String> {
+/// (rcode, addresses of the A and AAAA records) of a response to query `id`.
+fn dns_answers(msg: &[u8], id: u16) -> Result<(u8, Vec<IpAddr>), String> {
     if msg.len() < 12 || msg[..2] != id.to_be_bytes() || msg[2] & 0x80 == 0 {
         return Err(format!("not a response to query {id}: {msg:02x?}"));
     }
@@ -628,8 +639,14 @@ fn dns_answers(msg: &[u8], id: u16) -> Result<(u8, Vec<Ipv4Addr>), String> {
         let rtype = field(pos).ok_or_else(truncated)?;
         let rdlen = usize::from(field(pos + 8).ok_or_else(truncated)?);
         let rdata = msg.get(pos + 10..pos + 10 + rdlen).ok_or_else(truncated)?;
-        if rtype == 1 && rdlen == 4 {
-            ips.push(Ipv4Addr::new(rdata[0], rdata[1], rdata[2], rdata[3]));
+        if let Ok(v4) = <[u8; 4]>::try_from(rdata).map(Ipv4Addr::from) {
+            if rtype == A {
+                ips.push(IpAddr::V4(v4));
+            }
+        } else if let Ok(v6) = <[u8; 16]>::try_from(rdata).map(std::net::Ipv6Addr::from) {
+            if rtype == AAAA {
+                ips.push(IpAddr::V6(v6));
+            }
         }
         pos += 10 + rdlen;
     }
@@ -637,8 +654,19 @@ fn dns_answers(msg: &[u8], id: u16) -> Result<(u8, Vec<Ipv4Addr>), String> {
 }
 
 /// Sends one UDP query from inside `pod` to `server` and waits up to 3 s for the answer.
-fn resolve(pod: &Pod, server: SocketAddr, id: u16, name: &str) -> Result<(u8, Vec<Ipv4Addr>), String> {
-    let query = dns_query(id, name);
+fn resolve(pod: &Pod, server: SocketAddr, id: u16, name: &str) -> Result<(u8, Vec<IpAddr>), String> {
+    resolve_udp(pod, server, id, name, A)
+}
+
+/// Like [`resolve`] for any query type.
+fn resolve_udp(
+    pod: &Pod,
+    server: SocketAddr,
+    id: u16,
+    name: &str,
+    qtype: u16,
+) -> Result<(u8, Vec<IpAddr>), String> {
+    let query = dns_query(id, name, qtype);
     pod.run(|| {
         let socket = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).map_err(|e| e.to_string())?;
         socket.set_read_timeout(Some(Duration::from_secs(3))).map_err(|e| e.to_string())?;
@@ -652,8 +680,37 @@ fn resolve(pod: &Pod, server: SocketAddr, id: u16, name: &str) -> Result<(u8, Ve
     })
 }
 
-/// DNS capture: a mesh service name resolves to its VIP through the in-pod DNS proxy (15053),
-/// and a name outside the mesh is forwarded to the node's resolver.
+/// One query over TCP (two-byte length prefix, RFC 1035 §4.2.2) from inside `pod`; 3 s bound.
+fn resolve_tcp(
+    pod: &Pod,
+    server: SocketAddr,
+    id: u16,
+    name: &str,
+    qtype: u16,
+) -> Result<(u8, Vec<IpAddr>), String> {
+    use std::io::Write;
+    let query = dns_query(id, name, qtype);
+    let mut s = pod.connect_tcp(server).map_err(|e| format!("connect {server}: {e}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(3))).map_err(|e| e.to_string())?;
+    let len = u16::try_from(query.len()).map_err(|e| e.to_string())?;
+    s.write_all(&[&len.to_be_bytes()[..], &query].concat()).map_err(|e| format!("send: {e}"))?;
+    let mut head = [0u8; 2];
+    s.read_exact(&mut head).map_err(|e| format!("no answer for {name} over TCP: {e}"))?;
+    let mut msg = vec![0u8; usize::from(u16::from_be_bytes(head))];
+    s.read_exact(&mut msg).map_err(|e| format!("short answer for {name} over TCP: {e}"))?;
+    dns_answers(&msg, id)
+}
+
+/// The mesh service of the DNS tests: `echo.default.svc.cluster.local` with an IPv4 and an
+/// IPv6 VIP, served by `b`.
+fn dns_service(vip4: Ipv4Addr, vip6: std::net::Ipv6Addr) -> String {
+    format!(
+        "- name: echo\n  namespace: default\n  hostname: echo.default.svc.cluster.local\n  vips: [\"/{vip4}\", \"/{vip6}\"]\n  ports: {{80: 8080}}\n"
+    )
+}
+
+/// DNS capture: a mesh service name resolves to its VIPs (A and AAAA, over UDP and TCP) through
+/// the in-pod DNS proxy (15053), and a name outside the mesh is forwarded to the node's resolver.
 #[test]
 fn dns_mesh_name_and_forwarding() {
     if !require_root() {
@@ -666,26 +723,36 @@ fn dns_mesh_name_and_forwarding() {
     let upstream = FakeResolver::start(&dns_pod);
     let _etc = EtcNetns::resolv_conf(&s.node().netns, &format!("nameserver {}\n", dns_pod.ip4));
     let vip = s.mesh.vip4(10);
-    let service = format!(
-        "- name: echo\n  namespace: default\n  hostname: echo.default.svc.cluster.local\n  vips: [\"/{vip}\"]\n  ports: {{80: 8080}}\n"
-    );
-    s.mesh.write_config(&[&a, &b], &[], &[&service]);
+    let vip6: std::net::Ipv6Addr = "fd00:96:77::10".parse().expect("IPv6 VIP");
+    s.mesh.write_config(&[&a, &b], &[], &[&dns_service(vip, vip6)]);
     let proxy = s.start_proxy(&[]);
     for p in [&a, &b] {
         enroll(&s.agent, p);
     }
     // Any IP on port 53 is captured (the pod has no resolver of its own).
     let server = SocketAddr::new(Ipv4Addr::new(10, 96, 0, 10).into(), 53);
+    let name = "echo.default.svc.cluster.local";
 
     let mut last = Err(String::new());
     let answered = wait_for(
         || {
-            last = resolve(&a.pod, server, 0x1234, "echo.default.svc.cluster.local");
-            last.as_ref().is_ok_and(|(rcode, ips)| *rcode == 0 && ips == &[vip])
+            last = resolve(&a.pod, server, 0x1234, name);
+            last.as_ref().is_ok_and(|(rcode, ips)| *rcode == 0 && ips == &[IpAddr::V4(vip)])
         },
         Duration::from_secs(5),
     );
     assert!(answered, "mesh name not answered with the VIP {vip}: {last:?}\n{}", proxy.logs());
+    assert_eq!(
+        resolve_udp(&a.pod, server, 0x1235, name, AAAA),
+        Ok((0, vec![IpAddr::V6(vip6)])),
+        "AAAA over UDP"
+    );
+    assert_eq!(resolve_tcp(&a.pod, server, 0x1236, name, A), Ok((0, vec![IpAddr::V4(vip)])), "A over TCP");
+    assert_eq!(
+        resolve_tcp(&a.pod, server, 0x1237, name, AAAA),
+        Ok((0, vec![IpAddr::V6(vip6)])),
+        "AAAA over TCP"
+    );
     assert!(
         !upstream.names().iter().any(|n| n.starts_with("echo.default")),
         "the mesh name was forwarded upstream: {:?}",
@@ -693,11 +760,85 @@ fn dns_mesh_name_and_forwarding() {
     );
 
     let forwarded = resolve(&a.pod, server, 0x4321, "example.test");
-    assert_eq!(forwarded, Ok((0, vec![UPSTREAM_ANSWER])), "non-mesh name not forwarded:\n{}", proxy.logs());
+    let upstream_answer = vec![IpAddr::V4(UPSTREAM_ANSWER)];
+    assert_eq!(forwarded, Ok((0, upstream_answer.clone())), "non-mesh name not forwarded:\n{}", proxy.logs());
     assert!(upstream.names().contains(&"example.test".to_owned()), "upstream saw {:?}", upstream.names());
     // The pod without capture rules is not affected: its query to the fake resolver is direct.
     assert_eq!(
         resolve(&dns_pod, SocketAddr::new(dns_pod.ip4.into(), 53), 7, "direct.test"),
-        Ok((0, vec![UPSTREAM_ANSWER]))
+        Ok((0, upstream_answer))
     );
+}
+
+/// Local (ip, port) pairs of the sockets listening inside the pod's netns, by protocol.
+fn listening_addrs(pod: &Pod) -> BTreeSet<(&'static str, String)> {
+    let out = pod.run_cmd("ss", &["-H", "-l", "-n", "-t", "-u"]);
+    assert!(out.status.success(), "ss failed in {}: {}", pod.name, String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let proto = match *fields.first()? {
+                "tcp" => "tcp",
+                "udp" => "udp",
+                _ => return None,
+            };
+            Some((proto, (*fields.get(4)?).to_owned()))
+        })
+        .collect()
+}
+
+/// `IPV6_ENABLED=false`, as documented: a pod's listeners bind `0.0.0.0` (not `[::]`), the DNS
+/// proxy listens on 127.0.0.1 only, and a mesh name gets no AAAA answer (NOERROR, empty) while
+/// its A answer and IPv4 traffic work. The same pod with IPv6 on binds `[::]` and `[::1]`.
+#[test]
+fn ipv6_disabled() {
+    if !require_root() {
+        return;
+    }
+    let s = Setup::new();
+    let a = s.mesh.pod("a", "client");
+    let b = s.mesh.pod("b", "server").in_service("default/echo.default.svc.cluster.local", 80, 8080);
+    let dns_pod = s.mesh.outside_pod("dns");
+    let upstream = FakeResolver::start(&dns_pod);
+    let _etc = EtcNetns::resolv_conf(&s.node().netns, &format!("nameserver {}\n", dns_pod.ip4));
+    let vip = s.mesh.vip4(10);
+    let vip6: std::net::Ipv6Addr = "fd00:96:77::10".parse().expect("IPv6 VIP");
+    s.mesh.write_config(&[&a, &b], &[], &[&dns_service(vip, vip6)]);
+    let proxy = s.start_proxy(&[("IPV6_ENABLED", "false")]);
+    for p in [&a, &b] {
+        enroll(&s.agent, p);
+    }
+    let expected: BTreeSet<(&str, String)> = [
+        ("tcp", "0.0.0.0:15001"),
+        ("tcp", "0.0.0.0:15006"),
+        ("tcp", "0.0.0.0:15008"),
+        ("tcp", "127.0.0.1:15053"),
+        ("udp", "127.0.0.1:15053"),
+    ]
+    .into_iter()
+    .map(|(p, a)| (p, a.to_owned()))
+    .collect();
+    assert_eq!(listening_addrs(&a.pod), expected, "listeners of a with IPV6_ENABLED=false");
+
+    let server = SocketAddr::new(Ipv4Addr::new(10, 96, 0, 10).into(), 53);
+    let name = "echo.default.svc.cluster.local";
+    assert_eq!(resolve_udp(&a.pod, server, 1, name, A), Ok((0, vec![IpAddr::V4(vip)])), "A over UDP");
+    assert_eq!(resolve_udp(&a.pod, server, 2, name, AAAA), Ok((0, vec![])), "AAAA over UDP");
+    assert_eq!(resolve_tcp(&a.pod, server, 3, name, AAAA), Ok((0, vec![])), "AAAA over TCP");
+    assert!(upstream.names().is_empty(), "mesh queries went upstream: {:?}", upstream.names());
+    let _eb = b.pod.echo_server(8080);
+    assert_echo(&a.pod, b.pod.addr4(8080), "IPv4 through HBONE with IPv6 disabled");
+    drop(proxy);
+
+    // Control: the same pods under a proxy with IPv6 on bind dual-stack and [::1].
+    let s2 = Setup::new();
+    let c = s2.mesh.pod("c", "client");
+    s2.mesh.write_config(&[&c], &[], &[]);
+    let _p2 = s2.start_proxy(&[]);
+    enroll(&s2.agent, &c);
+    let dual = listening_addrs(&c.pod);
+    for want in [("tcp", "*:15001"), ("tcp", "*:15006"), ("tcp", "*:15008"), ("udp", "[::1]:15053")] {
+        assert!(dual.contains(&(want.0, want.1.to_owned())), "IPv6 on: {want:?} not in {dual:?}");
+    }
 }

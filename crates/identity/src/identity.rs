@@ -92,10 +92,22 @@ mod tests {
             }
         }
 
+        /// SPIFFE-shaped strings whose parts may be empty or hold a `/`: accepted exactly when
+        /// every part is non-empty and has no `/`, with those parts; otherwise a `Shape` error.
         #[test]
-        fn spiffe_shaped_strings_parse(s in "spiffe://[a-z./-]{0,6}/ns/[a-z/]{0,4}/sa/[a-z/]{0,4}") {
-            if let Ok(id) = s.parse::<Identity>() {
-                proptest::prop_assert_eq!(id.to_string(), s);
+        fn spiffe_shaped_strings_parse(td in "[a-z./-]{0,6}", ns in "[a-z/]{0,4}", sa in "[a-z/]{0,4}") {
+            let s = format!("spiffe://{td}/ns/{ns}/sa/{sa}");
+            let valid = [&td, &ns, &sa].iter().all(|p| !p.is_empty() && !p.contains('/'));
+            match s.parse::<Identity>() {
+                Ok(id) => {
+                    proptest::prop_assert!(valid, "{s} accepted as {id:?}");
+                    proptest::prop_assert_eq!(&id, &Identity::new(&td, &ns, &sa));
+                    proptest::prop_assert_eq!(id.to_string(), s);
+                }
+                Err(e) => {
+                    proptest::prop_assert!(!valid, "{s} refused: {e}");
+                    proptest::prop_assert_eq!(e, IdentityError::Shape(s.clone()));
+                }
             }
         }
 

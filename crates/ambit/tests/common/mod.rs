@@ -92,11 +92,23 @@ pub fn http_get(addr: SocketAddr, path: &str) -> io::Result<(u16, String)> {
 }
 
 /// Sends a GET on an already connected stream (read timeout 10 s) and reads the whole response.
-pub fn http_get_on(mut stream: TcpStream, addr: SocketAddr, path: &str) -> io::Result<(u16, String)> {
+pub fn http_get_on(stream: TcpStream, addr: SocketAddr, path: &str) -> io::Result<(u16, String)> {
+    http_request_on(stream, addr, "GET", path)
+}
+
+/// Sends a body-less `method` request on a connected stream (read timeout 10 s) and reads the
+/// whole response: (status, body).
+pub fn http_request_on(
+    mut stream: TcpStream,
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+) -> io::Result<(u16, String)> {
     stream.set_read_timeout(Some(Duration::from_secs(10)))?;
     // One write: the request head goes out in a single segment.
+    let length = if method == "GET" { "" } else { "Content-Length: 0\r\n" };
     let request = format!(
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: ambit-e2e\r\nAccept: */*\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: ambit-e2e\r\nAccept: */*\r\n{length}Connection: close\r\n\r\n"
     );
     stream.write_all(request.as_bytes())?;
     let mut reader = BufReader::new(stream);

@@ -3,11 +3,11 @@
 
 #![allow(dead_code)]
 
-use std::io::{Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::common::*;
 
@@ -250,15 +250,91 @@ pub fn assert_echo(from: &Pod, dst: SocketAddr, what: &str) {
     assert_eq!(reply, super::MARKER, "{what}: payload did not echo back");
 }
 
-/// Connects from `from` to `dst` and checks no payload comes back (closed or reset).
-pub fn assert_blocked(from: &Pod, dst: SocketAddr, what: &str) {
-    let Ok(mut s) = from.connect_tcp(dst) else {
-        return;
-    };
-    // An error (reset) or an empty reply (clean close) both mean "blocked".
-    if let Ok(reply) = echo_roundtrip(&mut s, super::MARKER) {
-        assert!(reply.is_empty(), "{what}: got {} bytes back", reply.len());
+/// How long a denied connection may stay open before the proxy closes it.
+pub const DENY_CLOSE_BOUND: Duration = Duration::from_secs(2);
+
+/// Where the proxy that serves a destination publishes its metrics (port 15020).
+#[derive(Clone, Copy)]
+pub enum ProxyOf<'a> {
+    /// A dedicated proxy running inside this pod.
+    Pod(&'a MeshPod),
+    /// A node (shared-mode) proxy running in this node's netns.
+    Node(&'a Node),
+}
+
+impl ProxyOf<'_> {
+    /// The proxy's `/metrics` text; panics (a broken setup) when the proxy does not answer.
+    pub fn metrics(&self) -> String {
+        match self {
+            ProxyOf::Pod(p) => http_body(p, 15020, "/metrics"),
+            ProxyOf::Node(n) => {
+                let (status, body) = node_http_get(n, 15020, "/metrics")
+                    .unwrap_or_else(|e| panic!("the node proxy of {} does not serve /metrics: {e}", n.name));
+                assert_eq!(status, 200, "/metrics of the node proxy of {}: {body}", n.name);
+                body
+            }
+        }
     }
+
+    /// Connections this proxy refused, as the destination, because a policy denied them.
+    pub fn denied(&self) -> u64 {
+        denied_count(&self.metrics())
+    }
+}
+
+/// Sum of `istio_tcp_connections_failed_total` samples with `reporter="destination"` and
+/// `response_flags="DENY"`: what the destination's proxy counts for each policy denial.
+pub fn denied_count(body: &str) -> u64 {
+    body.lines()
+        .filter(|l| {
+            l.starts_with("istio_tcp_connections_failed_total{")
+                && l.contains("reporter=\"destination\"")
+                && l.contains("response_flags=\"DENY\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Reads `s` until the peer closes it (EOF or reset) and returns what arrived and how long
+/// that took; an error if it is still open after `bound` (a silent peer is not a close).
+pub fn expect_close(s: &mut std::net::TcpStream, bound: Duration) -> Result<(Vec<u8>, Duration), String> {
+    let t0 = Instant::now();
+    s.set_read_timeout(Some(bound)).map_err(|e| format!("set_read_timeout: {e}"))?;
+    let mut got = Vec::new();
+    let outcome = s.read_to_end(&mut got);
+    let elapsed = t0.elapsed();
+    match outcome {
+        Ok(_) => {}
+        Err(e) if matches!(e.kind(), ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted) => {}
+        Err(e) => return Err(format!("not closed within {bound:?} ({e}); {} bytes arrived", got.len())),
+    }
+    if elapsed > bound {
+        return Err(format!("closed only after {elapsed:?} (bound {bound:?})"));
+    }
+    Ok((got, elapsed))
+}
+
+/// Proves that the destination's proxy denied a connection from `from` to `dst` by policy:
+/// the connection is accepted (the capture hands it to a live proxy), closed within
+/// [`DENY_CLOSE_BOUND`] with no payload back, and the destination proxy's deny counter rose by
+/// exactly one. A refused connect, a silent connection or a close for any other reason (dead
+/// proxy, no app, no route) fails.
+pub fn assert_denied(from: &Pod, dst: SocketAddr, proxy: ProxyOf<'_>, what: &str) {
+    let before = proxy.denied();
+    let mut s = from.connect_tcp(dst).unwrap_or_else(|e| {
+        panic!("{what}: connect to {dst} failed ({e}): a denied connection is accepted, then closed; is the proxy running?")
+    });
+    // The write may already fail if the proxy closed first; the close below is what counts.
+    let _ = s.write_all(super::MARKER);
+    let (reply, _) = expect_close(&mut s, DENY_CLOSE_BOUND).unwrap_or_else(|e| panic!("{what}: {dst}: {e}"));
+    assert!(reply.is_empty(), "{what}: got {} bytes back from {dst}", reply.len());
+    let after = proxy.denied();
+    assert_eq!(
+        after,
+        before + 1,
+        "{what}: the destination proxy counted {} DENY failures for this connection (expected 1): it was closed for another reason",
+        after.saturating_sub(before)
+    );
 }
 
 /// Writes `data` and reads the same number of bytes back.
