@@ -27,6 +27,9 @@
 
 mod capture;
 mod exec;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod host;
 mod iptables;
 mod netlink;

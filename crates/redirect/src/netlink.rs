@@ -157,7 +157,7 @@ pub(crate) struct Request {
 }
 
 impl Request {
-    fn encode(&self, seq: u32, flags: u16, out: &mut Vec<u8>) {
+    pub(crate) fn encode(&self, seq: u32, flags: u16, out: &mut Vec<u8>) {
         let start = out.len();
         let len = NLMSG_HDRLEN + align(self.header.len()) + self.attrs.buf.len();
         out.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_ne_bytes());
@@ -189,7 +189,7 @@ pub(crate) struct Reply {
 }
 
 /// A received message: type, flags, sequence number and payload.
-type Received = (u16, u16, u32, Vec<u8>);
+pub(crate) type Received = (u16, u16, u32, Vec<u8>);
 
 /// A netlink socket bound in the namespace it was opened in.
 pub(crate) struct Netlink {
@@ -261,23 +261,8 @@ impl Netlink {
                 Err(e) => return Err(self.error(format!("recv: {e}"))),
             }
         };
-        let mut data = &self.buf[..n];
-        let mut out = Vec::new();
-        while data.len() >= NLMSG_HDRLEN {
-            let len = u32::from_ne_bytes([data[0], data[1], data[2], data[3]]) as usize;
-            if len < NLMSG_HDRLEN || len > data.len() {
-                return Err(RedirectError::Netlink {
-                    what: self.what.into(),
-                    detail: format!("malformed reply: message length {len}, {} bytes left", data.len()),
-                });
-            }
-            let kind = u16::from_ne_bytes([data[4], data[5]]);
-            let flags = u16::from_ne_bytes([data[6], data[7]]);
-            let seq = u32::from_ne_bytes([data[8], data[9], data[10], data[11]]);
-            out.push((kind, flags, seq, data[NLMSG_HDRLEN..len].to_vec()));
-            data = data.get(align(len)..).unwrap_or_default();
-        }
-        Ok(out)
+        split_messages(&self.buf[..n])
+            .map_err(|detail| RedirectError::Netlink { what: self.what.into(), detail })
     }
 
     /// Sends one request with `NLM_F_ACK` and waits for its ack; a kernel refusal is
@@ -295,7 +280,7 @@ impl Netlink {
                 return match ack_errno(&payload) {
                     Some(0) => Ok(()),
                     Some(errno) => Err(kernel_error(&request.label, errno)),
-                    None => Err(self.error("truncated ack".into())),
+                    None => Err(self.error("truncated or malformed ack".into())),
                 };
             }
         }
@@ -319,7 +304,7 @@ impl Netlink {
                         return match ack_errno(&payload) {
                             Some(0) => Ok(replies),
                             Some(errno) => Err(kernel_error(&request.label, errno)),
-                            None => Err(self.error("truncated error reply".into())),
+                            None => Err(self.error("truncated or malformed error reply".into())),
                         };
                     }
                     _ => {
@@ -380,7 +365,8 @@ impl Netlink {
                 if kind != NLMSG_ERROR {
                     continue;
                 }
-                let errno = ack_errno(&payload).ok_or_else(|| self.error("truncated ack".into()))?;
+                let errno =
+                    ack_errno(&payload).ok_or_else(|| self.error("truncated or malformed ack".into()))?;
                 match index(seq) {
                     Some(i) => {
                         acked[i] = true;
@@ -400,10 +386,34 @@ impl Netlink {
     }
 }
 
-/// The errno of an `NLMSG_ERROR` payload (0 for an ack).
-fn ack_errno(payload: &[u8]) -> Option<i32> {
+/// Splits one received datagram into (type, flags, seq, payload) messages; a length that does
+/// not fit is an error.
+pub(crate) fn split_messages(mut data: &[u8]) -> Result<Vec<Received>, String> {
+    let mut out = Vec::new();
+    while data.len() >= NLMSG_HDRLEN {
+        let len = u32::from_ne_bytes([data[0], data[1], data[2], data[3]]) as usize;
+        if len < NLMSG_HDRLEN || len > data.len() {
+            return Err(format!("malformed reply: message length {len}, {} bytes left", data.len()));
+        }
+        let kind = u16::from_ne_bytes([data[4], data[5]]);
+        let flags = u16::from_ne_bytes([data[6], data[7]]);
+        let seq = u32::from_ne_bytes([data[8], data[9], data[10], data[11]]);
+        out.push((kind, flags, seq, data[NLMSG_HDRLEN..len].to_vec()));
+        data = data.get(align(len)..).unwrap_or_default();
+    }
+    Ok(out)
+}
+
+/// Largest errno the kernel reports (`MAX_ERRNO` in `include/linux/err.h`).
+const MAX_ERRNO: i32 = 4095;
+
+/// The errno of an `NLMSG_ERROR` payload (0 for an ack); `None` when the payload is shorter
+/// than its code or the code is not a negated errno (the kernel sends 0 or -1..=-4095).
+pub(crate) fn ack_errno(payload: &[u8]) -> Option<i32> {
     let code = i32::from_ne_bytes(payload.get(..4)?.try_into().ok()?);
-    Some(-code)
+    // `checked_neg`: -i32::MIN does not exist (found by the rtnetlink_reply fuzz target).
+    let errno = code.checked_neg()?;
+    (0..=MAX_ERRNO).contains(&errno).then_some(errno)
 }
 
 fn kernel_error(label: &str, errno: i32) -> RedirectError {
@@ -439,6 +449,31 @@ mod tests {
             let junk: Vec<u8> = (0..n).map(|i| i.wrapping_mul(37).wrapping_add(n)).collect();
             let _ = parse_attrs(&junk);
         }
+    }
+
+    /// Regression (fuzz target `rtnetlink_reply`, crash-cb2d8b5d…): an `NLMSG_ERROR` payload
+    /// whose code is `i32::MIN` made `ack_errno` negate out of range (a panic with overflow
+    /// checks, a negative errno without). A code that is no negated errno is malformed.
+    #[test]
+    fn ack_codes_outside_the_errno_range_are_malformed() {
+        let ack = |code: i32| code.to_ne_bytes().to_vec();
+        assert_eq!(ack_errno(&ack(0)), Some(0));
+        assert_eq!(ack_errno(&ack(-17)), Some(17));
+        assert_eq!(ack_errno(&ack(-4095)), Some(4095));
+        for bad in [i32::MIN, -4096, 1, i32::MAX] {
+            assert_eq!(ack_errno(&ack(bad)), None, "code {bad}");
+        }
+        assert_eq!(ack_errno(&[0, 0]), None, "shorter than a code");
+        // The fuzzer's input: one message whose payload starts with i32::MIN (the fuzz entry
+        // reads every message as an ack too).
+        let crash: &[u8] = &[
+            0x3c, 0, 0, 0, 0x20, 0, 0x03, 0, 0x01, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x80, 0x02, 0xff, 0xff,
+            0xff, 0x7f, 0, 0, 0x01, 0, 0, 0, 0, 0x08, 0, 0x06, 0, 0xfc, 0x7f, 0, 0, 0x08, 0, 0x0a, 0, 0x11,
+            0x01, 0, 0, 0x08, 0, 0x10, 0, 0xff, 0x0f, 0, 0, 0x08, 0, 0x0f, 0, 0x64, 0, 0, 0,
+        ];
+        let messages = split_messages(crash).expect("well-framed");
+        assert_eq!(messages.len(), 1);
+        assert_eq!(ack_errno(&messages[0].3), None);
     }
 
     #[test]

@@ -260,27 +260,33 @@ pub(crate) fn set_elements(
     let malformed = |detail: String| RedirectError::Parse { command: label.clone(), detail };
     let mut out = Vec::new();
     for reply in nl.dump(&request)? {
-        let attrs = nft_attrs(&reply.payload).map_err(malformed)?;
-        let Some(list) = find(&attrs, NFTA_SET_ELEM_LIST_ELEMENTS) else { continue };
-        for elem in list.attrs().map_err(malformed)? {
-            let fields = elem.attrs().map_err(malformed)?;
-            let key = find(&fields, NFTA_SET_ELEM_KEY)
-                .ok_or_else(|| malformed("element without a key".into()))?
-                .attrs()
-                .map_err(malformed)?;
-            let value = find(&key, NFTA_DATA_VALUE).ok_or_else(|| malformed("key without a value".into()))?;
-            let addr = match value.value.len() {
-                4 => IpAddr::from(<[u8; 4]>::try_from(value.value).map_err(|e| malformed(e.to_string()))?),
-                16 => IpAddr::from(<[u8; 16]>::try_from(value.value).map_err(|e| malformed(e.to_string()))?),
-                n => return Err(malformed(format!("a {n}-byte key is not an address"))),
-            };
-            let comment = find(&fields, NFTA_SET_ELEM_USERDATA)
-                .and_then(|u| udata_get(u.value, UDATA_SET_ELEM_COMMENT))
-                .map(|c| String::from_utf8_lossy(c.strip_suffix(&[0]).unwrap_or(c)).into_owned());
-            out.push((addr, comment));
-        }
+        reply_set_elements(&reply.payload, &mut out).map_err(malformed)?;
     }
     Ok(out)
+}
+
+/// Appends the (address, comment) elements of one `GETSETELEM` reply to `out`.
+pub(crate) fn reply_set_elements(
+    payload: &[u8],
+    out: &mut Vec<(IpAddr, Option<String>)>,
+) -> Result<(), String> {
+    let attrs = nft_attrs(payload)?;
+    let Some(list) = find(&attrs, NFTA_SET_ELEM_LIST_ELEMENTS) else { return Ok(()) };
+    for elem in list.attrs()? {
+        let fields = elem.attrs()?;
+        let key = find(&fields, NFTA_SET_ELEM_KEY).ok_or("element without a key")?.attrs()?;
+        let value = find(&key, NFTA_DATA_VALUE).ok_or("key without a value")?;
+        let addr = match value.value.len() {
+            4 => IpAddr::from(<[u8; 4]>::try_from(value.value).map_err(|e| e.to_string())?),
+            16 => IpAddr::from(<[u8; 16]>::try_from(value.value).map_err(|e| e.to_string())?),
+            n => return Err(format!("a {n}-byte key is not an address")),
+        };
+        let comment = find(&fields, NFTA_SET_ELEM_USERDATA)
+            .and_then(|u| udata_get(u.value, UDATA_SET_ELEM_COMMENT))
+            .map(|c| String::from_utf8_lossy(c.strip_suffix(&[0]).unwrap_or(c)).into_owned());
+        out.push((addr, comment));
+    }
+    Ok(())
 }
 
 /// The payload of an nf_tables reply after its `nfgenmsg` header, as attributes.
@@ -306,13 +312,17 @@ pub(crate) fn table_names(nl: &mut Netlink) -> Result<Vec<String>, RedirectError
     let request = nft_request(NFT_MSG_GETTABLE, NFPROTO_INET, 0, Attrs::default(), "list tables inet".into());
     let mut names = Vec::new();
     for reply in nl.dump(&request)? {
-        let attrs = nft_attrs(&reply.payload)
+        let name = reply_table_name(&reply.payload)
             .map_err(|detail| RedirectError::Parse { command: "list tables inet".into(), detail })?;
-        if let Some(name) = find(&attrs, NFTA_TABLE_NAME).and_then(|a| a.str()) {
-            names.push(name.to_owned());
-        }
+        names.extend(name);
     }
     Ok(names)
+}
+
+/// The table name of one `GETTABLE` reply.
+pub(crate) fn reply_table_name(payload: &[u8]) -> Result<Option<String>, String> {
+    let attrs = nft_attrs(payload)?;
+    Ok(find(&attrs, NFTA_TABLE_NAME).and_then(|a| a.str()).map(str::to_owned))
 }
 
 /// Reads the chains and rules of `table`.
@@ -323,33 +333,43 @@ pub(crate) fn live_table(nl: &mut Netlink, table: &str) -> Result<LiveTable, Red
     let mut attrs = Attrs::default();
     attrs.string(NFTA_CHAIN_TABLE, table);
     for reply in nl.dump(&nft_request(NFT_MSG_GETCHAIN, NFPROTO_INET, 0, attrs.clone(), label.clone()))? {
-        let attrs = nft_attrs(&reply.payload).map_err(malformed)?;
-        if find(&attrs, NFTA_CHAIN_TABLE).and_then(|a| a.str()) != Some(table) {
-            continue;
-        }
-        let name = find(&attrs, NFTA_CHAIN_NAME).and_then(|a| a.str()).unwrap_or_default().to_owned();
-        let base = match find(&attrs, NFTA_CHAIN_HOOK) {
-            Some(hook) => {
-                let hook = hook.attrs().map_err(malformed)?;
-                let num = find(&hook, NFTA_HOOK_HOOKNUM).and_then(|a| a.be32()).unwrap_or(u32::MAX);
-                let prio = find(&hook, NFTA_HOOK_PRIORITY).and_then(|a| a.be32()).unwrap_or_default() as i32;
-                let kind = find(&attrs, NFTA_CHAIN_TYPE).and_then(|a| a.str()).unwrap_or_default().to_owned();
-                Some((num, prio, kind))
-            }
-            None => None,
-        };
-        live.chains.push((name, base));
+        live.chains.extend(reply_chain(&reply.payload, table).map_err(malformed)?);
     }
     for reply in nl.dump(&nft_request(NFT_MSG_GETRULE, NFPROTO_INET, 0, attrs, label.clone()))? {
-        let attrs = nft_attrs(&reply.payload).map_err(malformed)?;
-        if find(&attrs, NFTA_RULE_TABLE).and_then(|a| a.str()) != Some(table) {
-            continue;
-        }
-        let chain = find(&attrs, NFTA_RULE_CHAIN).and_then(|a| a.str()).unwrap_or_default().to_owned();
-        let exprs = find(&attrs, NFTA_RULE_EXPRESSIONS).map(|a| a.value.to_vec()).unwrap_or_default();
-        live.rules.push((chain, exprs));
+        live.rules.extend(reply_rule(&reply.payload, table).map_err(malformed)?);
     }
     Ok(live)
+}
+
+/// The chain of one `GETCHAIN` reply (name and base hook), if it belongs to `table`.
+pub(crate) fn reply_chain(payload: &[u8], table: &str) -> Result<Option<(String, Option<BaseHook>)>, String> {
+    let attrs = nft_attrs(payload)?;
+    if find(&attrs, NFTA_CHAIN_TABLE).and_then(|a| a.str()) != Some(table) {
+        return Ok(None);
+    }
+    let name = find(&attrs, NFTA_CHAIN_NAME).and_then(|a| a.str()).unwrap_or_default().to_owned();
+    let base = match find(&attrs, NFTA_CHAIN_HOOK) {
+        Some(hook) => {
+            let hook = hook.attrs()?;
+            let num = find(&hook, NFTA_HOOK_HOOKNUM).and_then(|a| a.be32()).unwrap_or(u32::MAX);
+            let prio = find(&hook, NFTA_HOOK_PRIORITY).and_then(|a| a.be32()).unwrap_or_default() as i32;
+            let kind = find(&attrs, NFTA_CHAIN_TYPE).and_then(|a| a.str()).unwrap_or_default().to_owned();
+            Some((num, prio, kind))
+        }
+        None => None,
+    };
+    Ok(Some((name, base)))
+}
+
+/// The rule of one `GETRULE` reply (chain and encoded expressions), if it belongs to `table`.
+pub(crate) fn reply_rule(payload: &[u8], table: &str) -> Result<Option<(String, Vec<u8>)>, String> {
+    let attrs = nft_attrs(payload)?;
+    if find(&attrs, NFTA_RULE_TABLE).and_then(|a| a.str()) != Some(table) {
+        return Ok(None);
+    }
+    let chain = find(&attrs, NFTA_RULE_CHAIN).and_then(|a| a.str()).unwrap_or_default().to_owned();
+    let exprs = find(&attrs, NFTA_RULE_EXPRESSIONS).map(|a| a.value.to_vec()).unwrap_or_default();
+    Ok(Some((chain, exprs)))
 }
 
 /// Differences between `want` and what the kernel holds for it (empty = in sync).

@@ -9,10 +9,10 @@ use crate::netlink::{
 };
 use crate::{Family, MARK_MASK, PodCapture, ROUTE_TABLE, RULE_PRIORITY, RedirectError, TPROXY_MARK};
 
-const RTM_NEWROUTE: u16 = 24;
+pub(crate) const RTM_NEWROUTE: u16 = 24;
 const RTM_DELROUTE: u16 = 25;
 const RTM_GETROUTE: u16 = 26;
-const RTM_NEWRULE: u16 = 32;
+pub(crate) const RTM_NEWRULE: u16 = 32;
 const RTM_DELRULE: u16 = 33;
 const RTM_GETRULE: u16 = 34;
 const RTA_OIF: u16 = 4;
@@ -123,7 +123,7 @@ fn af(family: Family) -> u8 {
 }
 
 /// `ip -4|-6 route replace|del local default dev lo table 100` as a request.
-fn route(kind: u16, family: Family, lo: u32, flags: u16) -> Request {
+pub(crate) fn route(kind: u16, family: Family, lo: u32, flags: u16) -> Request {
     let scope = match (kind, family) {
         (RTM_DELROUTE, _) => RT_SCOPE_NOWHERE,
         (_, Family::V4) => RT_SCOPE_HOST,
@@ -139,7 +139,7 @@ fn route(kind: u16, family: Family, lo: u32, flags: u16) -> Request {
 }
 
 /// `ip -4|-6 rule add|del fwmark 0x111/0xfff lookup 100 pref 32764` as a request.
-fn rule(kind: u16, family: Family, flags: u16) -> Request {
+pub(crate) fn rule(kind: u16, family: Family, flags: u16) -> Request {
     let header = vec![af(family), 0, 0, 0, ROUTE_TABLE as u8, 0, 0, FR_ACT_TO_TBL, 0, 0, 0, 0];
     let mut attrs = Attrs::default();
     attrs
@@ -182,7 +182,7 @@ fn table_of(header: &[u8], attrs: &[crate::netlink::Attr<'_>], kind: u16) -> u32
     find(attrs, kind).and_then(|a| a.ne32()).unwrap_or(u32::from(header[4]))
 }
 
-fn is_our_rule(reply: &Reply) -> bool {
+pub(crate) fn is_our_rule(reply: &Reply) -> bool {
     let Some((header, attrs)) = split(reply).filter(|_| reply.kind == RTM_NEWRULE) else { return false };
     let get = |kind| find(&attrs, kind).and_then(|a| a.ne32());
     header[7] == FR_ACT_TO_TBL
@@ -192,7 +192,7 @@ fn is_our_rule(reply: &Reply) -> bool {
         && table_of(header, &attrs, FRA_TABLE) == ROUTE_TABLE
 }
 
-fn is_our_route(reply: &Reply, lo: u32) -> bool {
+pub(crate) fn is_our_route(reply: &Reply, lo: u32) -> bool {
     let Some((header, attrs)) = split(reply).filter(|_| reply.kind == RTM_NEWROUTE) else { return false };
     header[1] == 0
         && header[7] == RTN_LOCAL

@@ -206,7 +206,7 @@ impl Forwarder {
 
 /// Checks that `bytes` answers our query (id, response flag, same question) and succeeded;
 /// returns the truncation flag.
-fn check(
+pub(super) fn check(
     upstream: SocketAddr,
     bytes: &[u8],
     id: u16,

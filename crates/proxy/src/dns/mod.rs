@@ -14,6 +14,23 @@ mod serve;
 #[cfg(test)]
 mod tests;
 
+/// Entry points for the fuzz targets in `fuzz/` (feature `fuzzing`, never on in a normal build).
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing {
+    use super::*;
+
+    /// Checks `reply` as an upstream resolver's answer to an `example.test. A` query whose id is
+    /// the reply's own (so the checks past the id run too).
+    pub fn upstream_reply(reply: &[u8]) {
+        let Ok(name) = Name::from_ascii("example.test.") else { return };
+        let question = Query::query(name, RecordType::A);
+        let id = reply.get(..2).map_or(0, |b| u16::from_be_bytes([b[0], b[1]]));
+        let upstream = SocketAddr::from(([127, 0, 0, 53], 53));
+        let _ = forward::check(upstream, reply, id, Some(&question));
+    }
+}
+
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;

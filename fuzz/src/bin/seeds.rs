@@ -1,0 +1,300 @@
+//! Writes the seed corpora of every fuzz target into `<dir>/<target>/` (default `corpus/`):
+//! messages encoded by the project's own codecs (ZDS, protobuf, netlink requests, DNS), golden
+//! texts of the repository (the README's local config, the redirect crate's rule files), and
+//! the examples of the specs. Nothing opaque is checked in; rerun it to regenerate.
+//!
+//! Usage: `AMBIT_FUZZ_SEEDS=DIR seeds` (run by `scripts/fuzz.sh`). It is built like the
+//! targets (cargo-fuzz instruments every binary of this crate, and only libFuzzer provides the
+//! instrumentation's symbols), so it is a libFuzzer binary that does its work in the
+//! initializer and exits.
+#![no_main]
+
+use std::path::{Path, PathBuf};
+
+use ambit_api::security as authz_pb;
+use ambit_api::workload as pb;
+use hickory_proto::op::{Edns, Message, MessageType, Query, ResponseCode};
+use hickory_proto::rr::rdata::A;
+use hickory_proto::rr::{Name, RData, Record, RecordType};
+use prost::Message as _;
+
+libfuzzer_sys::fuzz_target!(
+    init: if write_all() {
+        std::process::exit(0);
+    },
+    |_data: &[u8]| {}
+);
+
+/// Writes every target's seeds; true when done (then the binary exits, never fuzzing).
+fn write_all() -> bool {
+    let dir = PathBuf::from(std::env::var("AMBIT_FUZZ_SEEDS").unwrap_or_else(|_| "fuzz/corpus".to_owned()));
+    let mut total = 0;
+    for (target, seeds) in all() {
+        let out = dir.join(target);
+        std::fs::create_dir_all(&out).unwrap_or_else(|e| panic!("cannot create {}: {e}", out.display()));
+        for (i, seed) in seeds.iter().enumerate() {
+            write(&out.join(format!("seed-{i:03}")), seed);
+        }
+        total += seeds.len();
+    }
+    println!("wrote {total} seeds into {}", dir.display());
+    true
+}
+
+fn write(path: &Path, bytes: &[u8]) {
+    std::fs::write(path, bytes).unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
+}
+
+/// (target, seeds) for every target.
+fn all() -> Vec<(&'static str, Vec<Vec<u8>>)> {
+    vec![
+        ("zds_request", zds_requests()),
+        (
+            "zds_response",
+            vec![ambit_zds::encode_ack(&Ok(())), ambit_zds::encode_ack(&Err("netns in use".into()))],
+        ),
+        ("zds_hello", vec![ambit_zds::encode_hello()]),
+        ("cni_config", texts(&CNI_CONFIGS)),
+        ("cni_args", texts(&CNI_ARGS)),
+        ("cni_event", texts(&[PLUGIN_EVENT])),
+        ("agent_event", texts(&[PLUGIN_EVENT])),
+        ("connect_authority", texts(&AUTHORITIES)),
+        ("local_config", local_configs()),
+        ("proto_address", proto_addresses()),
+        ("proto_authorization", proto_authorizations()),
+        ("spiffe_id", texts(&SPIFFE_IDS)),
+        ("cert_sans", certificates()),
+        ("rtnetlink_reply", ambit_redirect::fuzzing::rtnetlink_seeds()),
+        ("nftables_reply", ambit_redirect::fuzzing::nftables_seeds()),
+        ("dns_query", dns_queries()),
+        ("dns_upstream_reply", dns_replies()),
+    ]
+}
+
+fn texts(items: &[&str]) -> Vec<Vec<u8>> {
+    items.iter().map(|s| s.as_bytes().to_vec()).collect()
+}
+
+fn zds_requests() -> Vec<Vec<u8>> {
+    let info = ambit_zds::WorkloadInfo {
+        name: "web-0".into(),
+        namespace: "default".into(),
+        service_account: "web".into(),
+    };
+    let mut out = vec![ambit_zds::encode_snapshot_sent()];
+    out.extend(ambit_zds::encode_add("cluster1//v1/Pod/default/web-0", &info));
+    out.extend(ambit_zds::encode_keep("cluster1//v1/Pod/default/web-0"));
+    out.extend(ambit_zds::encode_del("cluster1//v1/Pod/default/web-0"));
+    // An Add without WorkloadInfo (hand-encoded: the codec cannot produce it).
+    out.push([&[0x0a, 0x0c, 0x0a, 0x0a][..], b"uid-noinfo"].concat());
+    out
+}
+
+/// Network configurations as a runtime passes them: the CNI spec's examples with Ambit's keys,
+/// with and without a `prevResult`, for each supported `cniVersion`.
+const CNI_CONFIGS: [&str; 4] = [
+    r#"{"cniVersion":"1.0.0","name":"k8s-pod-network","type":"ambit-cni","cni_agent_run_dir":"/var/run/ambit","exclude_namespaces":["kube-system"],"pod_namespace":"ambit-system","agent_timeout_ms":10000,"prevResult":{"cniVersion":"1.0.0","interfaces":[{"name":"eth0","mac":"0a:58:0a:f4:07:02","sandbox":"/var/run/netns/cni-1"}],"ips":[{"address":"10.244.7.2/24","gateway":"10.244.7.1","interface":0},{"address":"fd00:244:7::2/64","interface":0}],"routes":[{"dst":"0.0.0.0/0"}],"dns":{}}}"#,
+    r#"{"cniVersion":"0.3.1","name":"mynet","type":"ambit-cni","prevResult":{"cniVersion":"0.3.1","interfaces":[{"name":"eth0"}],"ips":[{"version":"4","address":"10.1.0.5/16","gateway":"10.1.0.1","interface":0}]}}"#,
+    r#"{"cniVersion":"0.4.0","name":"mynet","type":"ambit-cni"}"#,
+    r#"{"cniVersion":"1.1.0","name":"mynet","type":"ambit-cni","agent_pod_prefix":"ambit-agent-","prevResult":{"cniVersion":"1.1.0","ips":[]}}"#,
+];
+
+const CNI_ARGS: [&str; 3] = [
+    "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0;K8S_POD_INFRA_CONTAINER_ID=0a1b2c;K8S_POD_UID=6f3e",
+    "K8S_POD_NAMESPACE=kube-system;K8S_POD_NAME=coredns-5d78c9869d-abcde",
+    "IgnoreUnknown=true",
+];
+
+/// The body istio-cni's plugin posts to `/cmdadd`.
+const PLUGIN_EVENT: &str = r#"{"Netns":"/var/run/netns/cni-6f3e","PodName":"web-0","PodNamespace":"default","IPs":[{"Address":"10.244.7.2/24","Gateway":"10.244.7.1"},{"Address":"fd00:244:7::2/64"}]}"#;
+
+const AUTHORITIES: [&str; 8] = [
+    "10.244.7.2:8080",
+    "[fd00:244:7::2]:8080",
+    "[fe80::1%eth0]:8080",
+    "echo.default.svc.cluster.local:80",
+    "headless.default.svc.cluster.local:80",
+    "echo.default.svc.cluster.local:008080",
+    "10.244.7.2:0",
+    "host",
+];
+
+const SPIFFE_IDS: [&str; 4] = [
+    "spiffe://cluster.local/ns/default/sa/web",
+    "spiffe://td/ns/a/sa/b/c",
+    "spiffe:///ns//sa/",
+    "http://cluster.local/ns/default/sa/web",
+];
+
+/// The README's local-config example, the fuzz fixture's mesh, and the smallest files.
+fn local_configs() -> Vec<Vec<u8>> {
+    let readme = include_str!("../../../README.md");
+    let mut out = Vec::new();
+    if let Some(start) = readme.find("<<'YAML'") {
+        let body = &readme[start..];
+        let body = body.get(body.find('\n').map_or(0, |i| i + 1)..).unwrap_or_default();
+        if let Some(end) = body.find("\nYAML") {
+            out.push(body[..end].as_bytes().to_vec());
+        }
+    }
+    assert!(!out.is_empty(), "README.md no longer has its local-config example (<<'YAML' … YAML)");
+    out.push(ambit_fuzz::MESH.as_bytes().to_vec());
+    out.extend(texts(&[
+        "{}",
+        "workloads: []\n",
+        "workloads:\n- uid: a\n  workloadIps: [\"10.0.0.1\", \"10.0.0.1\"]\n",
+    ]));
+    out
+}
+
+fn proto_addresses() -> Vec<Vec<u8>> {
+    let workload = pb::Workload {
+        uid: "cluster1//v1/Pod/default/web-0".into(),
+        name: "web-0".into(),
+        namespace: "default".into(),
+        addresses: vec![vec![10, 244, 7, 3], vec![0xfd, 0, 2, 0x44, 0, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3]],
+        service_account: "web".into(),
+        trust_domain: "cluster.local".into(),
+        tunnel_protocol: pb::TunnelProtocol::Hbone as i32,
+        node: "node1".into(),
+        services: [(
+            "default/echo.default.svc.cluster.local".to_owned(),
+            pb::PortList {
+                ports: vec![pb::Port { service_port: 80, target_port: 8080, ..Default::default() }],
+            },
+        )]
+        .into(),
+        authorization_policies: vec!["default/only-client".into()],
+        ..Default::default()
+    };
+    let service = pb::Service {
+        name: "echo".into(),
+        namespace: "default".into(),
+        hostname: "echo.default.svc.cluster.local".into(),
+        addresses: vec![pb::NetworkAddress {
+            network: String::new(),
+            address: vec![10, 96, 77, 10],
+            length: None,
+        }],
+        ports: vec![pb::Port { service_port: 80, target_port: 8080, ..Default::default() }],
+        ..Default::default()
+    };
+    [pb::address::Type::Workload(workload), pb::address::Type::Service(service)]
+        .into_iter()
+        .map(|t| pb::Address { r#type: Some(t) }.encode_to_vec())
+        .collect()
+}
+
+fn proto_authorizations() -> Vec<Vec<u8>> {
+    let exact = |s: &str| authz_pb::StringMatch {
+        match_type: Some(authz_pb::string_match::MatchType::Exact(s.to_owned())),
+    };
+    let allow = authz_pb::Authorization {
+        name: "only-client".into(),
+        namespace: "default".into(),
+        scope: authz_pb::Scope::Namespace as i32,
+        action: authz_pb::Action::Allow as i32,
+        rules: vec![authz_pb::Rule {
+            clauses: vec![authz_pb::Clause {
+                matches: vec![authz_pb::Match {
+                    principals: vec![exact("cluster.local/ns/default/sa/client")],
+                    source_ips: vec![authz_pb::Address { address: vec![10, 0, 0, 0], length: 8 }],
+                    destination_ports: vec![8080],
+                    ..Default::default()
+                }],
+            }],
+        }],
+        ..Default::default()
+    };
+    let deny = authz_pb::Authorization {
+        name: "deny-9090".into(),
+        namespace: "default".into(),
+        scope: authz_pb::Scope::WorkloadSelector as i32,
+        action: authz_pb::Action::Deny as i32,
+        rules: vec![authz_pb::Rule {
+            clauses: vec![authz_pb::Clause {
+                matches: vec![authz_pb::Match { not_destination_ports: vec![9090], ..Default::default() }],
+            }],
+        }],
+        ..Default::default()
+    };
+    vec![allow.encode_to_vec(), deny.encode_to_vec()]
+}
+
+/// Leaf certificates as a peer could present them: one SPIFFE URI SAN (what the CA issues),
+/// two URI SANs from different trust domains plus a DNS SAN, and none.
+fn certificates() -> Vec<Vec<u8>> {
+    let sans: [&[&str]; 3] = [
+        &["spiffe://cluster.local/ns/default/sa/web"],
+        &["spiffe://cluster.local/ns/default/sa/web", "spiffe://evil.example/ns/default/sa/web"],
+        &[],
+    ];
+    sans.iter()
+        .map(|uris| {
+            let mut params = rcgen::CertificateParams::new(vec!["web.default.svc".to_owned()])
+                .unwrap_or_else(|e| panic!("cert params: {e}"));
+            for uri in *uris {
+                let uri = rcgen::string::Ia5String::try_from(*uri).unwrap_or_else(|e| panic!("uri: {e}"));
+                params.subject_alt_names.push(rcgen::SanType::URI(uri));
+            }
+            let key = rcgen::KeyPair::generate().unwrap_or_else(|e| panic!("key: {e}"));
+            params.self_signed(&key).unwrap_or_else(|e| panic!("self-signed: {e}")).der().to_vec()
+        })
+        .collect()
+}
+
+fn query(name: &str, rtype: RecordType, edns: bool) -> Message {
+    let mut m = Message::query();
+    m.metadata.id = 0x1234;
+    m.metadata.recursion_desired = true;
+    if let Ok(name) = Name::from_ascii(name) {
+        m.add_query(Query::query(name, rtype));
+    }
+    if edns {
+        let mut e = Edns::new();
+        e.set_max_payload(1232);
+        m.set_edns(e);
+    }
+    m
+}
+
+/// Queries a pod sends: mesh names (A, AAAA; short and FQDN), a forwarded name, other types;
+/// each as UDP (first byte 0) and TCP (first byte 1).
+fn dns_queries() -> Vec<Vec<u8>> {
+    let queries = [
+        query("echo.default.svc.cluster.local.", RecordType::A, false),
+        query("echo.default.svc.cluster.local.", RecordType::AAAA, true),
+        query("echo.", RecordType::A, false),
+        query("headless.default.svc.cluster.local.", RecordType::A, false),
+        query("example.test.", RecordType::A, true),
+        query("echo.default.svc.cluster.local.", RecordType::TXT, false),
+    ];
+    let mut out = Vec::new();
+    for q in &queries {
+        let bytes = q.to_vec().unwrap_or_else(|e| panic!("encode query: {e}"));
+        for pick in [0u8, 1] {
+            out.push([&[pick][..], &bytes].concat());
+        }
+    }
+    out
+}
+
+/// Upstream answers to `example.test. A`: a success, a truncated one, a refusal.
+fn dns_replies() -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    for (code, truncated, answer) in [
+        (ResponseCode::NoError, false, true),
+        (ResponseCode::NoError, true, false),
+        (ResponseCode::Refused, false, false),
+    ] {
+        let mut m = query("example.test.", RecordType::A, false);
+        m.metadata.message_type = MessageType::Response;
+        m.metadata.response_code = code;
+        m.metadata.truncation = truncated;
+        if answer && let Ok(name) = Name::from_ascii("example.test.") {
+            m.add_answer(Record::from_rdata(name, 60, RData::A(A::new(192, 0, 2, 55))));
+        }
+        out.push(m.to_vec().unwrap_or_else(|e| panic!("encode reply: {e}")));
+    }
+    out
+}
