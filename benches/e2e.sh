@@ -3,14 +3,18 @@
 # (no capture, no proxy) versus Ambit (in-pod capture + one dedicated proxy per pod, HBONE).
 # Prints a markdown table with medians over REPS runs and ratios to direct from the same run.
 #
-# Usage: sudo bash benches/e2e.sh [REPS] [SECONDS]     (defaults: 3 runs of 10 s each)
-# Extra proxy settings: PROXY_ENV="ZTUNNEL_WORKER_THREADS=1" sudo -E bash benches/e2e.sh
+# Usage, as root: bash benches/e2e.sh [REPS] [SECONDS]     (defaults: 3 runs of 10 s each)
+# Extra proxy settings: PROXY_ENV="ZTUNNEL_WORKER_THREADS=1" bash benches/e2e.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPS=${1:-3}
 SECS=${2:-10}
-[ "$(id -u)" -eq 0 ] || { echo "needs root" >&2; exit 1; }
-for c in iperf3 sockperf wrk nginx curl; do command -v $c >/dev/null || { echo "missing $c (apt-get install iperf3 sockperf wrk nginx-light curl)" >&2; exit 1; }; done
+[ "$(id -u)" -eq 0 ] || { echo "needs root: run it as root" >&2; exit 1; }
+need=()
+for c in cc:build-essential iperf3:iperf3 sockperf:sockperf wrk:wrk nginx:nginx-light curl:curl python3:python3 \
+  ip:iproute2 iptables-restore:iptables sysctl:procps; do command -v "${c%%:*}" >/dev/null || need+=("${c#*:}"); done
+[ ${#need[@]} -eq 0 ] || { echo "installing ${need[*]}"; apt-get update -qq &&
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null; }
 cargo build --release -q -p ambit --features jemalloc
 AMBIT=$PWD/target/release/ambit
 . scripts/netns-lib.sh

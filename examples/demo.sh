@@ -4,22 +4,25 @@
 # ztunnel-format config file. Pod A fetches a page from nginx in pod B; the request travels as
 # HBONE (mTLS on port 15008), nginx sees A's address, and the proxies log and count it.
 #
-# Usage: sudo bash examples/demo.sh     (Debian/Ubuntu; installs what it needs with apt)
+# Usage, as root: bash examples/demo.sh   (Debian/Ubuntu with Rust; installs what it needs with apt,
+# the C toolchain included)
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 
 if [ "$(id -u)" -ne 0 ]; then
-  echo "demo.sh needs root (network namespaces); run: sudo bash examples/demo.sh" >&2
+  echo "demo.sh needs root (network namespaces); run it as root: bash examples/demo.sh" >&2
   exit 1
 fi
 need=()
-for c in ip:iproute2 iptables-restore:iptables nginx:nginx-light curl:curl tcpdump:tcpdump; do
+for c in cc:build-essential ip:iproute2 iptables-restore:iptables nginx:nginx-light curl:curl \
+  tcpdump:tcpdump xargs:findutils sysctl:procps; do
   command -v "${c%%:*}" >/dev/null || need+=("${c#*:}")
 done
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing ${need[*]}"
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    ca-certificates "${need[@]}" >/dev/null
 fi
 echo "building ambit (release)…"
 cargo build --release -q -p ambit
