@@ -163,7 +163,8 @@ fn proxy_style_spoofed_connection_replies_return_through_table_100() {
     assert!(real_b.peers().is_empty());
 
     // Without the policy route the app's replies would go to the real b and the handshake fails.
-    a.run_cmd("ip", &["-4", "rule", "del", "fwmark", "0x111/0xfff", "lookup", "100"]);
+    let del = a.run_cmd("ip", &["-4", "rule", "del", "fwmark", "0x111/0xfff", "lookup", "100"]);
+    assert!(del.status.success(), "ip rule del failed: {}", String::from_utf8_lossy(&del.stderr));
     let broken = a.connect_tcp_spoofed(IpAddr::V4(b.ip4), app.addr4(), PROXY_MARK);
     assert!(broken.is_err(), "handshake must fail without the fwmark rule");
 }
