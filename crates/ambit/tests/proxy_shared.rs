@@ -639,14 +639,10 @@ fn dns_answers(msg: &[u8], id: u16) -> Result<(u8, Vec<IpAddr>), String> {
         let rtype = field(pos).ok_or_else(truncated)?;
         let rdlen = usize::from(field(pos + 8).ok_or_else(truncated)?);
         let rdata = msg.get(pos + 10..pos + 10 + rdlen).ok_or_else(truncated)?;
-        if let Ok(v4) = <[u8; 4]>::try_from(rdata).map(Ipv4Addr::from) {
-            if rtype == A {
-                ips.push(IpAddr::V4(v4));
-            }
-        } else if let Ok(v6) = <[u8; 16]>::try_from(rdata).map(std::net::Ipv6Addr::from) {
-            if rtype == AAAA {
-                ips.push(IpAddr::V6(v6));
-            }
+        match (rtype, <[u8; 4]>::try_from(rdata), <[u8; 16]>::try_from(rdata)) {
+            (A, Ok(v4), _) => ips.push(IpAddr::V4(v4.into())),
+            (AAAA, _, Ok(v6)) => ips.push(IpAddr::V6(v6.into())),
+            _ => {}
         }
         pos += 10 + rdlen;
     }
