@@ -134,6 +134,20 @@ mod tests {
         assert!(!s.matches("ns", &format!("{long}x7k2p")));
     }
 
+    proptest::proptest! {
+        /// Matching never panics (names and bases of any characters, multi-byte too), and a
+        /// match is always the base plus five generator characters.
+        #[test]
+        fn matching_never_panics(base in "\\PC{0,70}", name in "\\PC{0,80}") {
+            let s = agent("ns", &base);
+            if s.matches("ns", &name) {
+                proptest::prop_assert!(name.len() >= GENERATED_SUFFIX);
+                let suffix = &name.as_bytes()[name.len() - GENERATED_SUFFIX..];
+                proptest::prop_assert!(suffix.iter().all(|b| GENERATED_ALPHABET.contains(b)));
+            }
+        }
+    }
+
     #[test]
     fn wire_form() {
         let s = agent("ambit-system", "ambit-agent-");

@@ -179,3 +179,19 @@ fn retry_statuses() {
         assert!(!is_retry_status(s), "{s}");
     }
 }
+
+proptest! {
+    /// The agent's parse never panics, and whatever it accepts has a usable netns path.
+    #[test]
+    fn agent_parse_never_panics(
+        bytes in prop::collection::vec(any::<u8>(), 0..200),
+        netns in "[/.a-z]{0,24}",
+    ) {
+        let _ = PluginEvent::parse(&bytes);
+        let body = format!(r#"{{"Netns":{},"PodName":"p","PodNamespace":"n"}}"#, serde_json::Value::String(netns.clone()));
+        if let Ok(ev) = PluginEvent::parse(body.as_bytes()) {
+            prop_assert!(ev.netns.starts_with('/'));
+            prop_assert!(!ev.netns.split('/').any(|c| c == "." || c == ".."));
+        }
+    }
+}
