@@ -5,9 +5,14 @@
 //! its namespace's labels. The default selectors give Istio's behaviour: pod label
 //! `istio.io/dataplane-mode=ambient`, or namespace label `istio.io/dataplane-mode=ambient` unless
 //! the pod opts out with `istio.io/dataplane-mode=none`.
+//!
+//! The node's own pods — the agent's (by `POD_NAMESPACE`/`POD_NAME`) and the node proxy's (by
+//! namespace and labels, like istio-cni's `app=ztunnel` rule) — are never enrolled, whatever
+//! their namespace's labels say: capturing the proxy's own traffic would loop it into itself.
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use ambit_cni::SystemRole;
 use serde::Deserialize;
 
 use crate::model::{Namespace, Pod};
@@ -81,6 +86,8 @@ pub enum Decision {
 /// Why a pod is not enrolled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SkipReason {
+    /// One of the node's own pods (the agent's or the node proxy's).
+    SystemPod(SystemRole),
     /// `hostNetwork: true`: there is no pod network namespace to capture in.
     HostNetwork,
     /// The pod has a sidecar.
@@ -100,6 +107,31 @@ pub struct Enrollment {
     pub selectors: Vec<EnablementSelector>,
     /// Namespaces never enrolled.
     pub excluded_namespaces: BTreeSet<String>,
+    /// The node's own pods, never enrolled.
+    pub system: SystemSelector,
+}
+
+/// How the agent recognises the node's own pods.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SystemSelector {
+    /// The agent's own pod: `(POD_NAMESPACE, POD_NAME)`.
+    pub agent: Option<(String, String)>,
+    /// The node proxy's pods: their namespace and a label selector.
+    pub proxy: Option<(String, LabelSelector)>,
+}
+
+impl SystemSelector {
+    /// Whether `pod` is the agent's or a node proxy's pod.
+    pub fn role(&self, pod: &Pod) -> Option<SystemRole> {
+        if self.agent.as_ref().is_some_and(|(ns, name)| *ns == pod.namespace && *name == pod.name) {
+            return Some(SystemRole::Agent);
+        }
+        let proxy = self
+            .proxy
+            .as_ref()
+            .is_some_and(|(ns, sel)| *ns == pod.namespace && !sel.is_empty() && sel.matches(&pod.labels));
+        proxy.then_some(SystemRole::Proxy)
+    }
 }
 
 /// A selector list that cannot be used.
@@ -109,7 +141,11 @@ pub struct SelectorError(#[from] serde_json::Error);
 
 impl Default for Enrollment {
     fn default() -> Self {
-        Enrollment { selectors: default_selectors(), excluded_namespaces: ["kube-system".to_owned()].into() }
+        Enrollment {
+            selectors: default_selectors(),
+            excluded_namespaces: ["kube-system".to_owned()].into(),
+            system: SystemSelector::default(),
+        }
     }
 }
 
@@ -146,6 +182,23 @@ pub fn parse_selectors(json: &str) -> Result<Vec<EnablementSelector>, SelectorEr
 }
 
 impl LabelSelector {
+    /// Parses `key=value[,key=value…]` into `matchLabels` (the form of `kubectl -l` without
+    /// set operators).
+    pub fn parse_equalities(s: &str) -> Result<LabelSelector, String> {
+        let mut match_labels = BTreeMap::new();
+        for term in s.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+            let Some((k, v)) = term.split_once('=') else {
+                return Err(format!("{term:?} is not key=value"));
+            };
+            let (k, v) = (k.trim(), v.trim());
+            if k.is_empty() || v.contains('=') {
+                return Err(format!("{term:?} is not key=value"));
+            }
+            match_labels.insert(k.to_owned(), v.to_owned());
+        }
+        Ok(LabelSelector { match_labels, match_expressions: Vec::new() })
+    }
+
     /// Whether `labels` satisfy the selector.
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
         self.match_labels.iter().all(|(k, v)| labels.get(k) == Some(v))
@@ -191,7 +244,9 @@ impl Enrollment {
 
     /// The full decision for a pod in its namespace.
     pub fn decide(&self, pod: &Pod, ns: &Namespace) -> Decision {
-        let skip = if pod.host_network {
+        let skip = if let Some(role) = self.system.role(pod) {
+            SkipReason::SystemPod(role)
+        } else if pod.host_network {
             SkipReason::HostNetwork
         } else if pod.annotations.contains_key(SIDECAR_STATUS) {
             SkipReason::Sidecar

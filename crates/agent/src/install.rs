@@ -55,6 +55,9 @@
 //! repairs each one waits 250 ms, doubling up to 1 s, and a warning names the file. The wait
 //! stays short because while our entry is missing new pods start unmeshed.
 //!
+//! The entry can change while the agent runs ([`Installer::set_entry`]: the node's own pods it
+//! learns); the loop then rewrites the config at once, without counting it as a repair.
+//!
 //! [`Installer::ready`] is true after a pass that validated, false from the moment a check
 //! fails until the repair validated. [`Installer::repairs`] counts repairs for metrics. An
 //! error in the first pass ends [`Installer::run`] (the caller exits, the DaemonSet restarts
@@ -79,7 +82,7 @@ use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use serde_json::{Map, Value};
 
@@ -232,14 +235,22 @@ pub enum InstallError {
 #[derive(Debug)]
 struct Inner {
     cfg: InstallConfig,
-    /// Our entry as it goes into a list (no `cniVersion`: the list's applies).
-    entry: Map<String, Value>,
-    /// Our standalone conf file's content.
-    standalone: Map<String, Value>,
+    entries: RwLock<Entries>,
+    /// Bumped by every [`Installer::set_entry`] that changed the entry.
+    generation: AtomicU64,
     ready: AtomicBool,
     repairs: AtomicU64,
     /// The config that preempts the configured `conf_name`, last warned about.
     preempted: Mutex<Option<PathBuf>>,
+}
+
+/// What we write, derived from the configured entry.
+#[derive(Clone, Debug)]
+struct Entries {
+    /// Our entry as it goes into a list (no `cniVersion`: the list's applies).
+    entry: Map<String, Value>,
+    /// Our standalone conf file's content.
+    standalone: Map<String, Value>,
 }
 
 impl Installer {
@@ -266,33 +277,50 @@ impl Installer {
                 "the standalone CNI conf name must end in .conf (it holds a single plugin)".into(),
             ));
         }
-        let mut entry = cfg.plugin_entry.clone();
-        match entry.get("type") {
-            None => {}
-            Some(Value::String(t)) if *t == cfg.plugin_name => {}
-            Some(other) => {
-                return Err(InstallError::Config(format!(
-                    "plugin entry type {other} differs from the plugin name {:?}",
-                    cfg.plugin_name
-                )));
-            }
-        }
-        entry.insert("type".into(), Value::String(cfg.plugin_name.clone()));
-        entry.entry("name").or_insert_with(|| Value::String(cfg.plugin_name.clone()));
-        let version =
-            entry.remove("cniVersion").unwrap_or_else(|| Value::String(STANDALONE_CNI_VERSION.into()));
-        let mut standalone = entry.clone();
-        standalone.insert("cniVersion".into(), version);
+        let entries = Entries::of(&cfg.plugin_entry, &cfg.plugin_name)?;
         Ok(Self {
             inner: Arc::new(Inner {
                 cfg,
-                entry,
-                standalone,
+                entries: RwLock::new(entries),
+                generation: AtomicU64::new(0),
                 ready: AtomicBool::new(false),
                 repairs: AtomicU64::new(0),
                 preempted: Mutex::new(None),
             }),
         })
+    }
+
+    /// Replaces our entry (same rules as `plugin_entry`); [`Installer::run`] writes it at once.
+    /// Returns whether it changed.
+    pub fn set_entry(&self, entry: &Map<String, Value>) -> Result<bool, InstallError> {
+        let new = Entries::of(entry, &self.inner.cfg.plugin_name)?;
+        let mut entries = self.inner.entries.write().unwrap_or_else(|p| p.into_inner());
+        if entries.entry == new.entry && entries.standalone == new.standalone {
+            return Ok(false);
+        }
+        *entries = new;
+        self.inner.generation.fetch_add(1, Ordering::AcqRel);
+        Ok(true)
+    }
+
+    /// Our entry as the config kubelet uses holds it now (chained mode), if it is there once.
+    pub fn installed_entry(&self) -> Option<Map<String, Value>> {
+        let ours = &self.inner.cfg.plugin_name;
+        if !self.inner.cfg.chained {
+            return conf::load(&self.standalone_path(), Kind::Conf).ok().map(|f| f.doc);
+        }
+        let file = self.primary().ok()??;
+        let plugins = file.doc.get("plugins")?.as_array()?;
+        let mut mine = plugins
+            .iter()
+            .filter_map(Value::as_object)
+            .filter(|p| p.get("type") == Some(&Value::String(ours.clone())));
+        let entry = mine.next()?.clone();
+        mine.next().is_none().then_some(entry)
+    }
+
+    fn entries(&self) -> Entries {
+        self.inner.entries.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Whether the last check found everything installed.
@@ -309,10 +337,11 @@ impl Installer {
     pub fn install(&self) -> Result<InstallOutcome, InstallError> {
         let cfg = &self.inner.cfg;
         let source = self.source()?;
+        let entries = self.entries();
         let mut changed = self.install_binaries(&source)?;
         if !cfg.chained {
             let path = self.standalone_path();
-            let bytes = render(&path, &self.inner.standalone)?;
+            let bytes = render(&path, &entries.standalone)?;
             fs::create_dir_all(&cfg.conf_dir)
                 .map_err(|source| InstallError::WriteConfig { path: cfg.conf_dir.clone(), source })?;
             // Size first: never open (and block on) a FIFO someone left in our place.
@@ -328,11 +357,11 @@ impl Installer {
             return Ok(InstallOutcome::WaitingForPrimary);
         };
         let ours = &cfg.plugin_name;
-        if primary.chained(ours, &self.inner.entry) == Chained::Yes {
+        if primary.chained(ours, &entries.entry) == Chained::Yes {
             return Ok(InstallOutcome::Installed { config: primary.path, changed });
         }
         let stem = stem(&primary.path);
-        let doc = conf::chain(&primary, ours, &self.inner.entry, &stem);
+        let doc = conf::chain(&primary, ours, &entries.entry, &stem);
         let target = match primary.kind {
             Kind::ConfList => primary.path.clone(),
             Kind::Conf => primary.path.with_file_name(format!("{stem}.conflist")),
@@ -358,11 +387,12 @@ impl Installer {
     /// standalone file is in place) and every bin dir holds the same bytes as the source.
     pub fn validate(&self) -> Validation {
         let cfg = &self.inner.cfg;
+        let entries = self.entries();
         let mut problems = Vec::new();
         if cfg.chained {
             match self.primary() {
                 Ok(None) => problems.push(Problem::NoPrimaryConfig(cfg.conf_dir.clone())),
-                Ok(Some(f)) => match f.chained(&cfg.plugin_name, &self.inner.entry) {
+                Ok(Some(f)) => match f.chained(&cfg.plugin_name, &entries.entry) {
                     Chained::Yes => {}
                     Chained::Missing => problems.push(Problem::NotChained(f.path)),
                     Chained::Stale => problems.push(Problem::StaleEntry(f.path)),
@@ -372,7 +402,7 @@ impl Installer {
         } else {
             let path = self.standalone_path();
             match conf::load(&path, Kind::Conf) {
-                Ok(f) if f.doc == self.inner.standalone => {}
+                Ok(f) if f.doc == entries.standalone => {}
                 _ => problems.push(Problem::Standalone(path)),
             }
         }
@@ -494,6 +524,28 @@ impl Installer {
             fsio::remove_stale(dir, &prefix).map_err(err)?;
         }
         fsio::write_atomic(&real, bytes, mode, owner, &prefix).map_err(err)
+    }
+}
+
+impl Entries {
+    fn of(configured: &Map<String, Value>, plugin_name: &str) -> Result<Entries, InstallError> {
+        let mut entry = configured.clone();
+        match entry.get("type") {
+            None => {}
+            Some(Value::String(t)) if t == plugin_name => {}
+            Some(other) => {
+                return Err(InstallError::Config(format!(
+                    "plugin entry type {other} differs from the plugin name {plugin_name:?}"
+                )));
+            }
+        }
+        entry.insert("type".into(), Value::String(plugin_name.to_owned()));
+        entry.entry("name").or_insert_with(|| Value::String(plugin_name.to_owned()));
+        let version =
+            entry.remove("cniVersion").unwrap_or_else(|| Value::String(STANDALONE_CNI_VERSION.into()));
+        let mut standalone = entry.clone();
+        standalone.insert("cniVersion".into(), version);
+        Ok(Entries { entry, standalone })
     }
 }
 

@@ -2,20 +2,27 @@
 //! their network namespaces and hands those namespaces to the node proxy over ZDS.
 //!
 //! Parts: the pod and namespace model and Istio's enrollment rules; sources (a folder of YAML
-//! objects, or the Kubernetes API); finding a running pod's network namespace from `/proc`;
-//! the core that adds pods to and removes them from the mesh (capture through
-//! `ambit-redirect`, the ZDS server, the redirection annotation); the CNI event server; the
-//! CNI installer; and `app`, which wires them into `ambit agent`.
+//! objects, or the Kubernetes API); finding a running pod's network namespace from `/proc`, and
+//! checking the one a CNI ADD names; the core that adds pods to and removes them from the mesh
+//! (capture through `ambit-redirect`, the ZDS server); the redirection annotation, written as a
+//! report with retries; the CNI event server; the CNI installer; and `app`, which wires them
+//! into `ambit agent`. The plugin ⇄ agent contract (event, socket, enrollment cache, config
+//! keys) is `ambit-cni`'s library, shared with the plugin.
 
 pub mod addrs;
+pub mod annotate;
 pub mod app;
+pub mod capture;
 pub mod enroll;
-pub mod event;
 pub mod install;
 pub mod kube;
 pub mod mesh;
 pub mod model;
+pub mod podns;
 pub mod procfs;
 pub mod server;
 pub mod source;
 pub mod zds;
+
+#[cfg(test)]
+mod test_support;

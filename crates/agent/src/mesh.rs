@@ -7,6 +7,10 @@
 //! again) and the error is final for this attempt; if the proxy is missing or refuses, the pod
 //! is marked `pending` and the attempt is retried (by the caller) — meanwhile its traffic is
 //! captured with no proxy listening, so it cannot bypass the mesh (fail closed).
+//!
+//! The annotation is a report, not part of safety: the outcome of an ADD depends on capture and
+//! the proxy's ack only, and the annotation is written afterwards, with retries, by
+//! [`Annotations`] (unlike istio-cni, which fails the ADD when the patch fails).
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -15,40 +19,16 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use ambit_netns::Netns;
+use ambit_cni::{EnrollmentCache, PluginEvent};
+use ambit_netns::{Netns, NetnsError};
 use ambit_zds::WorkloadInfo;
-use futures::future::BoxFuture;
 
+use crate::annotate::Annotations;
+use crate::capture::{Capture, CaptureError};
 use crate::enroll::{Decision, Enrollment};
-use crate::event::PluginEvent;
 use crate::model::{Namespace, Pod};
+use crate::podns::{HostNamespaces, NetnsRefusal};
 use crate::zds::{PodEntry, ZdsError, ZdsServer};
-
-/// Installs and removes the capture rules inside a pod's network namespace.
-pub trait Capture: Send + Sync + 'static {
-    /// Installs (or repairs) the pod's capture; idempotent.
-    fn apply(&self, netns: &Netns, pod: &Pod) -> Result<(), String>;
-    /// Removes the pod's capture; idempotent.
-    fn remove(&self, netns: &Netns) -> Result<(), String>;
-    /// Host side of an enrolled pod (probe SNAT entries for its IPs); idempotent.
-    fn host_add(&self, _pod: &Pod) -> Result<(), String> {
-        Ok(())
-    }
-    /// Removes the host side of a pod that left the mesh; idempotent.
-    fn host_remove(&self, _pod: &Pod) -> Result<(), String> {
-        Ok(())
-    }
-}
-
-/// Records the agent's view on the pod object (Kubernetes: `pods/status` patch).
-pub trait Annotate: Send + Sync + 'static {
-    /// Sets `ambient.istio.io/redirection` to `value`, or removes it (`None`).
-    fn set_redirection(
-        &self,
-        pod: &Pod,
-        value: Option<&'static str>,
-    ) -> BoxFuture<'static, Result<(), String>>;
-}
 
 /// What a CNI ADD resulted in.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -65,39 +45,56 @@ pub enum MeshError {
     /// The pod or its namespace is not known (yet).
     #[error("pod {0} is not known to the agent (yet); is the pod source in sync?")]
     UnknownPod(String),
-    /// The pod's network namespace cannot be found or opened.
-    #[error("cannot find the network namespace of pod {pod}: {error}")]
+    /// The network namespace a CNI ADD names is refused (not a pod's; see [`crate::podns`]).
+    #[error("refusing CNI_NETNS {netns} of pod {pod}: {reason}")]
+    InvalidNetns {
+        /// `namespace/name`.
+        pod: String,
+        /// The path as the runtime sent it.
+        netns: String,
+        /// Why.
+        reason: NetnsRefusal,
+    },
+    /// A running pod's network namespace cannot be found or opened.
+    #[error("cannot find the network namespace of pod {pod}: {reason}")]
     Netns {
         /// `namespace/name`.
         pod: String,
         /// Why.
-        error: String,
+        reason: NetnsLookup,
     },
     /// Capture could not be installed or removed.
-    #[error("traffic capture for pod {pod} failed: {error}")]
+    #[error("traffic capture for pod {pod} failed: {source}")]
     Capture {
         /// `namespace/name`.
         pod: String,
         /// Why.
-        error: String,
+        #[source]
+        source: CaptureError,
     },
     /// The node proxy did not take the pod.
     #[error(transparent)]
     Proxy(#[from] ZdsError),
-    /// The annotation could not be written.
-    #[error("cannot annotate pod {pod}: {error}")]
-    Annotate {
-        /// `namespace/name`.
-        pod: String,
-        /// Why.
-        error: String,
-    },
+}
+
+/// Why a running pod's network namespace was not found through `/proc`.
+#[derive(Debug, thiserror::Error)]
+pub enum NetnsLookup {
+    /// No process of the pod holds one of its addresses.
+    #[error("no process of the pod found in /proc (is the pod running?)")]
+    NotRunning,
+    /// Found, but it does not open as a network namespace.
+    #[error(transparent)]
+    Open(#[from] NetnsError),
+    /// The pod's processes run in the agent's or the host's namespace.
+    #[error("its processes run in {0}")]
+    Host(String),
 }
 
 impl MeshError {
-    /// Whether trying again later can succeed.
+    /// Whether trying again later can succeed (the event server answers 503 for these).
     pub fn retryable(&self) -> bool {
-        matches!(self, MeshError::Proxy(_) | MeshError::Annotate { .. } | MeshError::UnknownPod(_))
+        matches!(self, MeshError::Proxy(_) | MeshError::UnknownPod(_))
     }
 }
 
@@ -108,6 +105,8 @@ pub struct HostPaths {
     pub netns_prefix: PathBuf,
     /// The host's `/proc`.
     pub proc_root: PathBuf,
+    /// Namespaces no pod may have: the agent's own and the host's.
+    pub host_namespaces: HostNamespaces,
 }
 
 /// The agent's core state and operations.
@@ -115,7 +114,7 @@ pub struct Mesh {
     enrollment: Enrollment,
     zds: Arc<ZdsServer>,
     capture: Arc<dyn Capture>,
-    annotate: Arc<dyn Annotate>,
+    annotations: Arc<Annotations>,
     paths: HostPaths,
     state: Mutex<State>,
     /// Signalled after pods are stored (wakes CNI ADDs waiting for their pod).
@@ -141,19 +140,20 @@ struct Enrolled {
 }
 
 impl Mesh {
-    /// A mesh core with empty caches.
+    /// A mesh core with empty caches; annotations are written through `annotations` (whose
+    /// worker the caller runs).
     pub fn new(
         enrollment: Enrollment,
         zds: Arc<ZdsServer>,
         capture: Arc<dyn Capture>,
-        annotate: Arc<dyn Annotate>,
+        annotations: Arc<Annotations>,
         paths: HostPaths,
     ) -> Arc<Mesh> {
         Arc::new(Mesh {
             enrollment,
             zds,
             capture,
-            annotate,
+            annotations,
             paths,
             state: Mutex::new(State::default()),
             pods_stored: Notify::new(),
@@ -209,8 +209,10 @@ impl Mesh {
             pod
         };
         let was_enrolled = self.lock().enrolled.contains_key(uid);
+        // Nothing to report on a pod that is gone.
+        self.annotations.forget(uid);
         if was_enrolled {
-            self.remove_from_mesh(uid, pod.as_ref(), true).await?;
+            self.remove_from_mesh(uid, pod.as_ref(), Removal::Deleted).await?;
         }
         Ok(())
     }
@@ -232,20 +234,26 @@ impl Mesh {
                 if pod.ips.is_empty() {
                     return Ok(()); // no IP yet: a later update (or the CNI ADD) brings it
                 }
-                self.add_to_mesh(&pod, None).await
+                let netns = self.find_netns(&pod).map_err(|reason| MeshError::Netns {
+                    pod: format!("{}/{}", pod.namespace, pod.name),
+                    reason,
+                })?;
+                self.add_to_mesh(&pod, netns, false).await
             }
             Decision::Enroll => Ok(()),
             Decision::Skip(reason) if enrolled => {
                 tracing::info!(pod = %format!("{}/{}", pod.namespace, pod.name), ?reason, "releasing pod from the mesh");
-                let terminal = pod.phase.is_terminal();
-                self.remove_from_mesh(uid, Some(&pod), terminal).await
+                let removal = if pod.phase.is_terminal() { Removal::Terminated } else { Removal::Released };
+                self.remove_from_mesh(uid, Some(&pod), removal).await
             }
             Decision::Skip(_) => Ok(()),
         }
     }
 
     /// A CNI ADD: looks the pod up (waiting briefly for the pod source to catch up), and
-    /// enrolls it from the runtime's netns path when it must be enrolled.
+    /// enrolls it from the runtime's netns path when it must be enrolled. The event's form was
+    /// checked when it was parsed ([`PluginEvent::parse`]); what is at the path is checked here,
+    /// before anything enters it (see [`crate::podns`]).
     pub async fn cni_add(&self, ev: &PluginEvent) -> Result<AddOutcome, MeshError> {
         let key = (ev.pod_namespace.clone(), ev.pod_name.clone());
         // The runtime can be a little ahead of the pod source: ask the source to look now and
@@ -273,11 +281,18 @@ impl Mesh {
             return Ok(AddOutcome::NotEnrolled(format!("{reason:?}")));
         }
         // The runtime's IPs are authoritative here: the pod status has none yet.
-        if !ev.ips.is_empty() {
-            pod.ips = ev.ips.clone();
+        let ips = ev.pod_ips();
+        if !ips.is_empty() {
+            pod.ips = ips;
         }
-        let path = self.paths.netns_prefix.join(ev.netns.trim_start_matches('/'));
-        self.add_to_mesh(&pod, Some(&path)).await?;
+        let path = crate::podns::host_path(&self.paths.netns_prefix, &ev.netns);
+        let netns =
+            self.paths.host_namespaces.open_pod_netns(&path).map_err(|reason| MeshError::InvalidNetns {
+                pod: format!("{}/{}", pod.namespace, pod.name),
+                netns: ev.netns.clone(),
+                reason,
+            })?;
+        self.add_to_mesh(&pod, netns, true).await?;
         Ok(AddOutcome::Enrolled)
     }
 
@@ -295,24 +310,20 @@ impl Mesh {
         self.lock().enrolled.keys().cloned().collect()
     }
 
-    async fn add_to_mesh(&self, pod: &Pod, netns_path: Option<&Path>) -> Result<(), MeshError> {
+    /// Captures the pod and hands it to the proxy. `from_cni`: a CNI ADD (the sandbox has not
+    /// started; on failure nothing is left behind), else a running pod being enrolled.
+    async fn add_to_mesh(&self, pod: &Pod, netns: Netns, from_cni: bool) -> Result<(), MeshError> {
         let name = format!("{}/{}", pod.namespace, pod.name);
-        let netns = match netns_path {
-            Some(p) => {
-                Netns::open(p).map_err(|e| MeshError::Netns { pod: name.clone(), error: e.to_string() })?
-            }
-            None => self.find_netns(pod).map_err(|error| MeshError::Netns { pod: name.clone(), error })?,
-        };
         let netns = Arc::new(netns);
         let (capture, fd, p) = (self.capture.clone(), netns.clone(), pod.clone());
         let applied = tokio::task::spawn_blocking(move || capture.apply(&fd, &p))
             .await
-            .unwrap_or_else(|e| Err(format!("capture task failed: {e}")));
-        if let Err(error) = applied {
+            .unwrap_or_else(|e| Err(CaptureError::Task(e.to_string())));
+        if let Err(source) = applied {
             // Leave nothing half-applied.
             let (capture, fd) = (self.capture.clone(), netns.clone());
             let _ = tokio::task::spawn_blocking(move || capture.remove(&fd)).await;
-            return Err(MeshError::Capture { pod: name, error });
+            return Err(MeshError::Capture { pod: name, source });
         }
         let info = WorkloadInfo {
             name: pod.name.clone(),
@@ -321,7 +332,7 @@ impl Mesh {
         };
         let entry = PodEntry { uid: pod.uid.clone(), info: info.clone(), netns: Some(netns.clone()) };
         if let Err(e) = self.zds.add(entry).await {
-            if netns_path.is_some() {
+            if from_cni {
                 // CNI ADD: the pod has not started and the runtime retries the whole sandbox,
                 // so leave nothing behind in this namespace.
                 let (capture, fd) = (self.capture.clone(), netns.clone());
@@ -329,7 +340,7 @@ impl Mesh {
             } else {
                 // A running pod being enrolled keeps its capture while the proxy is missing:
                 // its traffic stops rather than bypassing the mesh (fail closed); retried.
-                let _ = self.annotate.set_redirection(pod, Some("pending")).await;
+                self.annotations.set(pod, Some("pending"));
             }
             return Err(e.into());
         }
@@ -337,23 +348,28 @@ impl Mesh {
         if let Err(error) = self.capture.host_add(pod) {
             tracing::warn!(pod = %name, %error, "probe SNAT entry not added; kubelet probes may be refused under STRICT mTLS");
         }
-        self.annotate
-            .set_redirection(pod, Some("enabled"))
-            .await
-            .map_err(|error| MeshError::Annotate { pod: name.clone(), error })?;
+        // A report only: written (and retried) by the annotation worker, never failing the ADD.
+        self.annotations.set(pod, Some("enabled"));
         tracing::info!(pod = %name, "pod added to the mesh");
         Ok(())
     }
 
-    async fn remove_from_mesh(&self, uid: &str, pod: Option<&Pod>, deleted: bool) -> Result<(), MeshError> {
+    async fn remove_from_mesh(
+        &self,
+        uid: &str,
+        pod: Option<&Pod>,
+        removal: Removal,
+    ) -> Result<(), MeshError> {
         let name = pod.map(|p| format!("{}/{}", p.namespace, p.name)).unwrap_or_else(|| uid.to_owned());
         let netns = self.lock().enrolled.get(uid).and_then(|e| e.netns.clone());
-        if !deleted && let Some(fd) = netns {
+        if removal == Removal::Released
+            && let Some(fd) = netns
+        {
             let capture = self.capture.clone();
             tokio::task::spawn_blocking(move || capture.remove(&fd))
                 .await
-                .unwrap_or_else(|e| Err(format!("capture task failed: {e}")))
-                .map_err(|error| MeshError::Capture { pod: name.clone(), error })?;
+                .unwrap_or_else(|e| Err(CaptureError::Task(e.to_string())))
+                .map_err(|source| MeshError::Capture { pod: name.clone(), source })?;
         }
         self.zds.del(uid).await?;
         self.lock().enrolled.remove(uid);
@@ -362,21 +378,17 @@ impl Mesh {
         {
             tracing::warn!(pod = %name, %error, "probe SNAT entry not removed");
         }
-        let annotated = match pod {
-            Some(p) => self.annotate.set_redirection(p, None).await,
-            None => Ok(()),
-        };
-        if let Err(error) = annotated
-            && !deleted
+        if let Some(p) = pod
+            && removal != Removal::Deleted
         {
-            return Err(MeshError::Annotate { pod: name, error });
+            self.annotations.set(p, None);
         }
         tracing::info!(pod = %name, "pod removed from the mesh");
         Ok(())
     }
 
     /// Finds a running pod's netns through its processes (pods enrolled after they started).
-    fn find_netns(&self, pod: &Pod) -> Result<Netns, String> {
+    fn find_netns(&self, pod: &Pod) -> Result<Netns, NetnsLookup> {
         let wanted: HashSet<String> = [pod.uid.clone()].into();
         let ips = pod.ips.clone();
         let found = crate::procfs::scan(&self.paths.proc_root, &wanted, |_, netns_path| {
@@ -384,8 +396,12 @@ impl Mesh {
             let local = crate::addrs::local_addresses(pid_dir);
             ips.iter().any(|ip| local.contains(ip))
         });
-        let f = found.get(&pod.uid).ok_or("no process of the pod found in /proc (is the pod running?)")?;
-        Netns::open(&f.netns_path).map_err(|e| e.to_string())
+        let f = found.get(&pod.uid).ok_or(NetnsLookup::NotRunning)?;
+        let netns = Netns::open(&f.netns_path)?;
+        match self.paths.host_namespaces.which(netns.id()) {
+            Some(what) => Err(NetnsLookup::Host(what.to_owned())),
+            None => Ok(netns),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -419,7 +435,9 @@ impl Mesh {
                 return Ok(false);
             }
         };
-        self.capture.apply(&netns, &pod).map_err(|error| MeshError::Capture { pod: name.clone(), error })?;
+        self.capture
+            .apply(&netns, &pod)
+            .map_err(|source| MeshError::Capture { pod: name.clone(), source })?;
         let info = WorkloadInfo {
             name: pod.name.clone(),
             namespace: pod.namespace.clone(),
@@ -445,9 +463,9 @@ impl Mesh {
 }
 
 impl Mesh {
-    /// The enrollment cache the CNI plugin reads when the agent is down (see `ambit-cni`'s
-    /// `cache` module): namespaces with whether their labels enroll them, and enrolled pods.
-    pub fn enrollment_cache(&self) -> serde_json::Value {
+    /// The enrollment cache the CNI plugin reads when the agent is down (`ambit_cni::cache`):
+    /// namespaces with whether pods there may be enrolled, and enrolled pods.
+    pub fn enrollment_cache(&self) -> EnrollmentCache {
         let st = self.lock();
         // Namespaces where some pod is selected by its own labels: its siblings (e.g. a new
         // replica created while the agent is down) likely carry the same labels. One pass over
@@ -455,25 +473,57 @@ impl Mesh {
         let by_pod_label: HashSet<&str> = st
             .pods
             .values()
+            .filter(|p| self.enrollment.system.role(p).is_none())
             .filter(|p| st.namespaces.get(&p.namespace).is_some_and(|ns| self.enrollment.selected(p, ns)))
             .map(|p| p.namespace.as_str())
             .collect();
-        let namespaces: serde_json::Map<String, serde_json::Value> = st
+        let namespaces = st
             .namespaces
             .values()
             .map(|ns| {
                 let may_enroll = !self.enrollment.excluded_namespaces.contains(&ns.name)
                     && (self.enrollment.namespace_enrolls(ns) || by_pod_label.contains(ns.name.as_str()));
-                (ns.name.clone(), serde_json::Value::Bool(may_enroll))
+                (ns.name.clone(), may_enroll)
             })
             .collect();
-        let mut pods: Vec<String> = st
+        let enrolled_pods = st
             .enrolled
             .keys()
             .filter_map(|uid| st.pods.get(uid))
-            .map(|p| format!("{}/{}", p.namespace, p.name))
+            .map(|p| EnrollmentCache::pod_key(&p.namespace, &p.name))
             .collect();
-        pods.sort();
-        serde_json::json!({ "namespaces": namespaces, "enrolledPods": pods })
+        EnrollmentCache { namespaces, enrolled_pods }
     }
+
+    /// The node's own pods among the known ones (the agent's and the proxy's), with their
+    /// `generateName`: what the plugin needs to admit their replacements without an agent.
+    pub fn system_pods(&self) -> Vec<ambit_cni::SystemPod> {
+        let st = self.lock();
+        let mut found: Vec<ambit_cni::SystemPod> = st
+            .pods
+            .values()
+            .filter(|p| !p.generate_name.is_empty())
+            .filter_map(|p| {
+                Some(ambit_cni::SystemPod {
+                    role: self.enrollment.system.role(p)?,
+                    namespace: p.namespace.clone(),
+                    generate_name: p.generate_name.clone(),
+                })
+            })
+            .collect();
+        found.sort();
+        found.dedup();
+        found
+    }
+}
+
+/// How a pod leaves the mesh.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Removal {
+    /// It stays but is no longer enrolled: its rules are removed.
+    Released,
+    /// It terminated: its netns may be gone, rules are left alone; the annotation is removed.
+    Terminated,
+    /// The pod object is gone: nothing to remove in its netns, nothing to annotate.
+    Deleted,
 }

@@ -15,6 +15,8 @@ pub struct Pod {
     pub name: String,
     /// `metadata.namespace`.
     pub namespace: String,
+    /// `metadata.generateName` (`<daemonset>-` for a DaemonSet's pods; empty when not generated).
+    pub generate_name: String,
     /// `metadata.labels`.
     pub labels: BTreeMap<String, String>,
     /// `metadata.annotations`.
@@ -90,6 +92,7 @@ struct Meta {
     uid: String,
     name: String,
     namespace: String,
+    generate_name: String,
     labels: BTreeMap<String, String>,
     annotations: BTreeMap<String, String>,
 }
@@ -163,6 +166,7 @@ impl Pod {
             uid: raw.metadata.uid,
             name: raw.metadata.name,
             namespace: raw.metadata.namespace,
+            generate_name: raw.metadata.generate_name,
             labels: raw.metadata.labels,
             annotations: raw.metadata.annotations,
             host_network: raw.spec.host_network,
@@ -199,7 +203,7 @@ mod tests {
     fn parses_a_pod() {
         let p = Pod::from_value(json!({
             "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"uid": "u-1", "name": "web-0", "namespace": "demo",
+            "metadata": {"uid": "u-1", "name": "web-0", "namespace": "demo", "generateName": "web-",
                          "labels": {"app": "web"}, "annotations": {"a": "b"}},
             "spec": {"serviceAccountName": "web", "nodeName": "n1", "containers": []},
             "status": {"phase": "Running", "podIP": "10.0.0.5",
@@ -207,6 +211,7 @@ mod tests {
         }))
         .expect("valid pod");
         assert_eq!(p.uid, "u-1");
+        assert_eq!(p.generate_name, "web-");
         assert_eq!(p.service_account, "web");
         assert_eq!(p.phase, Phase::Running);
         assert_eq!(p.ips.len(), 2);

@@ -1,5 +1,18 @@
 //! The CNI event server: the plugin's `POST /cmdadd` on `<run dir>/pluginevent.sock`, answered
 //! only once the pod is captured and its proxy acked (or at once when it is not enrolled).
+//!
+//! Answers (the body is always one line of text for the operator):
+//!
+//! | Status | When | The plugin reports |
+//! |---|---|---|
+//! | 200 | captured and acked, or not to be enrolled | success |
+//! | 400 | a body that is not the event, a netns path of the wrong form, a netns that is not a pod's | CNI code 999 |
+//! | 404 / 405 | another path or method | CNI code 999 |
+//! | 503 | retryable: no proxy connected, the proxy refused or did not answer, the pod not known yet | CNI code 11 (try again) |
+//! | 500 | capture failed, or a running pod's netns was not found | CNI code 999 |
+//!
+//! istio-cni answers 500 for every processing error; 503 for the retryable ones lets the
+//! plugin tell the runtime to try again (its code 11) instead of reporting a permanent failure.
 
 use std::convert::Infallible;
 use std::os::unix::fs::PermissionsExt;
@@ -14,8 +27,9 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::net::UnixListener;
 
-use crate::event::PluginEvent;
-use crate::mesh::{AddOutcome, Mesh};
+use ambit_cni::event::{EVENT_PATH, PluginEvent, STATUS_RETRY};
+
+use crate::mesh::{AddOutcome, Mesh, MeshError};
 
 /// Largest accepted request body (the event is a few hundred bytes).
 const MAX_BODY: usize = 64 * 1024;
@@ -76,8 +90,12 @@ async fn handle(req: Request<Incoming>, mesh: &Mesh, metrics: &dyn EventMetrics)
 }
 
 async fn answer(req: Request<Incoming>, mesh: &Mesh) -> (&'static str, StatusCode, String) {
-    if req.uri().path() != "/cmdadd" {
-        return ("bad_request", StatusCode::NOT_FOUND, "unknown path; the plugin posts to /cmdadd\n".into());
+    if req.uri().path() != EVENT_PATH {
+        return (
+            "bad_request",
+            StatusCode::NOT_FOUND,
+            format!("unknown path; the plugin posts to {EVENT_PATH}\n"),
+        );
     }
     if req.method() != Method::POST {
         return ("bad_request", StatusCode::METHOD_NOT_ALLOWED, "use POST\n".into());
@@ -102,9 +120,21 @@ async fn answer(req: Request<Incoming>, mesh: &Mesh) -> (&'static str, StatusCod
         }
         Err(e) => {
             tracing::warn!(%pod, error = %e, "CNI ADD failed");
-            let hint =
-                if e.retryable() { " (retryable: the runtime will retry the pod sandbox)" } else { "" };
-            ("error", StatusCode::INTERNAL_SERVER_ERROR, format!("{e}{hint}\n"))
+            let (status, hint) = status_of(&e);
+            ("error", status, format!("{e}{hint}\n"))
         }
     }
 }
+
+/// The answer's status for a failed ADD, and a hint appended to the message.
+fn status_of(e: &MeshError) -> (StatusCode, &'static str) {
+    let retry = StatusCode::from_u16(STATUS_RETRY).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+    match e {
+        MeshError::InvalidNetns { .. } => (StatusCode::BAD_REQUEST, ""),
+        e if e.retryable() => (retry, " (retryable: the runtime will retry the pod sandbox)"),
+        _ => (StatusCode::INTERNAL_SERVER_ERROR, ""),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1080,7 +1080,7 @@ fn proxy_that_never_acks() {
     assert!(fake.seen().adds.contains(&q2.uid), "the Add never reached the fake proxy");
     assert!(took >= Duration::from_secs(2) && took < Duration::from_secs(11), "took {took:?}");
     assert_eq!(err.plugin, "ambit-cni", "{err}");
-    assert!(err.code.is_some(), "not a CNI error object: {err}");
+    assert_eq!(err.code, Some(11), "an unacked Add is retryable (503 from the agent): {err}");
     assert!(
         err.msg.contains("timed out") || err.msg.contains("did not answer"),
         "the error does not say the proxy did not answer: {err}"

@@ -6,26 +6,27 @@
 //! |---|---|---|
 //! | `cni_agent_run_dir` | `/var/run/ambit` | directory holding the agent's `pluginevent.sock` |
 //! | `exclude_namespaces` | `[]` (`null` allowed) | namespaces whose pods never wait for the agent |
-//! | `pod_namespace` | none | namespace the agent runs in; with `agent_pod_prefix` recognises the agent's own pods |
-//! | `agent_pod_prefix` | `ambit-agent-` | name prefix of the agent's own pods |
+//! | `pod_namespace` | none | namespace the agent runs in (istio-cni's key; informational) |
+//! | `system_pods` | `[]` | the agent's and the node proxy's DaemonSet pods, which start without asking the agent (see [`crate::system`]) |
 //! | `agent_timeout_ms` | `10000` | total time for one ADD request to the agent (1..=600000) |
 //!
-//! Other keys (istio-cni's `ambient_enabled`, `enablement_selectors`, `plugin_log_level`, …) are
-//! accepted and ignored: the agent, not the plugin, decides which pods are enrolled.
+//! The node agent's installer writes these keys from the same struct, [`AmbitKeys`]. Other keys
+//! (istio-cni's `ambient_enabled`, `enablement_selectors`, `plugin_log_level`, …) are accepted and
+//! ignored: the agent, not the plugin, decides which pods are enrolled. Earlier versions read an
+//! `agent_pod_prefix` key (default `ambit-agent-`) that nothing wrote; it is ignored now.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::event::EVENT_SOCKET;
+use crate::system::SystemPod;
 use crate::version::{CniVersion, UnsupportedVersion};
 
 /// Default directory of the agent's plugin event socket.
 pub const DEFAULT_AGENT_RUN_DIR: &str = "/var/run/ambit";
-/// Default name prefix of the node agent's own pods.
-pub const DEFAULT_AGENT_POD_PREFIX: &str = "ambit-agent-";
 /// Default total timeout for the ADD request to the agent.
 ///
 /// The agent answers only after capture rules are installed and the proxy acknowledged the pod,
@@ -47,10 +48,10 @@ pub struct NetConf {
     pub agent_run_dir: PathBuf,
     /// `exclude_namespaces`: pods here succeed without contacting the agent.
     pub exclude_namespaces: Vec<String>,
-    /// `pod_namespace`: the agent's namespace; `None` disables the own-pod shortcut.
+    /// `pod_namespace`: the agent's namespace, when the installer wrote it.
     pub pod_namespace: Option<String>,
-    /// `agent_pod_prefix`: the agent's pods' name prefix.
-    pub agent_pod_prefix: String,
+    /// `system_pods`: the agent's and the proxy's pods; they start without asking the agent.
+    pub system_pods: Vec<SystemPod>,
     /// `agent_timeout_ms`: total time allowed for the ADD request.
     pub agent_timeout: Duration,
 }
@@ -88,6 +89,29 @@ pub enum ConfError {
     },
 }
 
+/// Ambit's keys of the plugin's config entry: the node agent's installer writes them, the
+/// plugin reads them (one definition for both sides). `None` and empty lists are left out when
+/// written.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AmbitKeys {
+    /// `cni_agent_run_dir`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cni_agent_run_dir: Option<String>,
+    /// `exclude_namespaces` (`null` reads as empty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exclude_namespaces: Option<Vec<String>>,
+    /// `pod_namespace`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_namespace: Option<String>,
+    /// `system_pods`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_pods: Option<Vec<SystemPod>>,
+    /// `agent_timeout_ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_timeout_ms: Option<u64>,
+}
+
+/// The standard keys; [`AmbitKeys`] are read from the same bytes in a second pass.
 #[derive(Deserialize)]
 struct RawConf {
     #[serde(rename = "cniVersion")]
@@ -95,11 +119,6 @@ struct RawConf {
     name: Option<String>,
     #[serde(rename = "prevResult")]
     prev_result: Option<Box<RawValue>>,
-    cni_agent_run_dir: Option<String>,
-    exclude_namespaces: Option<Vec<String>>,
-    pod_namespace: Option<String>,
-    agent_pod_prefix: Option<String>,
-    agent_timeout_ms: Option<u64>,
 }
 
 // Longest path that fits `sockaddr_un.sun_path` (108 bytes including the NUL).
@@ -110,13 +129,14 @@ impl NetConf {
     pub fn parse(stdin: &[u8]) -> Result<NetConf, ConfError> {
         let raw: RawConf = serde_json::from_slice(stdin)
             .map_err(|e| if e.is_data() { ConfError::Type(e) } else { ConfError::Syntax(e) })?;
+        let keys: AmbitKeys = serde_json::from_slice(stdin).map_err(ConfError::Type)?;
         let cni_version: CniVersion = raw.cni_version.ok_or(ConfError::MissingVersion)?.parse()?;
         let name = raw.name.filter(|n| !n.is_empty()).ok_or(ConfError::MissingName)?;
         if !valid_name(&name) {
             return Err(ConfError::InvalidName(name));
         }
         let agent_run_dir =
-            PathBuf::from(raw.cni_agent_run_dir.unwrap_or_else(|| DEFAULT_AGENT_RUN_DIR.to_owned()));
+            PathBuf::from(keys.cni_agent_run_dir.unwrap_or_else(|| DEFAULT_AGENT_RUN_DIR.to_owned()));
         if !agent_run_dir.is_absolute() {
             return Err(ConfError::Invalid {
                 key: "cni_agent_run_dir",
@@ -133,11 +153,18 @@ impl NetConf {
                 ),
             });
         }
-        let timeout_ms = raw.agent_timeout_ms.unwrap_or(DEFAULT_AGENT_TIMEOUT.as_millis() as u64);
+        let timeout_ms = keys.agent_timeout_ms.unwrap_or(DEFAULT_AGENT_TIMEOUT.as_millis() as u64);
         if !(1..=MAX_AGENT_TIMEOUT_MS).contains(&timeout_ms) {
             return Err(ConfError::Invalid {
                 key: "agent_timeout_ms",
                 reason: format!("{timeout_ms} is outside 1..={MAX_AGENT_TIMEOUT_MS}"),
+            });
+        }
+        let system_pods = keys.system_pods.unwrap_or_default();
+        if let Some((pod, problem)) = system_pods.iter().find_map(|p| Some((p, p.problem()?))) {
+            return Err(ConfError::Invalid {
+                key: "system_pods",
+                reason: format!("entry for the {} in namespace {:?}: {problem}", pod.role, pod.namespace),
             });
         }
         Ok(NetConf {
@@ -145,9 +172,9 @@ impl NetConf {
             name,
             prev_result: raw.prev_result,
             agent_run_dir,
-            exclude_namespaces: raw.exclude_namespaces.unwrap_or_default(),
-            pod_namespace: raw.pod_namespace.filter(|ns| !ns.is_empty()),
-            agent_pod_prefix: raw.agent_pod_prefix.unwrap_or_else(|| DEFAULT_AGENT_POD_PREFIX.to_owned()),
+            exclude_namespaces: keys.exclude_namespaces.unwrap_or_default(),
+            pod_namespace: keys.pod_namespace.filter(|ns| !ns.is_empty()),
+            system_pods,
             agent_timeout: Duration::from_millis(timeout_ms),
         })
     }

@@ -9,9 +9,12 @@
 //!  "IPs":[{"Interface":0,"Address":{"IP":"10.244.1.5","Mask":"////AA=="},"Gateway":"10.244.1.1"}]}
 //! ```
 //!
-//! Both directions are here: the plugin serializes, the node agent deserializes.
+//! Both directions are here, one definition for both sides: the plugin serializes
+//! ([`PluginEvent::to_json`]), the node agent parses and checks ([`PluginEvent::parse`]), and the
+//! answer's status means the same to both ([`STATUS_RETRY`], [`is_retry_status`]).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::path::Path;
 
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -20,6 +23,16 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 pub const EVENT_SOCKET: &str = "pluginevent.sock";
 /// HTTP path of the ADD event.
 pub const EVENT_PATH: &str = "/cmdadd";
+/// The agent's status for a failure that a later attempt can get past (no proxy yet, pod not
+/// known yet): the plugin reports it as CNI code 11, "try again later".
+pub const STATUS_RETRY: u16 = 503;
+/// Longest accepted `Netns` path (Linux `PATH_MAX`).
+pub const MAX_NETNS_PATH: usize = 4096;
+
+/// Whether the agent's answer means "try again later" (CNI code 11) rather than a refusal.
+pub fn is_retry_status(status: u16) -> bool {
+    matches!(status, 429 | STATUS_RETRY)
+}
 
 /// One CNI ADD, as sent to the node agent.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -59,8 +72,58 @@ pub struct IpNet {
     #[serde(rename = "IP", with = "go_ip_required")]
     pub ip: IpAddr,
     /// The raw mask bytes: 4 for IPv4, 16 for IPv6; base64 on the wire.
-    #[serde(rename = "Mask", with = "go_bytes")]
+    #[serde(rename = "Mask", with = "go_bytes", default)]
     pub mask: Vec<u8>,
+}
+
+/// Why a request body is not a usable plugin event (the agent answers 400 with this text).
+#[derive(Debug, thiserror::Error)]
+pub enum EventError {
+    /// Empty body.
+    #[error("empty request body; expected the CNI plugin's JSON event")]
+    Empty,
+    /// Not the expected JSON.
+    #[error("invalid CNI plugin event: {0}")]
+    Json(#[from] serde_json::Error),
+    /// A required field is empty.
+    #[error("CNI plugin event has an empty {0}")]
+    Missing(&'static str),
+    /// The netns path has the wrong form.
+    #[error(transparent)]
+    Netns(#[from] NetnsPathError),
+}
+
+/// Why a `CNI_NETNS` path is refused before anything opens it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NetnsPathError {
+    /// Not absolute.
+    #[error("CNI_NETNS {0:?} is not an absolute path; the runtime must pass the namespace's path")]
+    NotAbsolute(String),
+    /// A `.` or `..` component.
+    #[error(
+        "CNI_NETNS {0:?} has a '.' or '..' component; the runtime must pass the namespace's own path, \
+         not one that walks elsewhere"
+    )]
+    Traversal(String),
+    /// A NUL byte or more than [`MAX_NETNS_PATH`] bytes.
+    #[error("CNI_NETNS is not a usable path (NUL byte, or longer than {MAX_NETNS_PATH} bytes)")]
+    Unusable,
+}
+
+/// Checks the form of a `CNI_NETNS` path: absolute, no `.` or `..` component, no NUL, at most
+/// [`MAX_NETNS_PATH`] bytes. It says nothing about what is at the path; whoever opens it must
+/// still check that it is a network namespace (and not the host's).
+pub fn check_netns_path(path: &str) -> Result<&Path, NetnsPathError> {
+    if path.len() > MAX_NETNS_PATH || path.contains('\0') {
+        return Err(NetnsPathError::Unusable);
+    }
+    if !path.starts_with('/') {
+        return Err(NetnsPathError::NotAbsolute(path.to_owned()));
+    }
+    if path.split('/').any(|c| c == "." || c == "..") {
+        return Err(NetnsPathError::Traversal(path.to_owned()));
+    }
+    Ok(Path::new(path))
 }
 
 /// Why a CIDR string is not an address with a prefix length.
@@ -75,9 +138,32 @@ impl PluginEvent {
         serde_json::to_string(self).unwrap_or_default()
     }
 
-    /// Parses a request body.
+    /// Decodes a body without checking it (see [`PluginEvent::parse`]).
     pub fn from_json(body: &[u8]) -> Result<PluginEvent, serde_json::Error> {
         serde_json::from_slice(body)
+    }
+
+    /// The agent's parse of a request body: decoded, the pod's identity present, the netns path
+    /// of the right form ([`check_netns_path`]).
+    pub fn parse(body: &[u8]) -> Result<PluginEvent, EventError> {
+        if body.is_empty() {
+            return Err(EventError::Empty);
+        }
+        let event = PluginEvent::from_json(body)?;
+        for (name, v) in
+            [("Netns", &event.netns), ("PodName", &event.pod_name), ("PodNamespace", &event.pod_namespace)]
+        {
+            if v.is_empty() {
+                return Err(EventError::Missing(name));
+            }
+        }
+        check_netns_path(&event.netns)?;
+        Ok(event)
+    }
+
+    /// The pod's addresses, IPv4-mapped IPv6 addresses unmapped (the agent ignores the masks).
+    pub fn pod_ips(&self) -> Vec<IpAddr> {
+        self.ips.iter().map(|i| i.address.ip.to_canonical()).collect()
     }
 }
 

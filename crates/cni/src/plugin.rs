@@ -4,15 +4,15 @@ use std::ffi::OsString;
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::panic::{self, UnwindSafe};
-use std::path::Path;
 use std::time::Duration;
 
 use crate::args::K8sArgs;
 use crate::client::{AgentClient, ClientError};
 use crate::conf::{ConfError, NetConf};
 use crate::error::{CniError, ErrorCode};
-use crate::event::{EVENT_PATH, PluginEvent};
+use crate::event::{EVENT_PATH, PluginEvent, check_netns_path, is_retry_status};
 use crate::result::{PrevResult, ResultError, empty_result};
+use crate::system::SystemRole;
 use crate::version::{CniVersion, version_info_json};
 
 /// Largest network configuration read from stdin.
@@ -76,8 +76,9 @@ pub enum Decision {
     NotKubernetes,
     /// Namespace in `exclude_namespaces`; succeed at once.
     ExcludedNamespace,
-    /// One of the agent's own pods; succeed at once (it must start for anything to work).
-    AgentPod,
+    /// One of the agent's or the node proxy's own pods (`system_pods`); succeed at once: they
+    /// must start for anything else to work.
+    SystemPod(SystemRole),
     /// Any other pod: the agent decides; fail closed when it cannot be asked.
     AskAgent {
         /// Pod name.
@@ -241,8 +242,8 @@ pub fn decide(conf: &NetConf, args: &K8sArgs) -> Result<Decision, CniError> {
     if conf.exclude_namespaces.iter().any(|ns| ns == namespace) {
         return Ok(Decision::ExcludedNamespace);
     }
-    if conf.pod_namespace.as_deref() == Some(namespace.as_str()) && name.starts_with(&conf.agent_pod_prefix) {
-        return Ok(Decision::AgentPod);
+    if let Some(system) = conf.system_pods.iter().find(|s| s.matches(namespace, name)) {
+        return Ok(Decision::SystemPod(system.role));
     }
     Ok(Decision::AskAgent { name: name.clone(), namespace: namespace.clone() })
 }
@@ -292,18 +293,13 @@ fn add(env: &Env, conf: &NetConf) -> Result<Output, CniError> {
         .map_err(|e: crate::args::ArgsError| CniError::new(ErrorCode::InvalidEnvironment, e.to_string()))?;
     let (pod_name, pod_namespace) = match decide(conf, &args)? {
         Decision::AskAgent { name, namespace } => (name, namespace),
-        Decision::NotKubernetes | Decision::ExcludedNamespace | Decision::AgentPod => {
+        Decision::NotKubernetes | Decision::ExcludedNamespace | Decision::SystemPod(_) => {
             return Ok(Output::Stdout(output));
         }
     };
     let netns = env.get("CNI_NETNS").unwrap_or_default();
-    if !netns_override(env) && is_own_netns(Path::new(netns)) {
-        return Err(CniError::new(
-            ErrorCode::InvalidNetns,
-            format!(
-                "CNI_NETNS {netns} is the plugin's own (host) network namespace; refusing to hand it to the node agent for capture"
-            ),
-        ));
+    if !netns_override(env) {
+        check_netns(netns)?;
     }
     let event = PluginEvent { netns: netns.to_owned(), pod_name, pod_namespace, ips };
     let client = AgentClient::new(conf.event_socket(), conf.agent_timeout);
@@ -312,11 +308,8 @@ fn add(env: &Env, conf: &NetConf) -> Result<Output, CniError> {
         Ok(response) if response.status == 200 => Ok(Output::Stdout(output)),
         Ok(response) => {
             let body = String::from_utf8_lossy(&response.body);
-            let code = if matches!(response.status, 429 | 503) {
-                ErrorCode::TryAgainLater
-            } else {
-                ErrorCode::Internal
-            };
+            let code =
+                if is_retry_status(response.status) { ErrorCode::TryAgainLater } else { ErrorCode::Internal };
             Err(CniError::new(
                 code,
                 format!("node agent could not set up pod {pod} (HTTP {}): {}", response.status, body.trim()),
@@ -382,13 +375,25 @@ fn netns_override(env: &Env) -> bool {
     env.netns_override.as_deref().is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
 }
 
-/// Whether `netns` is the namespace this process runs in (compared by device and inode).
-/// An unreadable path is not judged here: the agent reports it when it opens the path.
-fn is_own_netns(netns: &Path) -> bool {
-    match (std::fs::metadata(netns), std::fs::metadata("/proc/self/ns/net")) {
-        (Ok(theirs), Ok(ours)) => theirs.dev() == ours.dev() && theirs.ino() == ours.ino(),
-        _ => false,
+/// The plugin's own checks of `CNI_NETNS` before it asks the agent (skipped with
+/// `CNI_NETNS_OVERRIDE=1`; the agent checks again in its own process either way): the path's
+/// form, that it exists, and that it is not this process's (the host's) namespace, compared by
+/// device and inode. Whether it is a network namespace at all is the agent's check (it needs
+/// `statfs`, which this plugin's dependencies do not offer).
+fn check_netns(netns: &str) -> Result<(), CniError> {
+    let path = check_netns_path(netns).map_err(|e| CniError::new(ErrorCode::InvalidNetns, e.to_string()))?;
+    let theirs = std::fs::metadata(path)
+        .map_err(|e| CniError::new(ErrorCode::InvalidNetns, format!("cannot stat CNI_NETNS {netns}: {e}")))?;
+    let own = std::fs::metadata("/proc/self/ns/net");
+    if own.is_ok_and(|ours| theirs.dev() == ours.dev() && theirs.ino() == ours.ino()) {
+        return Err(CniError::new(
+            ErrorCode::InvalidNetns,
+            format!(
+                "CNI_NETNS {netns} is the plugin's own (host) network namespace; refusing to hand it to the node agent for capture"
+            ),
+        ));
     }
+    Ok(())
 }
 
 /// libcni's `ValidateContainerID`.

@@ -100,6 +100,7 @@ fn fast_paths_never_contact_the_agent() {
         }),
         ("excluded namespace", pod_env("ADD", "coredns-6f4b", "kube-system")),
         ("agent's own pod", pod_env("ADD", "ambit-agent-x7k2p", "ambit-system")),
+        ("node proxy's pod", pod_env("ADD", "ztunnel-b4n7q", "ambit-system")),
     ];
     for (what, env) in cases {
         // An agent that would refuse everything: success proves it was not asked.
@@ -116,7 +117,12 @@ fn fast_paths_never_contact_the_agent() {
 #[test]
 fn fast_paths_work_with_no_agent_at_all() {
     let dir = tempfile::tempdir().unwrap();
-    for (pod, ns) in [("", ""), ("coredns-6f4b", "kube-system"), ("ambit-agent-1", "ambit-system")] {
+    for (pod, ns) in [
+        ("", ""),
+        ("coredns-6f4b", "kube-system"),
+        ("ambit-agent-x7k2p", "ambit-system"),
+        ("ztunnel-b4n7q", "ambit-system"),
+    ] {
         exec(&pod_env("ADD", pod, ns), &conf("1.1.0", dir.path(), "")).assert_success();
     }
 }
@@ -282,7 +288,8 @@ fn bad_input_gets_the_right_error_code() {
         (
             "host netns",
             {
-                let mut e = without(pod_env("ADD", "web-0", "demo"), "CNI_NETNS");
+                let mut e =
+                    without(without(pod_env("ADD", "web-0", "demo"), "CNI_NETNS"), "CNI_NETNS_OVERRIDE");
                 e.push(("CNI_NETNS".into(), "/proc/self/ns/net".into()));
                 e
             },
@@ -297,4 +304,61 @@ fn bad_input_gets_the_right_error_code() {
     }
     let run = exec(&without(pod_env("ADD", "web-0", "demo"), "CNI_NETNS"), &good);
     assert!(run.error_msg().contains("CNI_NETNS"), "{}", run.error_msg());
+}
+
+/// Without `CNI_NETNS_OVERRIDE` the plugin refuses (code 8, exact message) a traversal path, a
+/// path it cannot stat and its own namespace, and never asks the agent; an existing path that
+/// is not its namespace goes to the agent.
+#[test]
+fn netns_checks_without_override() {
+    let with_netns = |netns: &str| {
+        let mut e = without(without(pod_env("ADD", "web-0", "demo"), "CNI_NETNS"), "CNI_NETNS_OVERRIDE");
+        e.push(("CNI_NETNS".into(), netns.into()));
+        e
+    };
+    let cases = [
+        (
+            "/var/run/netns/../../proc/1/ns/net",
+            r#"CNI_NETNS "/var/run/netns/../../proc/1/ns/net" has a '.' or '..' component; the runtime must pass the namespace's own path, not one that walks elsewhere"#,
+        ),
+        (
+            "/var/run/netns/ambit-test-missing",
+            "cannot stat CNI_NETNS /var/run/netns/ambit-test-missing: No such file or directory (os error 2)",
+        ),
+        (
+            "/proc/self/ns/net",
+            "CNI_NETNS /proc/self/ns/net is the plugin's own (host) network namespace; refusing to hand it to the node agent for capture",
+        ),
+    ];
+    for (netns, msg) in cases {
+        let agent = FakeAgent::start(Mode::ok());
+        let run = exec(&with_netns(netns), &conf("1.0.0", agent.run_dir(), ""));
+        assert_eq!((run.error_code(), run.error_msg()), (8, msg.to_owned()), "{netns}");
+        assert_eq!(agent.finish().0, 0, "{netns}: the agent was asked");
+    }
+    let agent = FakeAgent::start(Mode::ok());
+    exec(&with_netns("/dev/null"), &conf("1.0.0", agent.run_dir(), "")).assert_success();
+    let (connections, seen) = agent.finish();
+    assert_eq!(connections, 1);
+    assert!(seen[0].body.starts_with(r#"{"Netns":"/dev/null","#), "{}", seen[0].body);
+}
+
+/// The node can always start its own pods: with no agent and no enrollment cache (a node reboot
+/// empties the run dir), the agent's and the proxy's DaemonSet pods named in `system_pods` start;
+/// a look-alike name and every other pod fail closed with code 11.
+#[test]
+fn system_pods_start_with_no_agent_and_no_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let stdin = conf("1.0.0", dir.path(), &format!(r#","prevResult":{PREV_1_0}"#));
+    for (pod, ns) in [("ambit-agent-q9zr2", "ambit-system"), ("ztunnel-b4n7q", "ambit-system")] {
+        assert_eq!(exec(&pod_env("ADD", pod, ns), &stdin).assert_success(), PREV_1_0, "{ns}/{pod}");
+    }
+    for (pod, ns) in [("ambit-agent-debug", "ambit-system"), ("ambit-agent-q9zr2", "demo"), ("web-0", "demo")]
+    {
+        let run = exec(&pod_env("ADD", pod, ns), &stdin);
+        assert_eq!(run.error_code(), 11, "{ns}/{pod}: {run:?}");
+        assert!(run.error_msg().starts_with("cannot reach the node agent on "), "{}", run.error_msg());
+        let details = run.error()["details"].as_str().unwrap().to_owned();
+        assert!(details.contains("no enrollment cache at "), "{details}");
+    }
 }

@@ -75,7 +75,11 @@ fn selector_operators_and_parsing() {
             "namespaceSelector": {"matchExpressions": [{"key": "team", "operator": "Exists"}]}}]"#,
     )
     .expect("valid selectors");
-    let e = Enrollment { selectors: sel, excluded_namespaces: BTreeSet::new() };
+    let e = Enrollment {
+        selectors: sel,
+        excluded_namespaces: BTreeSet::new(),
+        system: SystemSelector::default(),
+    };
     let team = [("team", "a")];
     assert_eq!(e.decide(&pod(&[("tier", "web")]), &ns(&team)), Decision::Enroll);
     assert_ne!(e.decide(&pod(&[("tier", "db")]), &ns(&team)), Decision::Enroll);
@@ -83,7 +87,11 @@ fn selector_operators_and_parsing() {
     assert_ne!(e.decide(&pod(&[("tier", "web")]), &ns(&[])), Decision::Enroll);
     // An empty selector object matches everything.
     let all = parse_selectors(r#"[{"podSelector": {}, "namespaceSelector": {}}]"#).expect("valid");
-    let e = Enrollment { selectors: all, excluded_namespaces: BTreeSet::new() };
+    let e = Enrollment {
+        selectors: all,
+        excluded_namespaces: BTreeSet::new(),
+        system: SystemSelector::default(),
+    };
     assert_eq!(e.decide(&pod(&[]), &ns(&[])), Decision::Enroll);
     for bad in
         [r#"[{"podSelector": {"matchExpressions": [{"key": "k", "operator": "Near"}]}}]"#, r#"{"x": 1}"#, "["]
@@ -94,9 +102,47 @@ fn selector_operators_and_parsing() {
 
 #[test]
 fn no_selectors_enroll_nothing() {
-    let e = Enrollment { selectors: Vec::new(), excluded_namespaces: BTreeSet::new() };
+    let e = Enrollment {
+        selectors: Vec::new(),
+        excluded_namespaces: BTreeSet::new(),
+        system: SystemSelector::default(),
+    };
     assert_eq!(
         e.decide(&pod(&[(DATAPLANE_MODE, AMBIENT)]), &ns(&[])),
         Decision::Skip(SkipReason::NotSelected)
     );
+}
+
+/// The agent's own pod and the node proxy's pods are never enrolled, even in an enrolled
+/// namespace or with the ambient label on the pod.
+#[test]
+fn system_pods_are_never_enrolled() {
+    let e = Enrollment {
+        system: SystemSelector {
+            agent: Some(("demo".into(), "ambit-agent-x7k2p".into())),
+            proxy: Some(("demo".into(), LabelSelector::parse_equalities("app=ztunnel").expect("sel"))),
+        },
+        ..Enrollment::default()
+    };
+    let amb = [(DATAPLANE_MODE, AMBIENT)];
+    let mut agent = pod(&amb);
+    agent.name = "ambit-agent-x7k2p".into();
+    assert_eq!(e.decide(&agent, &ns(&amb)), Decision::Skip(SkipReason::SystemPod(SystemRole::Agent)));
+    let proxy = pod(&[("app", "ztunnel"), (DATAPLANE_MODE, AMBIENT)]);
+    assert_eq!(e.decide(&proxy, &ns(&amb)), Decision::Skip(SkipReason::SystemPod(SystemRole::Proxy)));
+    // Same labels in another namespace, or another name: an ordinary pod.
+    let mut elsewhere = proxy.clone();
+    elsewhere.namespace = "other".into();
+    assert_eq!(e.decide(&elsewhere, &ns(&amb)), Decision::Enroll);
+    assert_eq!(e.decide(&pod(&amb), &ns(&amb)), Decision::Enroll);
+}
+
+#[test]
+fn equality_selectors() {
+    let s = LabelSelector::parse_equalities(" app=ztunnel , tier = node ").expect("ok");
+    assert_eq!(s.match_labels, labels(&[("app", "ztunnel"), ("tier", "node")]));
+    assert!(LabelSelector::parse_equalities("").expect("empty").is_empty());
+    for bad in ["app", "=x", "a=b=c"] {
+        assert!(LabelSelector::parse_equalities(bad).is_err(), "{bad}");
+    }
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::fsio::{self, Stamp};
-use super::{InstallError, InstallOutcome, Installer, conf};
+use super::{InstallError, InstallOutcome, Installer, Problem, conf};
 
 /// How often the conf dir and the binaries are looked at.
 pub(super) const POLL: Duration = Duration::from_millis(200);
@@ -34,6 +34,8 @@ const ERROR_RETRY: Duration = Duration::from_secs(1);
 struct Fingerprint {
     conf: Vec<(String, Option<Stamp>)>,
     bins: Vec<Option<Stamp>>,
+    /// [`Installer::set_entry`] changes.
+    generation: u64,
 }
 
 /// Spaces out repairs that keep following each other.
@@ -61,6 +63,7 @@ impl Installer {
         let mut throttle = Throttle::default();
         let mut installed = false;
         let mut waiting_logged = false;
+        let mut valid_generation = None;
         while !stop.is_cancelled() {
             let before = self.fingerprint();
             let validation = self.validate();
@@ -70,11 +73,22 @@ impl Installer {
                 }
                 installed = true;
                 waiting_logged = false;
+                valid_generation = Some(before.generation);
                 self.wait_change(&before, stop);
                 continue;
             }
-            self.inner.ready.store(false, Ordering::Relaxed);
-            if installed {
+            // Our own new entry is an update, not a repair of someone else's change.
+            let update = valid_generation.is_some_and(|g| g != before.generation)
+                && validation
+                    .problems()
+                    .iter()
+                    .all(|p| matches!(p, Problem::StaleEntry(_) | Problem::Standalone(_)));
+            if !update {
+                self.inner.ready.store(false, Ordering::Relaxed);
+            }
+            if installed && update {
+                tracing::info!("updating the plugin entry in the CNI config");
+            } else if installed {
                 tracing::info!(problems = %validation, "repairing the CNI installation");
                 let (delay, warn) = throttle.repair(Instant::now());
                 if warn {
@@ -89,7 +103,7 @@ impl Installer {
             }
             match self.install() {
                 Ok(InstallOutcome::Installed { changed: true, .. }) => {
-                    if installed {
+                    if installed && !update {
                         self.inner.repairs.fetch_add(1, Ordering::Relaxed);
                     }
                 }
@@ -140,7 +154,7 @@ impl Installer {
         }
         conf.sort_by(|a, b| a.0.cmp(&b.0));
         let bins = cfg.cni_bin_dirs.iter().map(|d| fsio::stamp(&d.join(&cfg.plugin_name))).collect();
-        Fingerprint { conf, bins }
+        Fingerprint { conf, bins, generation: self.inner.generation.load(Ordering::Acquire) }
     }
 }
 

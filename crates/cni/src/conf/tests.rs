@@ -14,7 +14,7 @@ fn minimal_config_gets_defaults() {
     assert_eq!(conf.event_socket(), Path::new("/var/run/ambit/pluginevent.sock"));
     assert!(conf.exclude_namespaces.is_empty());
     assert_eq!(conf.pod_namespace, None);
-    assert_eq!(conf.agent_pod_prefix, "ambit-agent-");
+    assert!(conf.system_pods.is_empty());
     assert_eq!(conf.agent_timeout, Duration::from_secs(10));
 }
 
@@ -33,7 +33,9 @@ fn istio_style_entry_with_all_keys() {
           "native_nftables": false,
           "plugin_log_level": "info",
           "pod_namespace": "ambit-system",
-          "agent_pod_prefix": "node-agent-",
+          "agent_pod_prefix": "ignored-now-",
+          "system_pods": [{"role": "agent", "namespace": "ambit-system", "generateName": "node-agent-"},
+                          {"role": "proxy", "namespace": "ambit-system", "generateName": "node-proxy-"}],
           "agent_timeout_ms": 250,
           "type": "ambit-cni",
           "cniVersion": "0.3.1",
@@ -45,7 +47,9 @@ fn istio_style_entry_with_all_keys() {
     assert_eq!(conf.agent_run_dir(), Path::new("/run/ambit-test"));
     assert_eq!(conf.exclude_namespaces, ["kube-system", "ambit-system"]);
     assert_eq!(conf.pod_namespace.as_deref(), Some("ambit-system"));
-    assert_eq!(conf.agent_pod_prefix, "node-agent-");
+    assert_eq!(conf.system_pods.len(), 2);
+    assert!(conf.system_pods[0].matches("ambit-system", "node-agent-x7k2p"));
+    assert_eq!(conf.system_pods[1].role, crate::system::SystemRole::Proxy);
     assert_eq!(conf.agent_timeout, Duration::from_millis(250));
     assert_eq!(conf.prev_result.as_deref().map(RawValue::get), Some(r#"{"cniVersion": "0.3.1", "ips": []}"#));
 }
@@ -89,6 +93,16 @@ fn errors_by_kind() {
             matches!(e, ConfError::Invalid { key: "agent_timeout_ms", .. })
         }),
         (br#"{"cniVersion":"1.0.0","name":"n","agent_timeout_ms":-5}"#, |e| matches!(e, ConfError::Type(_))),
+        (br#"{"cniVersion":"1.0.0","name":"n","system_pods":{}}"#, |e| matches!(e, ConfError::Type(_))),
+        (br#"{"cniVersion":"1.0.0","name":"n","system_pods":[{"role":"agent","namespace":"a"}]}"#, |e| {
+            matches!(e, ConfError::Type(_))
+        }),
+        (br#"{"cniVersion":"1.0.0","name":"n","system_pods":[{"role":"admin","namespace":"a","generateName":"x-"}]}"#, |e| {
+            matches!(e, ConfError::Type(_))
+        }),
+        (br#"{"cniVersion":"1.0.0","name":"n","system_pods":[{"role":"agent","namespace":"a","generateName":""}]}"#, |e| {
+            matches!(e, ConfError::Invalid { key: "system_pods", .. })
+        }),
     ];
     for (input, check) in cases {
         let err = NetConf::parse(input).unwrap_err();
@@ -149,7 +163,7 @@ fn key() -> impl Strategy<Value = String> {
             "cni_agent_run_dir",
             "exclude_namespaces",
             "pod_namespace",
-            "agent_pod_prefix",
+            "system_pods",
             "agent_timeout_ms",
             "ips",
             "address",
@@ -182,4 +196,29 @@ proptest! {
             }
         }
     }
+}
+
+/// What the agent's installer writes is what the plugin reads.
+#[test]
+fn ambit_keys_round_trip_through_the_plugin() {
+    let keys = AmbitKeys {
+        cni_agent_run_dir: Some("/var/run/ambit".into()),
+        exclude_namespaces: Some(vec!["kube-system".into()]),
+        pod_namespace: Some("ambit-system".into()),
+        system_pods: Some(vec![crate::system::SystemPod {
+            role: crate::system::SystemRole::Proxy,
+            namespace: "ambit-system".into(),
+            generate_name: "ambit-proxy-".into(),
+        }]),
+        agent_timeout_ms: None,
+    };
+    let mut entry = serde_json::to_value(&keys).unwrap();
+    assert!(entry.get("agent_timeout_ms").is_none(), "None is left out: {entry}");
+    entry["cniVersion"] = "1.0.0".into();
+    entry["name"] = "k8s-pod-network".into();
+    let conf = NetConf::parse(entry.to_string().as_bytes()).unwrap();
+    assert_eq!(conf.agent_run_dir(), Path::new("/var/run/ambit"));
+    assert_eq!(conf.exclude_namespaces, ["kube-system"]);
+    assert_eq!(conf.pod_namespace.as_deref(), Some("ambit-system"));
+    assert_eq!(Some(conf.system_pods), keys.system_pods);
 }

@@ -128,3 +128,70 @@ proptest! {
         prop_assert_eq!(back, event);
     }
 }
+
+/// The agent's parse: what istio-cni sends, and each way a body is refused.
+#[test]
+fn agent_side_parse() {
+    let ev = PluginEvent::parse(GOLDEN.as_bytes()).unwrap();
+    assert_eq!(ev.pod_ips(), vec!["10.244.1.5".parse::<IpAddr>().unwrap()]);
+    let mapped = PluginEvent::parse(
+        br#"{"Netns":"/x","PodName":"p","PodNamespace":"n","IPs":[{"Address":{"IP":"::ffff:10.0.0.1"}}]}"#,
+    )
+    .unwrap();
+    assert_eq!(mapped.pod_ips(), vec!["10.0.0.1".parse::<IpAddr>().unwrap()]);
+    assert!(matches!(PluginEvent::parse(b""), Err(EventError::Empty)));
+    assert!(matches!(PluginEvent::parse(b"{"), Err(EventError::Json(_))));
+    assert!(matches!(PluginEvent::parse(br#"{"PodName":"p","PodNamespace":"n"}"#), Err(EventError::Json(_))));
+    let err = PluginEvent::parse(br#"{"Netns":"","PodName":"p","PodNamespace":"n"}"#).unwrap_err();
+    assert_eq!(err.to_string(), "CNI plugin event has an empty Netns");
+    let err = PluginEvent::parse(
+        br#"{"Netns":"/var/run/netns/../../etc/passwd","PodName":"p","PodNamespace":"n"}"#,
+    )
+    .unwrap_err();
+    assert!(matches!(err, EventError::Netns(NetnsPathError::Traversal(_))), "{err}");
+}
+
+#[test]
+fn netns_path_forms() {
+    for ok in ["/var/run/netns/cni-1", "/proc/123/ns/net", "//var/run/netns/x", "/a/..b/c.", "/a/.../b"] {
+        assert_eq!(check_netns_path(ok), Ok(Path::new(ok)), "{ok}");
+    }
+    for (bad, want) in [
+        ("var/run/netns/x", NetnsPathError::NotAbsolute("var/run/netns/x".into())),
+        ("", NetnsPathError::NotAbsolute(String::new())),
+        (
+            "/var/run/netns/../../proc/1/ns/net",
+            NetnsPathError::Traversal("/var/run/netns/../../proc/1/ns/net".into()),
+        ),
+        ("/var/run/netns/./x", NetnsPathError::Traversal("/var/run/netns/./x".into())),
+        ("/var/run/netns/x/..", NetnsPathError::Traversal("/var/run/netns/x/..".into())),
+        ("/var/run/\0x", NetnsPathError::Unusable),
+    ] {
+        assert_eq!(check_netns_path(bad), Err(want), "{bad:?}");
+    }
+    assert_eq!(check_netns_path(&format!("/{}", "a".repeat(MAX_NETNS_PATH))), Err(NetnsPathError::Unusable));
+}
+
+#[test]
+fn retry_statuses() {
+    assert!(is_retry_status(STATUS_RETRY) && is_retry_status(429));
+    for s in [200, 400, 404, 500, 502] {
+        assert!(!is_retry_status(s), "{s}");
+    }
+}
+
+proptest! {
+    /// The agent's parse never panics, and whatever it accepts has a usable netns path.
+    #[test]
+    fn agent_parse_never_panics(
+        bytes in prop::collection::vec(any::<u8>(), 0..200),
+        netns in "[/.a-z]{0,24}",
+    ) {
+        let _ = PluginEvent::parse(&bytes);
+        let body = format!(r#"{{"Netns":{},"PodName":"p","PodNamespace":"n"}}"#, serde_json::Value::String(netns.clone()));
+        if let Ok(ev) = PluginEvent::parse(body.as_bytes()) {
+            prop_assert!(ev.netns.starts_with('/'));
+            prop_assert!(!ev.netns.split('/').any(|c| c == "." || c == ".."));
+        }
+    }
+}

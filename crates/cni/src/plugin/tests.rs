@@ -2,9 +2,11 @@
 
 use super::*;
 
+const SYSTEM_PODS: &str = r#","system_pods":[{"role":"agent","namespace":"ambit-system","generateName":"ambit-agent-"},{"role":"proxy","namespace":"ambit-system","generateName":"ztunnel-"}]"#;
+
 fn conf(extra: &str) -> NetConf {
     NetConf::parse(
-        format!(r#"{{"cniVersion":"1.0.0","name":"n","pod_namespace":"ambit-system","exclude_namespaces":["kube-system"]{extra}}}"#)
+        format!(r#"{{"cniVersion":"1.0.0","name":"n","pod_namespace":"ambit-system","exclude_namespaces":["kube-system"]{SYSTEM_PODS}{extra}}}"#)
             .as_bytes(),
     )
     .unwrap()
@@ -18,7 +20,8 @@ fn env(command: &str) -> Env {
     Env {
         command: Some(command.into()),
         container_id: Some("abc123".into()),
-        netns: Some("/var/run/netns/cni-test".into()),
+        // Exists and is not this process's namespace: passes the plugin's own checks.
+        netns: Some("/dev/null".into()),
         ifname: Some("eth0".into()),
         args: Some(String::new()),
         path: Some("/opt/cni/bin".into()),
@@ -38,9 +41,22 @@ fn decision_table() {
         ("", Decision::NotKubernetes),
         ("IgnoreUnknown=1;K8S_POD_INFRA_CONTAINER_ID=x", Decision::NotKubernetes),
         ("K8S_POD_NAME=coredns-1;K8S_POD_NAMESPACE=kube-system", Decision::ExcludedNamespace),
-        ("K8S_POD_NAME=ambit-agent-x7k2;K8S_POD_NAMESPACE=ambit-system", Decision::AgentPod),
-        // The prefix alone or the namespace alone is not enough.
-        ("K8S_POD_NAME=ambit-agent-x7k2;K8S_POD_NAMESPACE=demo", ask("ambit-agent-x7k2", "demo")),
+        (
+            "K8S_POD_NAME=ambit-agent-x7k2p;K8S_POD_NAMESPACE=ambit-system",
+            Decision::SystemPod(SystemRole::Agent),
+        ),
+        ("K8S_POD_NAME=ztunnel-b4n7q;K8S_POD_NAMESPACE=ambit-system", Decision::SystemPod(SystemRole::Proxy)),
+        // The prefix alone or the namespace alone is not enough, nor a name the API server did
+        // not generate from the prefix.
+        ("K8S_POD_NAME=ambit-agent-x7k2p;K8S_POD_NAMESPACE=demo", ask("ambit-agent-x7k2p", "demo")),
+        (
+            "K8S_POD_NAME=ambit-agent-x7k2;K8S_POD_NAMESPACE=ambit-system",
+            ask("ambit-agent-x7k2", "ambit-system"),
+        ),
+        (
+            "K8S_POD_NAME=ambit-agent-debug-shell;K8S_POD_NAMESPACE=ambit-system",
+            ask("ambit-agent-debug-shell", "ambit-system"),
+        ),
         ("K8S_POD_NAME=web-0;K8S_POD_NAMESPACE=ambit-system", ask("web-0", "ambit-system")),
         ("K8S_POD_NAME=web-0;K8S_POD_NAMESPACE=demo", ask("web-0", "demo")),
     ];
@@ -51,14 +67,18 @@ fn decision_table() {
     assert_eq!(err.code, ErrorCode::InvalidEnvironment);
 }
 
+/// Only what the installer wrote admits a pod: no built-in prefix (the old `ambit-agent-`
+/// default) and no `agent_pod_prefix` key.
 #[test]
-fn own_pod_shortcut_needs_pod_namespace() {
-    let c = NetConf::parse(br#"{"cniVersion":"1.0.0","name":"n"}"#).unwrap();
-    let a = args("K8S_POD_NAME=ambit-agent-1;K8S_POD_NAMESPACE=ambit-system");
+fn system_pods_come_only_from_the_config() {
+    let c = NetConf::parse(
+        br#"{"cniVersion":"1.0.0","name":"n","pod_namespace":"ambit-system","agent_pod_prefix":"ambit-agent-"}"#,
+    )
+    .unwrap();
+    let a = args("K8S_POD_NAME=ambit-agent-x7k2p;K8S_POD_NAMESPACE=ambit-system");
     assert!(matches!(decide(&c, &a).unwrap(), Decision::AskAgent { .. }));
-    let c = conf(r#","agent_pod_prefix":"node-""#);
-    let a = args("K8S_POD_NAME=node-1;K8S_POD_NAMESPACE=ambit-system");
-    assert_eq!(decide(&c, &a).unwrap(), Decision::AgentPod);
+    let c = conf("");
+    assert_eq!(decide(&c, &a).unwrap(), Decision::SystemPod(SystemRole::Agent));
 }
 
 #[test]
@@ -153,4 +173,45 @@ fn panics_become_cni_errors() {
     let err = catch_panics::<()>(|| std::panic::panic_any(7u8)).unwrap_err();
     assert_eq!(err.details, "unknown panic");
     assert_eq!(catch_panics(|| Ok(5)), Ok(5));
+}
+
+/// The plugin's netns checks, each with its exact code and message; `CNI_NETNS_OVERRIDE=1` skips
+/// them (the agent checks again), so the request then reaches the (absent) agent: code 11.
+#[test]
+fn netns_checks_and_override() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = format!(r#"{{"cniVersion":"1.0.0","name":"n","cni_agent_run_dir":"{}"}}"#, dir.path().display());
+    let pod = |netns: &str, over: Option<&str>| Env {
+        args: Some("K8S_POD_NAME=web-0;K8S_POD_NAMESPACE=demo".into()),
+        netns: Some(netns.into()),
+        netns_override: over.map(Into::into),
+        ..env("ADD")
+    };
+    let cases = [
+        (
+            "/var/run/netns/../../proc/1/ns/net",
+            "CNI_NETNS \"/var/run/netns/../../proc/1/ns/net\" has a '.' or '..' component; the runtime must pass the namespace's own path, not one that walks elsewhere",
+        ),
+        (
+            "relative/netns",
+            "CNI_NETNS \"relative/netns\" is not an absolute path; the runtime must pass the namespace's path",
+        ),
+        (
+            "/var/run/netns/ambit-test-missing",
+            "cannot stat CNI_NETNS /var/run/netns/ambit-test-missing: No such file or directory (os error 2)",
+        ),
+        (
+            "/proc/self/ns/net",
+            "CNI_NETNS /proc/self/ns/net is the plugin's own (host) network namespace; refusing to hand it to the node agent for capture",
+        ),
+    ];
+    for (netns, msg) in cases {
+        let err = run_with(&pod(netns, None), &c).unwrap_err();
+        assert_eq!((err.code, err.msg.as_str()), (ErrorCode::InvalidNetns, msg), "{netns}");
+        for over in ["1", "true"] {
+            let err = run_with(&pod(netns, Some(over)), &c).unwrap_err();
+            assert_eq!(err.code, ErrorCode::TryAgainLater, "{netns} with CNI_NETNS_OVERRIDE={over}: {err}");
+            assert!(err.msg.starts_with("cannot reach the node agent on "), "{err}");
+        }
+    }
 }

@@ -159,12 +159,15 @@ impl Run {
     }
 }
 
-/// The standard environment of a pod ADD.
+/// The standard environment of a pod ADD. `CNI_NETNS` is the spec's example path, which does not
+/// exist here, so `CNI_NETNS_OVERRIDE=1` skips the plugin's own netns checks (tested on their
+/// own in `netns_checks_*`).
 pub fn pod_env(command: &str, pod: &str, namespace: &str) -> Vec<(String, String)> {
     let mut env = vec![
         ("CNI_COMMAND".to_owned(), command.to_owned()),
         ("CNI_CONTAINERID".to_owned(), "0c8a0e2f5b7d".to_owned()),
         ("CNI_NETNS".to_owned(), "/var/run/netns/cni-5f1c".to_owned()),
+        ("CNI_NETNS_OVERRIDE".to_owned(), "1".to_owned()),
         ("CNI_IFNAME".to_owned(), "eth0".to_owned()),
         ("CNI_PATH".to_owned(), "/opt/cni/bin".to_owned()),
     ];
@@ -188,7 +191,7 @@ pub fn without(mut env: Vec<(String, String)>, name: &str) -> Vec<(String, Strin
 /// A network configuration for the plugin entry, with `extra` JSON members appended.
 pub fn conf(version: &str, run_dir: &Path, extra: &str) -> String {
     format!(
-        r#"{{"cniVersion":"{version}","name":"k8s-pod-network","type":"ambit-cni","cni_agent_run_dir":"{}","exclude_namespaces":["kube-system"],"pod_namespace":"ambit-system"{extra}}}"#,
+        r#"{{"cniVersion":"{version}","name":"k8s-pod-network","type":"ambit-cni","cni_agent_run_dir":"{}","exclude_namespaces":["kube-system"],"pod_namespace":"ambit-system","system_pods":[{{"role":"agent","namespace":"ambit-system","generateName":"ambit-agent-"}},{{"role":"proxy","namespace":"ambit-system","generateName":"ztunnel-"}}]{extra}}}"#,
         run_dir.display()
     )
 }

@@ -1,0 +1,114 @@
+//! The agent's small HTTP servers: health (`/healthz`, `/readyz`) and metrics (`/metrics`).
+//!
+//! Health is bound first, before the pod source is read, so that a probe always gets an answer:
+//! `/healthz` is 200 while the process runs, `/readyz` is 503 with the reason until the agent is
+//! ready (for example "waiting for the initial list of pods and namespaces from the Kubernetes API
+//! server; last error: …"), then 200.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use prometheus_client::registry::Registry;
+
+use super::AgentError;
+
+/// What `/readyz` answers: ready, or not ready and why.
+#[derive(Debug)]
+pub struct Readiness {
+    reason: Mutex<Option<String>>,
+}
+
+impl Readiness {
+    /// Not ready, for `reason`.
+    pub fn new(reason: &str) -> Arc<Readiness> {
+        Arc::new(Readiness { reason: Mutex::new(Some(reason.to_owned())) })
+    }
+
+    /// Not ready, for `reason` (logged when it changes).
+    pub fn not_ready(&self, reason: &str) {
+        let mut r = self.reason.lock().unwrap_or_else(|p| p.into_inner());
+        if r.as_deref() != Some(reason) {
+            tracing::info!(%reason, "not ready");
+            *r = Some(reason.to_owned());
+        }
+    }
+
+    /// Ready.
+    pub fn ready(&self) {
+        *self.reason.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// `None` when ready, else why not.
+    pub fn reason(&self) -> Option<String> {
+        self.reason.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// Binds the health address and serves `/healthz` and `/readyz`.
+pub async fn serve_health(addr: SocketAddr, readiness: Arc<Readiness>) -> Result<(), AgentError> {
+    spawn_http(addr, "health", move |path| match path {
+        "/healthz" => (200, "ok\n".into()),
+        "/readyz" => match readiness.reason() {
+            None => (200, "ready\n".into()),
+            Some(reason) => (503, format!("not ready: {reason}\n")),
+        },
+        _ => (404, "not found\n".into()),
+    })
+    .await
+}
+
+/// Binds the metrics address and serves `/metrics`.
+pub async fn serve_metrics(addr: SocketAddr, registry: Arc<Registry>) -> Result<(), AgentError> {
+    spawn_http(addr, "metrics", move |path| {
+        if path != "/metrics" {
+            return (404, "not found\n".into());
+        }
+        let mut body = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut body, &registry);
+        (200, body)
+    })
+    .await
+}
+
+/// A tiny HTTP/1.1 server answering GETs by path.
+async fn spawn_http(
+    addr: SocketAddr,
+    what: &'static str,
+    handler: impl Fn(&str) -> (u16, String) + Send + Sync + Clone + 'static,
+) -> Result<(), AgentError> {
+    let listener = match tokio::net::TcpListener::bind(addr).await {
+        Ok(l) => l,
+        Err(_) if addr.is_ipv6() && addr.ip().is_unspecified() => {
+            let v4 = SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), addr.port());
+            tokio::net::TcpListener::bind(v4).await.map_err(|error| AgentError::Bind {
+                what,
+                where_: v4.to_string(),
+                error,
+            })?
+        }
+        Err(error) => return Err(AgentError::Bind { what, where_: addr.to_string(), error }),
+    };
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else { continue };
+            let h = handler.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    let (status, body) = h(req.uri().path());
+                    async move {
+                        Ok::<_, std::convert::Infallible>(
+                            http::Response::builder()
+                                .status(status)
+                                .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+                                .unwrap_or_default(),
+                        )
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    Ok(())
+}

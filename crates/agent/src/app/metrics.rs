@@ -1,0 +1,88 @@
+//! The agent's Prometheus metrics (`ambit_agent_*`), served on `--metrics-addr` at `/metrics`.
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// `outcome` label of `ambit_agent_cni_events_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    /// `enrolled`, `not_enrolled`, `bad_request`, `error`.
+    pub outcome: String,
+}
+
+/// `state` label of `ambit_agent_pods`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabel {
+    /// `enrolled` or `pending`.
+    pub state: String,
+}
+
+/// Every metric the agent exports.
+pub struct AgentMetrics {
+    /// `ambit_agent_cni_events_total{outcome}`.
+    pub events: Family<OutcomeLabel, Counter>,
+    /// `ambit_agent_cni_add_duration_seconds`.
+    pub add_latency: Histogram,
+    /// `ambit_agent_pods{state}`.
+    pub pods: Family<StateLabel, Gauge>,
+    /// `ambit_agent_capture_errors_total`.
+    pub capture_errors: Counter,
+    /// `ambit_agent_annotation_failures_total`.
+    pub annotation_failures: Counter,
+    /// `ambit_agent_annotations_pending`.
+    pub annotations_pending: Gauge,
+}
+
+impl AgentMetrics {
+    /// The metrics, registered under `ambit_agent_` in `registry`.
+    pub fn register(registry: &mut Registry) -> Arc<AgentMetrics> {
+        let m = Arc::new(AgentMetrics {
+            events: Family::default(),
+            add_latency: Histogram::new([0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0]),
+            pods: Family::default(),
+            capture_errors: Counter::default(),
+            annotation_failures: Counter::default(),
+            annotations_pending: Gauge::default(),
+        });
+        let r = registry.sub_registry_with_prefix("ambit_agent");
+        r.register("cni_events", "CNI plugin events by outcome", m.events.clone());
+        r.register(
+            "cni_add_duration_seconds",
+            "CNI ADD handling time for enrolled pods",
+            m.add_latency.clone(),
+        );
+        r.register("pods", "Pods by mesh state", m.pods.clone());
+        r.register("capture_errors", "Capture rule errors", m.capture_errors.clone());
+        r.register(
+            "annotation_failures",
+            "Failed writes of the ambient.istio.io/redirection annotation (each is retried)",
+            m.annotation_failures.clone(),
+        );
+        r.register(
+            "annotations_pending",
+            "Pods whose redirection annotation is not written yet",
+            m.annotations_pending.clone(),
+        );
+        m
+    }
+
+    /// Sets `ambit_agent_pods{state}`.
+    pub fn set_pods(&self, state: &str, n: usize) {
+        self.pods.get_or_create(&StateLabel { state: state.into() }).set(n as i64);
+    }
+}
+
+impl crate::server::EventMetrics for AgentMetrics {
+    fn observe(&self, outcome: &'static str, seconds: f64) {
+        self.events.get_or_create(&OutcomeLabel { outcome: outcome.into() }).inc();
+        if outcome == "enrolled" {
+            self.add_latency.observe(seconds);
+        }
+    }
+}

@@ -1,0 +1,216 @@
+//! The agent's main loop: follow the pod source, reconcile what changed, retry what failed,
+//! rewrite the enrollment cache, and keep the plugin's config naming the node's own pods.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ambit_cni::{AmbitKeys, SystemPod, SystemRole};
+use serde_json::{Map, Value};
+
+use super::AgentError;
+use super::metrics::AgentMetrics;
+use crate::annotate::Annotations;
+use crate::install::Installer;
+use crate::kube::{KubeSource, KubeSourceError};
+use crate::mesh::Mesh;
+use crate::source::{FileSource, Inventory};
+
+/// Where pods and namespaces come from.
+pub enum Source {
+    /// A folder of YAML objects (local mode).
+    Files(FileSource),
+    /// The Kubernetes API.
+    Kube(KubeSource),
+}
+
+impl Source {
+    /// The current inventory when something changed.
+    pub fn poll(&mut self) -> Option<Inventory> {
+        match self {
+            Source::Files(f) => f.poll(),
+            Source::Kube(k) => k.poll(),
+        }
+    }
+
+    /// Resolves when the source can no longer serve (the API server refuses the agent).
+    async fn failed(&self) -> KubeSourceError {
+        match self {
+            Source::Files(_) => std::future::pending().await,
+            Source::Kube(k) => k.failed().await,
+        }
+    }
+}
+
+/// Most `generateName`s kept per role (a DaemonSet renamed now and then).
+const MAX_PER_ROLE: usize = 4;
+
+/// The plugin's config entry, kept naming the node's own pods.
+pub struct PluginEntry {
+    installer: Installer,
+    keys: AmbitKeys,
+    /// Namespaces where a pod of each role may be recognised.
+    allowed: Vec<(SystemRole, String)>,
+    known: Vec<SystemPod>,
+}
+
+impl PluginEntry {
+    /// `keys` without `system_pods`; those already in the installed config (from an earlier
+    /// agent) are kept when they are in `allowed` namespaces, so a proxy pod that is not on the
+    /// node right now is still admitted while no agent runs.
+    pub fn new(installer: Installer, keys: AmbitKeys, allowed: Vec<(SystemRole, String)>) -> PluginEntry {
+        let mut entry = PluginEntry { installer, keys, allowed, known: Vec::new() };
+        let installed = entry
+            .installer
+            .installed_entry()
+            .and_then(|m| serde_json::from_value::<AmbitKeys>(Value::Object(m)).ok())
+            .and_then(|k| k.system_pods)
+            .unwrap_or_default();
+        entry.learn(installed);
+        entry
+    }
+
+    /// The entry to write.
+    pub fn entry(&self) -> Map<String, Value> {
+        let mut keys = self.keys.clone();
+        keys.system_pods = (!self.known.is_empty()).then(|| self.known.clone());
+        match serde_json::to_value(&keys) {
+            Ok(Value::Object(m)) => m,
+            _ => Map::new(),
+        }
+    }
+
+    /// The installer.
+    pub fn installer(&self) -> &Installer {
+        &self.installer
+    }
+
+    /// Adds newly seen system pods; true when the set changed.
+    pub fn learn(&mut self, found: Vec<SystemPod>) -> bool {
+        let mut changed = false;
+        for pod in found {
+            let allowed = self.allowed.iter().any(|(role, ns)| *role == pod.role && *ns == pod.namespace);
+            if !allowed || pod.problem().is_some() || self.known.contains(&pod) {
+                continue;
+            }
+            tracing::info!(role = %pod.role, namespace = %pod.namespace, generate_name = %pod.generate_name,
+                "the plugin will admit this DaemonSet's pods without asking the agent");
+            let same_role = self.known.iter().filter(|p| p.role == pod.role).count();
+            if same_role >= MAX_PER_ROLE
+                && let Some(oldest) = self.known.iter().position(|p| p.role == pod.role)
+            {
+                self.known.remove(oldest);
+            }
+            self.known.push(pod);
+            changed = true;
+        }
+        changed
+    }
+
+    /// Writes the entry when the system pods changed.
+    fn update(&mut self, found: Vec<SystemPod>) {
+        if !self.learn(found) {
+            return;
+        }
+        if let Err(e) = self.installer.set_entry(&self.entry()) {
+            tracing::error!(error = %e, "cannot update the plugin entry");
+        }
+    }
+}
+
+/// Everything the loop works on.
+pub struct Follower {
+    /// Pods and namespaces.
+    pub source: Source,
+    /// The mesh core.
+    pub mesh: Arc<Mesh>,
+    /// Metrics to update.
+    pub metrics: Arc<AgentMetrics>,
+    /// The annotation worker's queue.
+    pub annotations: Arc<Annotations>,
+    /// `<run dir>/enrollment.json`.
+    pub cache_path: PathBuf,
+    /// How often the source is polled.
+    pub poll: Duration,
+    /// The plugin's entry, when the agent installs the plugin.
+    pub plugin: Option<PluginEntry>,
+}
+
+impl Follower {
+    /// Runs until SIGTERM/SIGINT (`Ok`) or until the source fails (`Err`).
+    pub async fn run(&mut self) -> Result<(), AgentError> {
+        let mut cache_written = String::new();
+        let mut dirty: HashSet<String> = self.mesh.pods().into_iter().collect();
+        let mut stop = std::pin::pin!(shutdown());
+        loop {
+            if let Some(inv) = self.source.poll() {
+                let current: HashSet<String> = inv.pods.keys().cloned().collect();
+                for uid in self.mesh.missing(&current) {
+                    if let Err(e) = self.mesh.delete_pod(&uid).await {
+                        tracing::warn!(%uid, error = %e, "removing a deleted pod failed");
+                    }
+                }
+                for ns in inv.namespaces.into_values() {
+                    dirty.extend(self.mesh.upsert_namespace(ns));
+                }
+                for pod in inv.pods.into_values() {
+                    let uid = pod.uid.clone();
+                    if self.mesh.upsert_pod(pod) {
+                        dirty.insert(uid);
+                    }
+                }
+                if let Some(plugin) = &mut self.plugin {
+                    plugin.update(self.mesh.system_pods());
+                }
+            }
+            let mut failed = HashSet::new();
+            for uid in dirty.drain() {
+                if let Err(e) = self.mesh.reconcile(&uid).await {
+                    tracing::warn!(%uid, error = %e, retry = e.retryable(), "reconcile failed");
+                    if e.retryable() {
+                        failed.insert(uid);
+                    }
+                }
+            }
+            dirty = failed;
+            let cache = self.mesh.enrollment_cache().to_json();
+            if cache != cache_written {
+                match write_atomic(&self.cache_path, cache.as_bytes()) {
+                    Ok(()) => cache_written = cache,
+                    Err(e) => {
+                        tracing::warn!(file = %self.cache_path.display(), error = %e, "cannot write the enrollment cache")
+                    }
+                }
+            }
+            self.metrics.set_pods("enrolled", self.mesh.enrolled().len());
+            self.metrics.set_pods("pending", dirty.len());
+            self.metrics.annotations_pending.set(self.annotations.pending() as i64);
+            let wait = if dirty.is_empty() { self.poll } else { Duration::from_secs(1).min(self.poll * 4) };
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = self.mesh.source_wanted() => {}
+                _ = &mut stop => return Ok(()),
+                e = self.source.failed() => return Err(AgentError::Kube(e)),
+            }
+        }
+    }
+}
+
+fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
+}
+
+async fn shutdown() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+    else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
