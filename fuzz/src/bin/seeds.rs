@@ -96,7 +96,7 @@ const CNI_CONFIGS: [&str; 4] = [
     r#"{"cniVersion":"1.0.0","name":"k8s-pod-network","type":"ambit-cni","cni_agent_run_dir":"/var/run/ambit","exclude_namespaces":["kube-system"],"pod_namespace":"ambit-system","agent_timeout_ms":10000,"prevResult":{"cniVersion":"1.0.0","interfaces":[{"name":"eth0","mac":"0a:58:0a:f4:07:02","sandbox":"/var/run/netns/cni-1"}],"ips":[{"address":"10.244.7.2/24","gateway":"10.244.7.1","interface":0},{"address":"fd00:244:7::2/64","interface":0}],"routes":[{"dst":"0.0.0.0/0"}],"dns":{}}}"#,
     r#"{"cniVersion":"0.3.1","name":"mynet","type":"ambit-cni","prevResult":{"cniVersion":"0.3.1","interfaces":[{"name":"eth0"}],"ips":[{"version":"4","address":"10.1.0.5/16","gateway":"10.1.0.1","interface":0}]}}"#,
     r#"{"cniVersion":"0.4.0","name":"mynet","type":"ambit-cni"}"#,
-    r#"{"cniVersion":"1.1.0","name":"mynet","type":"ambit-cni","agent_pod_prefix":"ambit-agent-","prevResult":{"cniVersion":"1.1.0","ips":[]}}"#,
+    r#"{"cniVersion":"1.1.0","name":"mynet","type":"ambit-cni","system_pods":[{"role":"agent","namespace":"ambit-system","generateName":"ambit-agent-"},{"role":"proxy","namespace":"ambit-system","generateName":"ztunnel-"}],"prevResult":{"cniVersion":"1.1.0","ips":[]}}"#,
 ];
 
 const CNI_ARGS: [&str; 3] = [
