@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ambit_netns::Netns;
-use ambit_redirect::{IptablesBackend, NftablesBackend, PodCapture, RuleBackend};
+use ambit_redirect::{IptablesBackend, NftablesBackend, PodCapture, RuleBackend, Verification};
 use futures::future::BoxFuture;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -41,6 +41,10 @@ pub struct AgentArgs {
     /// How often the source folder is checked for changes.
     #[arg(long, env = "AMBIT_SOURCE_POLL", default_value = "250ms", value_parser = parse_millis)]
     pub source_poll: Duration,
+    /// How often every enrolled pod's capture (rules, routing, net.ipv4.tcp_migrate_req) is
+    /// verified; what drifted is re-applied and logged.
+    #[arg(long, env = "AMBIT_CAPTURE_VERIFY_INTERVAL", default_value = "30s", value_parser = parse_millis)]
+    pub capture_verify_interval: Duration,
     /// This node's name: only its pods are handled.
     #[arg(long, env = "NODE_NAME")]
     pub node_name: Option<String>,
@@ -147,6 +151,8 @@ struct AgentMetrics {
     add_latency: Histogram,
     pods: Family<StateLabel, Gauge>,
     capture_errors: Counter,
+    capture_repairs: Counter,
+    migrate_req_supported: Gauge,
 }
 
 impl crate::server::EventMetrics for AgentMetrics {
@@ -165,6 +171,7 @@ struct RedirectCapture {
     dns: bool,
     ipv6: bool,
     errors: Counter,
+    repairs: Counter,
     probes: Option<(Netns, ambit_redirect::host::NftProbeSnat)>,
 }
 
@@ -175,6 +182,22 @@ impl Capture for RedirectCapture {
             self.errors.inc();
             e.to_string()
         })
+    }
+
+    fn repair(&self, netns: &Netns, pod: &Pod) -> Result<Vec<String>, String> {
+        let capture = PodCapture::from_annotations(&pod.annotations, self.dns, self.ipv6);
+        let failed = |e: ambit_redirect::RedirectError| {
+            self.errors.inc();
+            e.to_string()
+        };
+        let drift = match self.backend.verify(netns.as_fd(), &capture).map_err(failed)? {
+            Verification::InSync => return Ok(Vec::new()),
+            Verification::Absent => vec!["no capture rules present".to_owned()],
+            Verification::Drift(drift) => drift,
+        };
+        self.backend.apply(netns.as_fd(), &capture).map_err(failed)?;
+        self.repairs.inc();
+        Ok(drift)
     }
 
     fn remove(&self, netns: &Netns) -> Result<(), String> {
@@ -292,6 +315,8 @@ async fn run_async(args: AgentArgs) -> Result<(), AgentError> {
         add_latency: Histogram::new([0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0]),
         pods: Family::default(),
         capture_errors: Counter::default(),
+        capture_repairs: Counter::default(),
+        migrate_req_supported: Gauge::default(),
     });
     let r = registry.sub_registry_with_prefix("ambit_agent");
     r.register("cni_events", "CNI plugin events by outcome", metrics.events.clone());
@@ -302,6 +327,25 @@ async fn run_async(args: AgentArgs) -> Result<(), AgentError> {
     );
     r.register("pods", "Pods by mesh state", metrics.pods.clone());
     r.register("capture_errors", "Capture rule errors", metrics.capture_errors.clone());
+    r.register(
+        "capture_repairs",
+        "Enrolled pods whose capture was found drifted and re-applied",
+        metrics.capture_repairs.clone(),
+    );
+    r.register(
+        "tcp_migrate_req_supported",
+        "1 when the kernel has net.ipv4.tcp_migrate_req (set in every captured pod)",
+        metrics.migrate_req_supported.clone(),
+    );
+    let migrate_req = ambit_redirect::tcp_migrate_req_supported();
+    metrics.migrate_req_supported.set(i64::from(migrate_req));
+    if !migrate_req {
+        tracing::warn!(
+            sysctl = ambit_redirect::TCP_MIGRATE_REQ,
+            "this kernel lacks the sysctl (Linux 5.14 and later have it): pods are captured and served, \
+             but a node proxy upgrade resets the connections still queued in the old proxy's listeners"
+        );
+    }
     let backend: Box<dyn RuleBackend> = match args.capture_backend.as_str() {
         "nftables" => Box::new(NftablesBackend::default()),
         "iptables" => Box::new(IptablesBackend::detect(true)),
@@ -316,6 +360,7 @@ async fn run_async(args: AgentArgs) -> Result<(), AgentError> {
         dns: args.dns_capture,
         ipv6: args.ipv6,
         errors: metrics.capture_errors.clone(),
+        repairs: metrics.capture_repairs.clone(),
         probes: probe_snat(&args),
     });
     let zds = ZdsServer::new(&args.zds_socket);
@@ -435,7 +480,13 @@ async fn run_async(args: AgentArgs) -> Result<(), AgentError> {
     let mut cache_written = String::new();
     let mut dirty: HashSet<String> = mesh.pods().into_iter().collect();
     let mut stop = std::pin::pin!(shutdown());
+    let mut next_verify = tokio::time::Instant::now() + args.capture_verify_interval;
     loop {
+        // Reconciling an enrolled pod verifies its capture (and repairs drift).
+        if tokio::time::Instant::now() >= next_verify {
+            dirty.extend(mesh.enrolled());
+            next_verify = tokio::time::Instant::now() + args.capture_verify_interval;
+        }
         if let Some(inv) = source.poll() {
             let current: HashSet<String> = inv.pods.keys().cloned().collect();
             for uid in mesh.missing(&current) {
@@ -479,7 +530,8 @@ async fn run_async(args: AgentArgs) -> Result<(), AgentError> {
             args.source_poll
         } else {
             Duration::from_secs(1).min(args.source_poll * 4)
-        };
+        }
+        .min(next_verify.saturating_duration_since(tokio::time::Instant::now()));
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             _ = mesh.source_wanted() => {}

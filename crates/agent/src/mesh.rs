@@ -28,6 +28,9 @@ use crate::zds::{PodEntry, ZdsError, ZdsServer};
 pub trait Capture: Send + Sync + 'static {
     /// Installs (or repairs) the pod's capture; idempotent.
     fn apply(&self, netns: &Netns, pod: &Pod) -> Result<(), String>;
+    /// Compares the pod's live capture with what it must be and re-applies it when it
+    /// drifted; returns the differences found (empty: in sync, nothing done).
+    fn repair(&self, netns: &Netns, pod: &Pod) -> Result<Vec<String>, String>;
     /// Removes the pod's capture; idempotent.
     fn remove(&self, netns: &Netns) -> Result<(), String>;
     /// Host side of an enrolled pod (probe SNAT entries for its IPs); idempotent.
@@ -215,8 +218,8 @@ impl Mesh {
         Ok(())
     }
 
-    /// Brings one pod to its desired state: enrolled pods captured and known to the proxy, the
-    /// others released. Idempotent.
+    /// Brings one pod to its desired state: enrolled pods captured and known to the proxy (a
+    /// capture that drifted is re-applied), the others released. Idempotent.
     pub async fn reconcile(&self, uid: &str) -> Result<(), MeshError> {
         let (pod, ns, enrolled) = {
             let st = self.lock();
@@ -234,7 +237,7 @@ impl Mesh {
                 }
                 self.add_to_mesh(&pod, None).await
             }
-            Decision::Enroll => Ok(()),
+            Decision::Enroll => self.repair_capture(uid, &pod).await,
             Decision::Skip(reason) if enrolled => {
                 tracing::info!(pod = %format!("{}/{}", pod.namespace, pod.name), ?reason, "releasing pod from the mesh");
                 let terminal = pod.phase.is_terminal();
@@ -242,6 +245,23 @@ impl Mesh {
             }
             Decision::Skip(_) => Ok(()),
         }
+    }
+
+    /// Verifies an enrolled pod's capture (rules, routing, `net.ipv4.tcp_migrate_req`) and
+    /// re-applies it when something drifted, saying what was repaired.
+    async fn repair_capture(&self, uid: &str, pod: &Pod) -> Result<(), MeshError> {
+        let netns = self.lock().enrolled.get(uid).and_then(|e| e.netns.clone());
+        let Some(netns) = netns else { return Ok(()) };
+        let name = format!("{}/{}", pod.namespace, pod.name);
+        let (capture, p) = (self.capture.clone(), pod.clone());
+        let drift = tokio::task::spawn_blocking(move || capture.repair(&netns, &p))
+            .await
+            .unwrap_or_else(|e| Err(format!("capture task failed: {e}")))
+            .map_err(|error| MeshError::Capture { pod: name.clone(), error })?;
+        if !drift.is_empty() {
+            tracing::warn!(pod = %name, ?drift, "capture drifted; re-applied");
+        }
+        Ok(())
     }
 
     /// A CNI ADD: looks the pod up (waiting briefly for the pod source to catch up), and
