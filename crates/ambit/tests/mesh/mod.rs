@@ -11,6 +11,10 @@ use std::time::Duration;
 
 use super::common::*;
 
+mod world;
+#[allow(unused_imports)]
+pub use world::*;
+
 /// A cluster plus what every proxy of the test shares: a dev CA root and the config file.
 pub struct Mesh {
     /// The network.
