@@ -78,19 +78,6 @@ fn fully_captured(netns: &str) -> bool {
         && routes.contains("local default dev lo")
 }
 
-/// Whether a TCP socket listens on `port` in the netns of `pid` (read from /proc, no exec).
-fn listening(pid: u32, port: u16) -> bool {
-    let want = format!(":{port:04X}");
-    ["tcp", "tcp6"].iter().any(|f| {
-        std::fs::read_to_string(format!("/proc/{pid}/net/{f}")).is_ok_and(|t| {
-            t.lines().skip(1).any(|l| {
-                let cols: Vec<&str> = l.split_whitespace().collect();
-                cols.get(1).is_some_and(|a| a.ends_with(&want)) && cols.get(3) == Some(&"0A")
-            })
-        })
-    })
-}
-
 /// Sends the marker from `from` to `to` (which runs an echo server) with a capture on the CNI
 /// bridge; returns the segments seen.
 fn traffic(w: &World, from: &Sandbox, to: &Sandbox, port: u16) -> Vec<Segment> {

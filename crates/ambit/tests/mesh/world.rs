@@ -300,3 +300,16 @@ pub fn plain(logs: &str) -> String {
     }
     out
 }
+
+/// Whether a TCP socket listens on `port` in the netns of `pid` (read from /proc, no exec).
+pub fn listening(pid: u32, port: u16) -> bool {
+    let want = format!(":{port:04X}");
+    ["tcp", "tcp6"].iter().any(|f| {
+        std::fs::read_to_string(format!("/proc/{pid}/net/{f}")).is_ok_and(|t| {
+            t.lines().skip(1).any(|l| {
+                let cols: Vec<&str> = l.split_whitespace().collect();
+                cols.get(1).is_some_and(|a| a.ends_with(&want)) && cols.get(3) == Some(&"0A")
+            })
+        })
+    })
+}
