@@ -798,30 +798,37 @@ fn bench_cni_add_latency() {
     w.start_proxy();
     let plain_rt = CniRuntime::new(w.node(), None);
     let n = 200;
-    // Returns the chain's ADD times and the ambit-cni step's own times, each sorted.
-    let run = |rt: &CniRuntime, prefix: &str| {
-        let mut times = Vec::with_capacity(n);
-        let mut steps = Vec::new();
-        let mut keep = Vec::with_capacity(n);
-        for i in 0..n {
-            let mut sb = w.new_pod("bench", &format!("{prefix}{i}"));
+    // Pod by pod, alternating which chain goes first, so that both see the same machine load;
+    // returns each chain's ADD times and the ambit-cni step's own times, each sorted.
+    let (mut base, mut full, mut step) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::new());
+    let mut keep = Vec::with_capacity(2 * n);
+    for i in 0..n {
+        let order = if i % 2 == 0 { [false, true] } else { [true, false] };
+        for with_ambit in order {
+            let (rt, name) = if with_ambit { (&w.rt, format!("m{i}")) } else { (&plain_rt, format!("b{i}")) };
+            let mut sb = w.new_pod("bench", &name);
             let t = Instant::now();
-            rt.add(&mut sb).unwrap_or_else(|e| panic!("{prefix}{i}: {e}"));
-            times.push(t.elapsed());
-            let timings = sb.timings.lock().map(|t| t.clone()).unwrap_or_default();
-            steps.extend(timings.into_iter().filter(|(c, p, _)| c == "ADD" && p == "ambit-cni").map(|t| t.2));
-            keep.push(sb);
+            rt.add(&mut sb).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let elapsed = t.elapsed();
+            if with_ambit {
+                full.push(elapsed);
+                let timings = sb.timings.lock().map(|t| t.clone()).unwrap_or_default();
+                step.extend(
+                    timings.into_iter().filter(|(c, p, _)| c == "ADD" && p == "ambit-cni").map(|t| t.2),
+                );
+            } else {
+                base.push(elapsed);
+            }
+            keep.push((with_ambit, sb));
         }
-        times.sort();
-        steps.sort();
-        for sb in &keep {
-            let _ = rt.del(sb);
-        }
-        drop(keep);
-        (times, steps)
-    };
-    let (base, _) = run(&plain_rt, "b");
-    let (full, step) = run(&w.rt, "m");
+    }
+    for (with_ambit, sb) in &keep {
+        let _ = if *with_ambit { w.rt.del(sb) } else { plain_rt.del(sb) };
+    }
+    drop(keep);
+    base.sort();
+    full.sort();
+    step.sort();
     assert_eq!(step.len(), n, "every ADD ran ambit-cni once");
     let (b50, b99, f50, f99) =
         (percentile(&base, 0.5), percentile(&base, 0.99), percentile(&full, 0.5), percentile(&full, 0.99));
