@@ -1,5 +1,6 @@
-# Shared by examples/demo.sh and benches/e2e.sh: two pods (network namespaces) on a "node"
-# bridge, the in-pod capture rules, a ztunnel-format config and one dedicated proxy per pod.
+# Used by examples/demo.sh (benches/e2e.sh uses the Rust e2e harness instead): two pods (network
+# namespaces) on a "node" bridge, the in-pod capture rules, a ztunnel-format config and one
+# dedicated proxy per pod.
 # Source it, then call: pods_up; [capture_pods; mesh_config; start_proxies]. Needs root.
 # shellcheck shell=bash
 

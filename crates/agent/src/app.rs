@@ -103,6 +103,15 @@ async fn run_async(args: AgentArgs) -> Result<(), AgentError> {
     let mut registry = Registry::default();
     let metrics = AgentMetrics::register(&mut registry);
     let readiness = Readiness::new("starting");
+    let migrate_req = ambit_redirect::tcp_migrate_req_supported();
+    metrics.migrate_req_supported.set(i64::from(migrate_req));
+    if !migrate_req {
+        tracing::warn!(
+            sysctl = ambit_redirect::TCP_MIGRATE_REQ,
+            "this kernel lacks the sysctl (Linux 5.14 and later have it): pods are captured and served, \
+             but a node proxy upgrade resets the connections still queued in the old proxy's listeners"
+        );
+    }
     health::serve_health(args.health_addr, readiness.clone()).await?;
     health::serve_metrics(args.metrics_addr, Arc::new(registry)).await?;
 
@@ -125,7 +134,7 @@ async fn run_async(args: AgentArgs) -> Result<(), AgentError> {
         backend,
         args.dns_capture,
         args.ipv6,
-        metrics.capture_errors.clone(),
+        (metrics.capture_errors.clone(), metrics.capture_repairs.clone()),
         crate::capture::probe_snat(&args.proc_root, &args.host_netns, args.ipv6),
     ));
     let annotations = Annotations::new(annotate, Retry::default(), metrics.annotation_failures.clone());
@@ -217,6 +226,7 @@ async fn run_async(args: AgentArgs) -> Result<(), AgentError> {
         annotations,
         cache_path: args.run_dir.join(ambit_cni::cache::CACHE_FILE),
         poll: args.source_poll,
+        verify_interval: args.capture_verify_interval,
         plugin,
     };
     let outcome = follower.run().await;

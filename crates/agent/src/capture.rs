@@ -8,7 +8,7 @@ use std::path::Path;
 
 use ambit_netns::Netns;
 use ambit_redirect::host::NftProbeSnat;
-use ambit_redirect::{PodCapture, RedirectError, RuleBackend};
+use ambit_redirect::{PodCapture, RedirectError, RuleBackend, Verification};
 use prometheus_client::metrics::counter::Counter;
 
 use crate::model::Pod;
@@ -17,6 +17,9 @@ use crate::model::Pod;
 pub trait Capture: Send + Sync + 'static {
     /// Installs (or repairs) the pod's capture; idempotent.
     fn apply(&self, netns: &Netns, pod: &Pod) -> Result<(), CaptureError>;
+    /// Compares the pod's live capture with what it must be and re-applies it when it
+    /// drifted; returns the differences found (empty: in sync, nothing done).
+    fn repair(&self, netns: &Netns, pod: &Pod) -> Result<Vec<String>, CaptureError>;
     /// Removes the pod's capture; idempotent.
     fn remove(&self, netns: &Netns) -> Result<(), CaptureError>;
     /// Host side of an enrolled pod (probe SNAT entries for its IPs); idempotent.
@@ -56,19 +59,21 @@ pub struct RedirectCapture {
     dns: bool,
     ipv6: bool,
     errors: Counter,
+    repairs: Counter,
     probes: Option<(Netns, NftProbeSnat)>,
 }
 
 impl RedirectCapture {
-    /// A capture adapter; `errors` counts failed rule operations.
+    /// A capture adapter; `errors` counts failed rule operations, `repairs` captures found
+    /// drifted and re-applied.
     pub fn new(
         backend: Box<dyn RuleBackend>,
         dns: bool,
         ipv6: bool,
-        errors: Counter,
+        (errors, repairs): (Counter, Counter),
         probes: Option<(Netns, NftProbeSnat)>,
     ) -> RedirectCapture {
-        RedirectCapture { backend, dns, ipv6, errors, probes }
+        RedirectCapture { backend, dns, ipv6, errors, repairs, probes }
     }
 
     fn counted<T>(&self, r: Result<T, RedirectError>) -> Result<T, CaptureError> {
@@ -83,6 +88,18 @@ impl Capture for RedirectCapture {
     fn apply(&self, netns: &Netns, pod: &Pod) -> Result<(), CaptureError> {
         let capture = PodCapture::from_annotations(&pod.annotations, self.dns, self.ipv6);
         self.counted(self.backend.apply(netns.as_fd(), &capture))
+    }
+
+    fn repair(&self, netns: &Netns, pod: &Pod) -> Result<Vec<String>, CaptureError> {
+        let capture = PodCapture::from_annotations(&pod.annotations, self.dns, self.ipv6);
+        let drift = match self.counted(self.backend.verify(netns.as_fd(), &capture))? {
+            Verification::InSync => return Ok(Vec::new()),
+            Verification::Absent => vec!["no capture rules present".to_owned()],
+            Verification::Drift(drift) => drift,
+        };
+        self.counted(self.backend.apply(netns.as_fd(), &capture))?;
+        self.repairs.inc();
+        Ok(drift)
     }
 
     fn remove(&self, netns: &Netns) -> Result<(), CaptureError> {

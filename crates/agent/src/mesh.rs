@@ -217,8 +217,8 @@ impl Mesh {
         Ok(())
     }
 
-    /// Brings one pod to its desired state: enrolled pods captured and known to the proxy, the
-    /// others released. Idempotent.
+    /// Brings one pod to its desired state: enrolled pods captured and known to the proxy (a
+    /// capture that drifted is re-applied), the others released. Idempotent.
     pub async fn reconcile(&self, uid: &str) -> Result<(), MeshError> {
         let (pod, ns, enrolled) = {
             let st = self.lock();
@@ -240,7 +240,7 @@ impl Mesh {
                 })?;
                 self.add_to_mesh(&pod, netns, false).await
             }
-            Decision::Enroll => Ok(()),
+            Decision::Enroll => self.repair_capture(uid, &pod).await,
             Decision::Skip(reason) if enrolled => {
                 tracing::info!(pod = %format!("{}/{}", pod.namespace, pod.name), ?reason, "releasing pod from the mesh");
                 let removal = if pod.phase.is_terminal() { Removal::Terminated } else { Removal::Released };
@@ -248,6 +248,23 @@ impl Mesh {
             }
             Decision::Skip(_) => Ok(()),
         }
+    }
+
+    /// Verifies an enrolled pod's capture (rules, routing, `net.ipv4.tcp_migrate_req`) and
+    /// re-applies it when something drifted, saying what was repaired.
+    async fn repair_capture(&self, uid: &str, pod: &Pod) -> Result<(), MeshError> {
+        let netns = self.lock().enrolled.get(uid).and_then(|e| e.netns.clone());
+        let Some(netns) = netns else { return Ok(()) };
+        let name = format!("{}/{}", pod.namespace, pod.name);
+        let (capture, p) = (self.capture.clone(), pod.clone());
+        let drift = tokio::task::spawn_blocking(move || capture.repair(&netns, &p))
+            .await
+            .unwrap_or_else(|e| Err(CaptureError::Task(e.to_string())))
+            .map_err(|source| MeshError::Capture { pod: name.clone(), source })?;
+        if !drift.is_empty() {
+            tracing::warn!(pod = %name, ?drift, "capture drifted; re-applied");
+        }
+        Ok(())
     }
 
     /// A CNI ADD: looks the pod up (waiting briefly for the pod source to catch up), and

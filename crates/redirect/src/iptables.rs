@@ -6,7 +6,8 @@ use std::os::fd::BorrowedFd;
 use crate::capture::check_interface_name;
 use crate::{
     DNS_CT_ZONE, DNS_PORT, Family, INBOUND_HBONE_PORT, INBOUND_PLAINTEXT_PORT, MARK_MASK, OUTBOUND_PORT,
-    PodCapture, RedirectError, RuleBackend, TPROXY_MARK, Verification, ZTUNNEL_MARK, exec, in_netns, routing,
+    PodCapture, RedirectError, RuleBackend, TPROXY_MARK, Verification, ZTUNNEL_MARK, exec, handoff, in_netns,
+    routing,
 };
 
 /// Chains the pod capture owns; cleanup never touches any other chain.
@@ -133,6 +134,7 @@ impl RuleBackend for IptablesBackend {
         check_capture(capture)?;
         in_netns(netns, || {
             routing::apply(capture)?;
+            handoff::apply()?;
             for (family, xt) in self.families(capture) {
                 apply_plan(xt, &pod_plan(capture, family), &POD_CHAINS, self.reconcile)?;
             }
@@ -144,6 +146,7 @@ impl RuleBackend for IptablesBackend {
         check_capture(capture)?;
         in_netns(netns, || {
             let (mut drift, mut present) = routing::verify(capture)?;
+            drift.extend(handoff::verify()?);
             let mut missing_family = Vec::new();
             for (family, xt) in self.families(capture) {
                 let state = compare(xt, &pod_plan(capture, family), &POD_CHAINS)?;
@@ -170,7 +173,8 @@ impl RuleBackend for IptablesBackend {
             for xt in [&self.v4, &self.v6] {
                 cleanup(xt, &POD_CHAINS)?;
             }
-            routing::remove()
+            routing::remove()?;
+            handoff::remove()
         })
     }
 }

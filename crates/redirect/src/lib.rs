@@ -12,6 +12,8 @@
 //!   fd. Everything that touches a netns runs in a synchronous closure on a dedicated thread that
 //!   `setns`es into it ([`in_netns`]). Netlink sockets opened there belong to the pod netns, and so
 //!   do the `iptables*` children spawned from it. apply, verify and remove are idempotent.
+//! - Both backends also set `net.ipv4.tcp_migrate_req=1` in the pod netns, so that a node proxy
+//!   upgrade loses no queued connection (module `handoff`), and verify it with the rules.
 //!
 //! # Netlink, no `nft` or `ip` binary
 //!
@@ -30,6 +32,7 @@ mod exec;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
+mod handoff;
 pub mod host;
 mod iptables;
 mod netlink;
@@ -44,6 +47,7 @@ pub use capture::{
     ANNOTATION_BYPASS_INBOUND, ANNOTATION_DNS_CAPTURE, ANNOTATION_VIRTUAL_INTERFACES, PodCapture,
     parse_go_bool,
 };
+pub use handoff::{TCP_MIGRATE_REQ, tcp_migrate_req_supported};
 pub use iptables::{IptablesBackend, Xtables, render_iptables};
 pub use nftables::{
     BaseChain, ChainKind, Hook, L4Proto, Match, NftAction, NftChain, NftRule, NftRuleset, NftSet, NftTable,
@@ -85,22 +89,25 @@ pub enum Family {
     V6,
 }
 
-/// Installs, checks and removes a pod's capture inside its network namespace.
+/// Installs, checks and removes a pod's capture inside its network namespace: the rules, the
+/// policy routing and `net.ipv4.tcp_migrate_req=1` (see [`TCP_MIGRATE_REQ`]).
 pub trait RuleBackend: Send + Sync {
-    /// Installs policy routing, then the rules; applying twice leaves the same state.
+    /// Installs policy routing, the sysctl, then the rules; applying twice leaves the same state.
     fn apply(&self, netns: BorrowedFd<'_>, capture: &PodCapture) -> Result<(), RedirectError>;
-    /// Compares the live rules and routing with what `capture` renders to.
+    /// Compares the live rules, routing and sysctl with what `capture` needs.
     fn verify(&self, netns: BorrowedFd<'_>, capture: &PodCapture) -> Result<Verification, RedirectError>;
-    /// Removes every capture rule, table, ip rule and table-100 route; ok when nothing is there.
+    /// Removes every capture rule, table, ip rule and table-100 route, and puts the sysctl back
+    /// to the kernel default; ok when nothing is there.
     fn remove(&self, netns: BorrowedFd<'_>, capture: &PodCapture) -> Result<(), RedirectError>;
 }
 
 /// Outcome of [`RuleBackend::verify`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verification {
-    /// Rules and routing are exactly what the capture renders to.
+    /// Rules, routing and sysctl are exactly what the capture needs.
     InSync,
-    /// No capture rules of ours are present at all (a clean netns).
+    /// No capture rules or policy routing of ours are present at all (a clean netns; the sysctl
+    /// alone does not count, since anything may have set it).
     Absent,
     /// Something is present but differs; each entry describes one difference.
     Drift(Vec<String>),
@@ -170,6 +177,21 @@ pub enum RedirectError {
         value: String,
         /// Why it is rejected.
         reason: &'static str,
+    },
+    /// A sysctl of the pod's network namespace could not be set.
+    #[error(
+        "cannot set {name}={value} in the pod network namespace ({path}): {source}; the agent \
+         needs a writable /proc/sys (a privileged container)"
+    )]
+    Sysctl {
+        /// The sysctl, e.g. `net.ipv4.tcp_migrate_req`.
+        name: &'static str,
+        /// The value written.
+        value: &'static str,
+        /// Its file.
+        path: Box<str>,
+        /// Why writing failed.
+        source: io::Error,
     },
     /// Reading a file (under /proc) failed.
     #[error("cannot read {path}: {source}")]

@@ -10,7 +10,8 @@ use crate::iptables::check_capture;
 use crate::netlink::Netlink;
 use crate::{
     DNS_CT_ZONE, DNS_PORT, Family, INBOUND_HBONE_PORT, INBOUND_PLAINTEXT_PORT, MARK_MASK, OUTBOUND_PORT,
-    PodCapture, RedirectError, RuleBackend, TPROXY_MARK, Verification, ZTUNNEL_MARK, in_netns, nfnl, routing,
+    PodCapture, RedirectError, RuleBackend, TPROXY_MARK, Verification, ZTUNNEL_MARK, handoff, in_netns, nfnl,
+    routing,
 };
 
 /// The three `inet` tables of the pod capture, in creation order.
@@ -535,6 +536,7 @@ impl RuleBackend for NftablesBackend {
         let ruleset = render_nftables(capture);
         in_netns(netns, || {
             routing::apply(capture)?;
+            handoff::apply()?;
             let mut nl = Netlink::netfilter()?;
             let existing = nfnl::table_names(&mut nl)?;
             // A table the capture no longer needs (e.g. raw after DNS capture was turned off)
@@ -552,6 +554,7 @@ impl RuleBackend for NftablesBackend {
         let expected = render_nftables(capture);
         in_netns(netns, || {
             let (mut drift, mut present) = routing::verify(capture)?;
+            drift.extend(handoff::verify()?);
             let mut nl = Netlink::netfilter()?;
             let tables = nfnl::table_names(&mut nl)?;
             for name in POD_TABLES {
@@ -588,7 +591,8 @@ impl RuleBackend for NftablesBackend {
                 &existing,
                 &ours,
             )?)?;
-            routing::remove()
+            routing::remove()?;
+            handoff::remove()
         })
     }
 }

@@ -338,6 +338,59 @@ fn iptables_foreign_rule_is_reconciled() {
     check_removal(&backend, &capture, &ns);
 }
 
+fn migrate_req(ns: &Netns) -> String {
+    ns.ok(&["sysctl", "-n", "net.ipv4.tcp_migrate_req"]).trim().to_owned()
+}
+
+/// `net.ipv4.tcp_migrate_req` is part of the capture: apply sets it to 1 in the pod netns (and
+/// nowhere else), verify reports it when it drifts back to 0, apply repairs it, remove puts the
+/// kernel default back.
+fn check_migrate_req(backend: &dyn RuleBackend) {
+    let host_before = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_migrate_req").expect("host sysctl");
+    let capture = dual_stack();
+    let ns = Netns::new("mig");
+    let fd = ns.file.as_fd();
+    assert_eq!(migrate_req(&ns), "0", "a fresh netns starts with the kernel default");
+    backend.apply(fd, &capture).expect("apply");
+    assert_eq!(migrate_req(&ns), "1", "apply must set net.ipv4.tcp_migrate_req in the pod netns");
+    assert_eq!(backend.verify(fd, &capture).expect("verify"), Verification::InSync);
+    assert_eq!(
+        std::fs::read_to_string("/proc/sys/net/ipv4/tcp_migrate_req").expect("host sysctl"),
+        host_before,
+        "the test's own netns changed"
+    );
+    ns.ok(&["sysctl", "-qw", "net.ipv4.tcp_migrate_req=0"]);
+    assert_eq!(
+        backend.verify(fd, &capture).expect("verify"),
+        Verification::Drift(vec![
+            "sysctl net.ipv4.tcp_migrate_req is 0, want 1 (a node proxy upgrade would reset queued connections)"
+                .to_owned()
+        ])
+    );
+    backend.apply(fd, &capture).expect("repairing apply");
+    assert_eq!(migrate_req(&ns), "1");
+    assert_eq!(backend.verify(fd, &capture).expect("verify"), Verification::InSync);
+    backend.remove(fd, &capture).expect("remove");
+    assert_eq!(migrate_req(&ns), "0", "remove must restore the kernel default");
+    assert_eq!(backend.verify(fd, &capture).expect("verify"), Verification::Absent);
+}
+
+#[test]
+fn nftables_sets_and_verifies_tcp_migrate_req() {
+    if !require_root() {
+        return;
+    }
+    check_migrate_req(&NftablesBackend::default());
+}
+
+#[test]
+fn iptables_sets_and_verifies_tcp_migrate_req() {
+    if !require_root() {
+        return;
+    }
+    check_migrate_req(&iptables_backend());
+}
+
 /// A pod netns wired to a peer netns over a veth: 10.77.0.1/24 + fd77::1/64 ↔ .2 / ::2.
 fn pod_with_peer() -> (Netns, Netns) {
     let pod = Netns::new("pod");

@@ -19,6 +19,10 @@ pub struct AgentArgs {
     /// How often the source folder is checked for changes.
     #[arg(long, env = "AMBIT_SOURCE_POLL", default_value = "250ms", value_parser = parse_duration)]
     pub source_poll: Duration,
+    /// How often every enrolled pod's capture (rules, routing, net.ipv4.tcp_migrate_req) is
+    /// verified; what drifted is re-applied and logged.
+    #[arg(long, env = "AMBIT_CAPTURE_VERIFY_INTERVAL", default_value = "30s", value_parser = parse_duration)]
+    pub capture_verify_interval: Duration,
     /// This node's name: only its pods are watched and handled. Required with the Kubernetes
     /// source (set it from the pod's spec.nodeName); optional in local mode.
     #[arg(long, env = "NODE_NAME")]

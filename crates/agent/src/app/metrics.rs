@@ -33,6 +33,10 @@ pub struct AgentMetrics {
     pub pods: Family<StateLabel, Gauge>,
     /// `ambit_agent_capture_errors_total`.
     pub capture_errors: Counter,
+    /// `ambit_agent_capture_repairs_total`.
+    pub capture_repairs: Counter,
+    /// `ambit_agent_tcp_migrate_req_supported`.
+    pub migrate_req_supported: Gauge,
     /// `ambit_agent_annotation_failures_total`.
     pub annotation_failures: Counter,
     /// `ambit_agent_annotations_pending`.
@@ -47,6 +51,8 @@ impl AgentMetrics {
             add_latency: Histogram::new([0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0]),
             pods: Family::default(),
             capture_errors: Counter::default(),
+            capture_repairs: Counter::default(),
+            migrate_req_supported: Gauge::default(),
             annotation_failures: Counter::default(),
             annotations_pending: Gauge::default(),
         });
@@ -59,6 +65,16 @@ impl AgentMetrics {
         );
         r.register("pods", "Pods by mesh state", m.pods.clone());
         r.register("capture_errors", "Capture rule errors", m.capture_errors.clone());
+        r.register(
+            "capture_repairs",
+            "Enrolled pods whose capture was found drifted and re-applied",
+            m.capture_repairs.clone(),
+        );
+        r.register(
+            "tcp_migrate_req_supported",
+            "1 when the kernel has net.ipv4.tcp_migrate_req (set in every captured pod)",
+            m.migrate_req_supported.clone(),
+        );
         r.register(
             "annotation_failures",
             "Failed writes of the ambient.istio.io/redirection annotation (each is retried)",

@@ -133,6 +133,8 @@ pub struct Follower {
     pub cache_path: PathBuf,
     /// How often the source is polled.
     pub poll: Duration,
+    /// How often every enrolled pod's capture is verified (and repaired).
+    pub verify_interval: Duration,
     /// The plugin's entry, when the agent installs the plugin.
     pub plugin: Option<PluginEntry>,
 }
@@ -143,7 +145,13 @@ impl Follower {
         let mut cache_written = String::new();
         let mut dirty: HashSet<String> = self.mesh.pods().into_iter().collect();
         let mut stop = std::pin::pin!(shutdown());
+        let mut next_verify = tokio::time::Instant::now() + self.verify_interval;
         loop {
+            // Reconciling an enrolled pod verifies its capture (and repairs drift).
+            if tokio::time::Instant::now() >= next_verify {
+                dirty.extend(self.mesh.enrolled());
+                next_verify = tokio::time::Instant::now() + self.verify_interval;
+            }
             if let Some(inv) = self.source.poll() {
                 let current: HashSet<String> = inv.pods.keys().cloned().collect();
                 for uid in self.mesh.missing(&current) {
@@ -186,7 +194,8 @@ impl Follower {
             self.metrics.set_pods("enrolled", self.mesh.enrolled().len());
             self.metrics.set_pods("pending", dirty.len());
             self.metrics.annotations_pending.set(self.annotations.pending() as i64);
-            let wait = if dirty.is_empty() { self.poll } else { Duration::from_secs(1).min(self.poll * 4) };
+            let wait = if dirty.is_empty() { self.poll } else { Duration::from_secs(1).min(self.poll * 4) }
+                .min(next_verify.saturating_duration_since(tokio::time::Instant::now()));
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
                 _ = self.mesh.source_wanted() => {}

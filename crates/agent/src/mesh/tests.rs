@@ -21,6 +21,8 @@ struct Recorder {
     annotations: StdMutex<Vec<String>>,
     fail_apply: AtomicBool,
     refuse_annotations: AtomicBool,
+    /// What the next `repair` finds drifted (taken by it).
+    drift: StdMutex<Vec<String>>,
 }
 
 impl Recorder {
@@ -40,6 +42,10 @@ impl Capture for Recorder {
         } else {
             Ok(())
         }
+    }
+    fn repair(&self, _: &Netns, pod: &Pod) -> Result<Vec<String>, CaptureError> {
+        self.captures.lock().expect("lock").push(format!("verify {}", pod.name));
+        Ok(std::mem::take(&mut *self.drift.lock().expect("lock")))
     }
     fn remove(&self, _: &Netns) -> Result<(), CaptureError> {
         self.captures.lock().expect("lock").push("remove".into());
@@ -195,9 +201,15 @@ async fn cni_add_enrolls_then_namespace_unlabel_releases() {
     until("the annotation", || s.rec.annotations() == ["web enabled"]).await;
     assert_eq!(seen.lock().expect("lock").last().map(String::as_str), Some("add u1"));
     assert_eq!(s.mesh.snapshot().len(), 1);
-    // Idempotent reconcile: nothing happens.
+    // Idempotent reconcile: the capture is verified, nothing else happens.
     s.mesh.reconcile("u1").await.expect("reconcile");
-    assert!(s.rec.take().is_empty());
+    assert_eq!(s.rec.take(), vec!["verify web"]);
+    assert_eq!(seen.lock().expect("lock").last().map(String::as_str), Some("add u1"), "no new ZDS request");
+    // A capture that drifted is repaired by the reconcile, and the pod stays enrolled.
+    *s.rec.drift.lock().expect("lock") = vec!["sysctl net.ipv4.tcp_migrate_req is 0, want 1".into()];
+    s.mesh.reconcile("u1").await.expect("reconcile repairs");
+    assert_eq!(s.rec.take(), vec!["verify web"]);
+    assert_eq!(s.mesh.enrolled().len(), 1);
     // The namespace loses its label: the pod is released (rules removed, proxy told).
     let affected = s.mesh.upsert_namespace(ns("demo", false));
     assert_eq!(affected, vec!["u1".to_owned()]);

@@ -29,6 +29,9 @@ impl Capture for FakeCapture {
     fn apply(&self, _: &ambit_netns::Netns, pod: &Pod) -> Result<(), CaptureError> {
         if pod.name == "broken" { Err(CaptureError::Task("nft: permission denied".into())) } else { Ok(()) }
     }
+    fn repair(&self, _: &ambit_netns::Netns, _: &Pod) -> Result<Vec<String>, CaptureError> {
+        Ok(Vec::new())
+    }
     fn remove(&self, _: &ambit_netns::Netns) -> Result<(), CaptureError> {
         Ok(())
     }

@@ -17,6 +17,8 @@ pub struct ChildGuard {
     output: Arc<Mutex<Vec<u8>>>,
     readers: Vec<JoinHandle<()>>,
     exited: Option<ExitStatus>,
+    /// Where the output goes instead of memory (long-running, chatty processes).
+    log_file: Option<std::path::PathBuf>,
 }
 
 impl ChildGuard {
@@ -32,7 +34,29 @@ impl ChildGuard {
         if let Some(err) = child.stderr.take() {
             readers.push(collect(err, Arc::clone(&output)));
         }
-        ChildGuard { label: label.to_owned(), child, output, readers, exited: None }
+        ChildGuard { label: label.to_owned(), child, output, readers, exited: None, log_file: None }
+    }
+
+    /// Like [`ChildGuard::spawn`] with stdout and stderr appended to `log` instead of kept in
+    /// memory (for benchmarks: a proxy logs two lines per connection).
+    pub fn spawn_to_file(label: &str, mut cmd: Command, log: &std::path::Path) -> ChildGuard {
+        let open = || {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(log)
+                .unwrap_or_else(|e| panic!("cannot open {} for {label}: {e}", log.display()))
+        };
+        cmd.stdin(Stdio::null()).stdout(open()).stderr(open());
+        let child = cmd.spawn().unwrap_or_else(|e| panic!("cannot spawn {label} ({cmd:?}): {e}"));
+        ChildGuard {
+            label: label.to_owned(),
+            child,
+            output: Arc::default(),
+            readers: Vec::new(),
+            exited: None,
+            log_file: Some(log.to_owned()),
+        }
     }
 
     /// The process id (with `ip netns exec` this is the program itself: it execs in place).
@@ -42,6 +66,9 @@ impl ChildGuard {
 
     /// Everything the process wrote to stdout and stderr so far (interleaved as it arrived).
     pub fn logs(&self) -> String {
+        if let Some(file) = &self.log_file {
+            return std::fs::read(file).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
+        }
         let out = self.output.lock().unwrap_or_else(PoisonError::into_inner);
         String::from_utf8_lossy(&out).into_owned()
     }
@@ -111,7 +138,20 @@ impl Drop for ChildGuard {
             self.exited = self.child.wait().ok();
         }
         self.drain();
-        if std::thread::panicking() {
+        if std::thread::panicking()
+            && let Some(file) = &self.log_file
+        {
+            let logs = self.logs();
+            let tail = logs.char_indices().rev().nth(20_000).map_or(0, |(i, _)| i);
+            eprintln!(
+                "----- last lines of {} (pid {}, all in {}) -----\n{}\n----- end of {} -----",
+                self.label,
+                self.child.id(),
+                file.display(),
+                &logs[tail..],
+                self.label
+            );
+        } else if std::thread::panicking() {
             eprintln!(
                 "----- output of {} (pid {}) -----\n{}\n----- end of {} -----",
                 self.label,

@@ -11,11 +11,17 @@ use std::time::{Duration, Instant};
 
 use super::common::*;
 
+mod world;
+#[allow(unused_imports)]
+pub use world::*;
+
 /// A cluster plus what every proxy of the test shares: a dev CA root and the config file.
 pub struct Mesh {
     /// The network.
     pub cluster: Cluster,
     dir: tempfile::TempDir,
+    /// Proxies write their output to files here instead of into memory (benchmarks).
+    log_dir: Option<PathBuf>,
 }
 
 /// A pod that is a mesh workload.
@@ -66,7 +72,21 @@ impl Mesh {
             .output()
             .expect("run ambit dev-ca init");
         assert!(out.status.success(), "dev-ca init failed: {}", String::from_utf8_lossy(&out.stderr));
-        Mesh { cluster, dir }
+        Mesh { cluster, dir, log_dir: None }
+    }
+
+    /// Proxies started from now on write their output to `<dir>/<label>.log` instead of memory.
+    pub fn log_to_files(&mut self, dir: &std::path::Path) {
+        self.log_dir = Some(dir.to_owned());
+    }
+
+    fn spawn_proxy(&self, label: &str, cmd: Command) -> ChildGuard {
+        match &self.log_dir {
+            Some(dir) => {
+                ChildGuard::spawn_to_file(label, cmd, &dir.join(format!("{}.log", label.replace(' ', "-"))))
+            }
+            None => ChildGuard::spawn(label, cmd),
+        }
     }
 
     /// A captured pod that is a mesh workload with service account `sa` in namespace default.
@@ -154,7 +174,7 @@ impl Mesh {
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let mut child = ChildGuard::spawn(&format!("proxy {}", p.pod.name), cmd);
+        let mut child = self.spawn_proxy(&format!("proxy {}", p.pod.name), cmd);
         let readiness = env
             .iter()
             .find(|(k, _)| *k == "AMBIT_READINESS_ADDR")
@@ -362,7 +382,7 @@ impl Mesh {
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let mut child = ChildGuard::spawn(&format!("node proxy {}", node.name), cmd);
+        let mut child = self.spawn_proxy(&format!("node proxy {}", node.name), cmd);
         let readiness = env
             .iter()
             .find(|(k, _)| *k == "AMBIT_READINESS_ADDR")
