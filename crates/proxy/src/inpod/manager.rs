@@ -16,14 +16,13 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use ambit_zds::{ProtocolError, RecvError, Request, ZdsClient};
+use ambit_zds::{Ack, ProtocolError, RecvError, Request, WorkloadInfo, ZdsClient};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde::Serialize;
 
 use super::netns::{Netns, NetnsId};
-use crate::config::WorkloadInfo;
 use crate::drain::Drain;
 use crate::inputs::Inputs;
 use crate::instance::Shared;
@@ -150,7 +149,7 @@ impl Manager {
                     | ProtocolError::EmptyUid),
                 )) => {
                     tracing::error!(error = %e, "refusing a pod from the node agent");
-                    if let Err(e) = client.ack(Err(protocol_error(&e))).await {
+                    if let Err(e) = client.ack(Ack::nack(protocol_error(&e))).await {
                         tracing::warn!(error = %e, "cannot ack the node agent; reconnecting");
                         return false;
                     }
@@ -196,7 +195,7 @@ impl Manager {
 
     async fn protocol_violation(&self, client: &mut ZdsClient, error: String) {
         tracing::error!(%error, "ZDS protocol violation by the node agent; NACKing and reconnecting (pods keep their proxies)");
-        let _ = client.ack(Err(error)).await;
+        let _ = client.ack(Ack::nack(error)).await;
     }
 
     fn on_connect(&self, readiness: &Readiness) {
@@ -225,12 +224,7 @@ impl Manager {
         }
     }
 
-    fn add(&self, uid: String, info: ambit_zds::WorkloadInfo, netns: Netns) -> Result<(), String> {
-        let info = WorkloadInfo {
-            namespace: info.namespace,
-            name: info.name,
-            service_account: info.service_account,
-        };
+    fn add(&self, uid: String, info: WorkloadInfo, netns: Netns) -> Result<(), String> {
         let mut inner = self.lock();
         if !inner.snapshot_done {
             inner.seen.insert(uid.clone());
