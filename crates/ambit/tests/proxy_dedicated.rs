@@ -329,6 +329,54 @@ fn bad_input_is_rejected_and_service_continues() {
     assert_echo(&a.pod, b.pod.addr4(8080), "after the config is repaired");
 }
 
+/// CONNECT authorities an attacker with a valid certificate could send: a port with leading
+/// zeros is refused (400, as any non-canonical authority), and a 60 KB authority is refused with
+/// an access-log line of bounded length, not one the size of the authority.
+#[test]
+fn hostile_connect_authorities_are_refused() {
+    if !require_root() {
+        return;
+    }
+    let mesh = Mesh::new();
+    let a = mesh.pod("a", "client");
+    let b = mesh.pod("b", "server");
+    let outside = mesh.outside_pod("e");
+    mesh.write_config(&[&a, &b], &[], &[]);
+    let _pa = mesh.start_proxy(&a);
+    let pb = mesh.start_proxy(&b);
+    let _echo = b.pod.echo_server(8080);
+    let hbone = b.pod.addr4(15008);
+    let ca = ambit_identity::FakeCa::from_dir(&mesh.ca_dir()).expect("shared dev CA");
+    let client = ambit_identity::Identity::new("cluster.local", "default", "client");
+    let server = ambit_identity::Identity::new("cluster.local", "default", "server");
+    let good = ca.issue(&client, Duration::from_secs(3600)).expect("issue");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let connect = |authority: &str| rt.block_on(raw::connect(&outside, hbone, &good, &server, "CONNECT", authority));
+
+    assert_eq!(connect(&b.pod.addr4(8080).to_string()), Ok(200), "the canonical authority");
+    let zeros = format!("{}:008080", b.pod.ip4);
+    assert_eq!(connect(&zeros), Ok(400), "{zeros}");
+    assert_eq!(connect(&format!("[{}]:08080", b.pod.ip6)), Ok(400), "IPv6 with a leading zero");
+
+    let huge = format!("{}:80", "a".repeat(60_000));
+    assert_eq!(connect(&huge), Ok(400), "a 60 KB authority");
+    assert!(
+        wait_for(|| pb.logs().contains("no valid authority pseudo header: aaaa"), Duration::from_secs(5)),
+        "the refusal is not logged:\n{}",
+        pb.logs()
+    );
+    let logs = pb.logs();
+    let longest = logs.lines().map(str::len).max().unwrap_or_default();
+    let line = logs.lines().find(|l| l.contains("no valid authority pseudo header: aaaa")).unwrap_or_default();
+    assert!(
+        line.contains("bytes, cut to 1024)"),
+        "the log line does not say it was cut: {}",
+        &line[..line.len().min(300)]
+    );
+    assert!(longest < 4096, "a {longest}-byte log line");
+    assert_echo(&a.pod, b.pod.addr4(8080), "A still reaches B");
+}
+
 /// A hand-built HBONE client, to send what a well-behaved proxy never would.
 mod raw {
     use super::*;
