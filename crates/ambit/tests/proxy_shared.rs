@@ -6,7 +6,7 @@ mod common;
 mod mesh;
 
 use std::collections::BTreeSet;
-use std::io::{self, Read};
+use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -893,4 +893,86 @@ fn dns_mesh_name_and_forwarding() {
         resolve(&dns_pod, SocketAddr::new(dns_pod.ip4.into(), 53), 7, "direct.test"),
         Ok((0, vec![UPSTREAM_ANSWER]))
     );
+}
+
+/// The pod's link-local IPv6 address on eth0, with eth0's index as its scope.
+fn link_local(pod: &Pod) -> std::net::SocketAddrV6 {
+    let out = pod.run_cmd("ip", &["-6", "-o", "addr", "show", "dev", "eth0", "scope", "link"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let ip: std::net::Ipv6Addr = text
+        .split_whitespace()
+        .skip_while(|w| *w != "inet6")
+        .nth(1)
+        .and_then(|cidr| cidr.split('/').next())
+        .and_then(|ip| ip.parse().ok())
+        .unwrap_or_else(|| panic!("no link-local address on {}'s eth0: {text}", pod.name));
+    let index = pod.run(|| nix::net::if_::if_nametoindex("eth0")).expect("eth0 index");
+    std::net::SocketAddrV6::new(ip, 0, 0, index)
+}
+
+/// IPv6 link-local destinations fail closed, with a clear error where the proxy sees them.
+/// Inbound: a neighbour's connection to the pod's link-local address is refused by the proxy
+/// with the exact reason and closed at once (it used to be dialed without its scope and fail with
+/// EINVAL; with the scope it cannot work either, see `passthrough.rs`). Outbound: the in-pod
+/// capture redirects the app's connection to 15001, but the kernel cannot route a socket bound
+/// to eth0 to the loopback, so it never reaches the proxy nor the destination (connect timeout).
+#[test]
+fn ipv6_link_local_destinations_fail_closed() {
+    if !require_root() {
+        return;
+    }
+    let s = Setup::new();
+    let a = s.mesh.pod("a", "client");
+    let b = s.mesh.pod("b", "server");
+    let outside = s.mesh.outside_pod("o");
+    s.mesh.write_config(&[&a, &b], &[], &[]);
+    let proxy = s.start_proxy(&[]);
+    for p in [&a, &b] {
+        enroll(&s.agent, p);
+    }
+    let eb = b.pod.echo_server(8080);
+    let eo = outside.echo_server(8080);
+    let (ll_a, ll_b, ll_o) = (link_local(&a.pod), link_local(&b.pod), link_local(&outside));
+
+    // Inbound plaintext to b's link-local address, from o on the same link.
+    let to_b = std::net::SocketAddrV6::new(*ll_b.ip(), 8080, 0, ll_o.scope_id());
+    let mut conn = outside.connect_tcp(to_b.into()).expect("the capture accepts the connection");
+    conn.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    let t0 = Instant::now();
+    let _ = conn.write_all(MARKER);
+    let mut rest = Vec::new();
+    let read = conn.read_to_end(&mut rest);
+    let closed_after = t0.elapsed();
+    assert!(
+        matches!(&read, Ok(0)) || read.as_ref().is_err_and(|e| e.kind() == io::ErrorKind::ConnectionReset),
+        "o -> [{to_b}]: {read:?}"
+    );
+    assert!(closed_after < Duration::from_secs(2), "closed only after {closed_after:?}");
+    let reason = format!(
+        "link-local destination [{}%{}]:8080: the mesh serves pods on their routable addresses only (a \
+         link-local address names a link, not a workload); connect to the pod's IP instead",
+        ll_b.ip(),
+        link_local_scope_in(&b.pod)
+    );
+    assert!(
+        wait_for(|| proxy.logs().contains(&reason), Duration::from_secs(2)),
+        "the refusal is not logged as {reason:?}:\n{}",
+        proxy.logs()
+    );
+    assert!(eb.peers().is_empty(), "the link-local connection reached b's app: {:?}", eb.peers());
+
+    // Outbound from a captured pod to a link-local neighbour: it fails, closed.
+    let to_o = SocketAddr::V6(std::net::SocketAddrV6::new(*ll_o.ip(), 8080, 0, ll_a.scope_id()));
+    let t0 = Instant::now();
+    let r = a.pod.run(|| TcpStream::connect_timeout(&to_o, Duration::from_secs(2)));
+    let err = r.err().map(|e| e.kind());
+    assert_eq!(err, Some(io::ErrorKind::TimedOut), "a -> [{to_o}] (o's link-local) after {:?}", t0.elapsed());
+    assert!(eo.peers().is_empty(), "a link-local connection left the captured pod: {:?}", eo.peers());
+    // Routable addresses work as ever.
+    assert_echo(&outside, b.pod.addr6(8080), "o -> b's routable IPv6");
+}
+
+/// eth0's index inside the pod (the scope the proxy sees on connections accepted there).
+fn link_local_scope_in(pod: &Pod) -> u32 {
+    link_local(pod).scope_id()
 }
