@@ -604,10 +604,17 @@ fn zds_snapshot_moves_a_netns_to_a_new_uid() {
     for (uid, p) in [("uid-a-new", &a), ("uid-b", &b)] {
         assert!(agent.add_pod(uid, info(p), &p.pod.netns).is_err(), "no proxy should be connected yet");
     }
-    assert!(agent.wait_connections(1, Duration::from_secs(10)), "the proxy did not reconnect:\n{}", proxy.logs());
+    assert!(
+        agent.wait_connections(1, Duration::from_secs(10)),
+        "the proxy did not reconnect:\n{}",
+        proxy.logs()
+    );
     let acks: Vec<_> = agent.acks().into_iter().map(|r| (r.what, r.result)).collect();
-    let expected: Vec<(String, Result<(), String>)> =
-        vec![("add uid-a-new".into(), Ok(())), ("add uid-b".into(), Ok(())), ("snapshot_sent".into(), Ok(()))];
+    let expected: Vec<(String, Result<(), String>)> = vec![
+        ("add uid-a-new".into(), Ok(())),
+        ("add uid-b".into(), Ok(())),
+        ("snapshot_sent".into(), Ok(())),
+    ];
     assert_eq!(acks, expected, "snapshot acks");
     let state = workload_state(node, 15000);
     let want: std::collections::BTreeMap<String, String> =
@@ -636,16 +643,20 @@ fn zds_proxy_own_and_host_netns_are_nacked() {
     let host = netns_id(Path::new("/proc/self/ns/net"));
     assert_ne!(own, host, "the node proxy must not run in the test's namespace");
     let node_ss = || node.exec("ss", &["-H", "-l", "-n", "-t"]).output().expect("run ss in the node");
-    let host_ss = || std::process::Command::new("ss").args(["-H", "-l", "-n", "-t"]).output().expect("run ss");
-    let host_before: Vec<usize> =
-        [OUTBOUND_PORT, INBOUND_PLAINTEXT_PORT, INBOUND_HBONE_PORT].map(|p| listeners_on(host_ss(), p)).into();
+    let host_ss =
+        || std::process::Command::new("ss").args(["-H", "-l", "-n", "-t"]).output().expect("run ss");
+    let host_before: Vec<usize> = [OUTBOUND_PORT, INBOUND_PLAINTEXT_PORT, INBOUND_HBONE_PORT]
+        .map(|p| listeners_on(host_ss(), p))
+        .into();
 
     let own_ack = s.agent.add_pod("uid-own", info(&a), &node.netns);
     let host_ack = s.agent.add_pod_at("uid-host", info(&a), Path::new("/proc/self/ns/net"));
-    let node_listeners: Vec<usize> =
-        [OUTBOUND_PORT, INBOUND_PLAINTEXT_PORT, INBOUND_HBONE_PORT].map(|p| listeners_on(node_ss(), p)).into();
-    let host_listeners: Vec<usize> =
-        [OUTBOUND_PORT, INBOUND_PLAINTEXT_PORT, INBOUND_HBONE_PORT].map(|p| listeners_on(host_ss(), p)).into();
+    let node_listeners: Vec<usize> = [OUTBOUND_PORT, INBOUND_PLAINTEXT_PORT, INBOUND_HBONE_PORT]
+        .map(|p| listeners_on(node_ss(), p))
+        .into();
+    let host_listeners: Vec<usize> = [OUTBOUND_PORT, INBOUND_PLAINTEXT_PORT, INBOUND_HBONE_PORT]
+        .map(|p| listeners_on(host_ss(), p))
+        .into();
     let own_reason = format!(
         "pod uid-own: network namespace {own} is the node proxy's own network namespace, not a pod's; \
          refusing to open pod listeners in it (is the node agent handing over the wrong namespace?)"

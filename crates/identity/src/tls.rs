@@ -95,10 +95,7 @@ pub(crate) fn client_config(
 
 /// The server leaf's identity is not one the client expected.
 #[derive(thiserror::Error)]
-#[error(
-    "identity verification error: peer did not present the expected SAN ({}), got {got}",
-    join(expected)
-)]
+#[error("identity verification error: peer did not present the expected SAN ({}), got {got}", join(expected))]
 pub(crate) struct SanMismatch {
     expected: Vec<Identity>,
     got: Identity,

@@ -52,7 +52,12 @@ pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: Sock
     if let IpAddr::V6(ip) = orig.ip()
         && ip.is_unicast_link_local()
     {
-        return metrics::record_failure(&inputs.metrics, &info, Flag::Connect, &PassthroughError::LinkLocal(orig));
+        return metrics::record_failure(
+            &inputs.metrics,
+            &info,
+            Flag::Connect,
+            &PassthroughError::LinkLocal(orig),
+        );
     }
     let local_addr = stream.local_addr().ok().map(crate::socket::canonical);
     if is_illegal_port(orig.port()) || Some(orig) == local_addr {

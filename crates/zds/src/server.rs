@@ -149,11 +149,7 @@ impl ZdsServerConn {
         Ok(PeerCred { pid: cred.pid(), uid: cred.uid(), gid: cred.gid() })
     }
 
-    async fn request(
-        &mut self,
-        bytes: &[u8],
-        fds: &[BorrowedFd<'_>],
-    ) -> Result<Ack, RecvError> {
+    async fn request(&mut self, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> Result<Ack, RecvError> {
         self.send_raw(bytes, fds).await?;
         self.recv_ack().await
     }

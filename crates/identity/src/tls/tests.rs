@@ -234,16 +234,14 @@ fn test_root() -> (Issuer<'static, KeyPair>, String) {
 }
 
 /// A leaf signed by `root` with these URI SANs: (its key for rustls, its DER).
-fn leaf_with_uris(
-    root: &Issuer<'_, KeyPair>,
-    uris: &[&str],
-) -> (Arc<CertifiedKey>, CertificateDer<'static>) {
+fn leaf_with_uris(root: &Issuer<'_, KeyPair>, uris: &[&str]) -> (Arc<CertifiedKey>, CertificateDer<'static>) {
     let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).expect("key");
     let mut params = CertificateParams::default();
     params.distinguished_name = DistinguishedName::new();
     params.subject_alt_names =
         uris.iter().map(|u| SanType::URI((*u).to_owned().try_into().expect("uri"))).collect();
-    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+    params.extended_key_usages =
+        vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
     let cert = params.signed_by(&key, root).expect("leaf");
     let der = cert.der().clone();
     let pkcs8 = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
@@ -293,7 +291,9 @@ async fn server_with_two_uri_sans_is_rejected() {
         Err(e) => e.to_string(),
     };
     assert!(
-        err.contains(&format!("identity verification error: the certificate has 2 URI SANs ({SERVER}, {ADMIN_OTHER_TD})")),
+        err.contains(&format!(
+            "identity verification error: the certificate has 2 URI SANs ({SERVER}, {ADMIN_OTHER_TD})"
+        )),
         "{err}"
     );
 }
@@ -339,12 +339,10 @@ fn own_certificate_with_two_uri_sans_is_refused() {
     let (root, root_pem) = test_root();
     let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).expect("key");
     let mut params = CertificateParams::default();
-    params.subject_alt_names = [CLIENT, SERVER].iter().map(|u| SanType::URI((*u).try_into().expect("uri"))).collect();
+    params.subject_alt_names =
+        [CLIENT, SERVER].iter().map(|u| SanType::URI((*u).try_into().expect("uri"))).collect();
     let leaf = params.signed_by(&key, &root).expect("leaf");
     let pkcs8 = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
     let err = WorkloadCertificate::new(pkcs8, &[leaf.pem(), root_pem]).expect_err("two identities");
-    assert!(
-        matches!(&err, CertificateError::Identity(crate::SanError::ManyUris { count: 2, .. })),
-        "{err}"
-    );
+    assert!(matches!(&err, CertificateError::Identity(crate::SanError::ManyUris { count: 2, .. })), "{err}");
 }

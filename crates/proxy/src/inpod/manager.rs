@@ -305,7 +305,8 @@ impl Manager {
             return Err(e);
         }
         let mut inner = self.lock();
-        let holder = inner.pods.iter().find(|(u, p)| **u != uid && p.netns.id() == id).map(|(u, _)| u.clone());
+        let holder =
+            inner.pods.iter().find(|(u, p)| **u != uid && p.netns.id() == id).map(|(u, _)| u.clone());
         if let Some(owner) = holder {
             // In a snapshot, an owner the agent has not named (yet) is stale: the snapshot is the
             // agent's whole view, and SnapshotSent drains it anyway. Replace it now, before the
