@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ambit_netns::Netns;
-use ambit_zds::{RecvError, WorkloadInfo, ZdsListener, ZdsServerConn};
+use ambit_zds::{Ack, RecvError, WorkloadInfo, ZdsListener, ZdsServerConn};
 use tokio::sync::{mpsc, oneshot};
 
 /// One pod as the proxy must know it.
@@ -37,16 +37,19 @@ pub enum ZdsError {
     #[error("no node proxy is connected to {0}; is `ambit proxy` running on this node?")]
     NoProxy(String),
     /// The proxy refused the pod.
-    #[error("the node proxy refused pod {uid}: {error}")]
+    #[error("the node proxy refused pod {uid}: {reason}")]
     Nack {
         /// Pod UID.
         uid: String,
-        /// The proxy's message.
-        error: String,
+        /// The proxy's reason (several proxies' reasons joined with `; ` for a delete).
+        reason: String,
     },
     /// The connection failed while the request was outstanding.
     #[error("the node proxy connection failed: {0}")]
-    Connection(String),
+    Connection(#[source] RecvError),
+    /// The connection closed before the request was answered.
+    #[error("the node proxy connection closed before it answered")]
+    Closed,
 }
 
 /// The ZDS server.
@@ -61,8 +64,8 @@ struct Conn {
     ops: mpsc::Sender<Op>,
 }
 
-/// The proxy's answer: `Ok(Ok)` ack, `Ok(Err)` NACK text, `Err` the connection failed.
-type Reply = oneshot::Sender<Result<Result<(), String>, String>>;
+/// The proxy's answer, or why the connection failed before it came.
+type Reply = oneshot::Sender<Result<Ack, RecvError>>;
 
 enum Op {
     Add(PodEntry, Reply),
@@ -111,13 +114,13 @@ impl ZdsServer {
         let Some(ops) = ops else { return Err(ZdsError::NoProxy(self.path.clone())) };
         let (tx, rx) = oneshot::channel();
         if ops.send(Op::Add(pod, tx)).await.is_err() {
-            return Err(ZdsError::Connection("connection closed".into()));
+            return Err(ZdsError::Closed);
         }
         match rx.await {
-            Ok(Ok(Ok(()))) => Ok(()),
-            Ok(Ok(Err(error))) => Err(ZdsError::Nack { uid, error }),
+            Ok(Ok(Ack::Ok)) => Ok(()),
+            Ok(Ok(Ack::Nack { reason })) => Err(ZdsError::Nack { uid, reason }),
             Ok(Err(e)) => Err(ZdsError::Connection(e)),
-            Err(_) => Err(ZdsError::Connection("connection closed before the ack".into())),
+            Err(_) => Err(ZdsError::Closed),
         }
     }
 
@@ -130,16 +133,16 @@ impl ZdsServer {
                 return None; // that connection is gone; nothing to tell it
             }
             match rx.await {
-                Ok(Ok(Err(e))) => Some(e),
+                Ok(Ok(Ack::Nack { reason })) => Some(reason),
                 // A connection that fails now is gone: its proxy no longer serves the pod.
-                Ok(Ok(Ok(()))) | Ok(Err(_)) | Err(_) => None,
+                Ok(Ok(Ack::Ok)) | Ok(Err(_)) | Err(_) => None,
             }
         });
         let errors: Vec<String> = futures::future::join_all(acks).await.into_iter().flatten().collect();
         if errors.is_empty() {
             Ok(())
         } else {
-            Err(ZdsError::Nack { uid: uid.to_owned(), error: errors.join("; ") })
+            Err(ZdsError::Nack { uid: uid.to_owned(), reason: errors.join("; ") })
         }
     }
 
@@ -161,12 +164,12 @@ impl ZdsServer {
                     Some(fd) => conn.add(&pod.uid, &pod.info, fd.as_fd()).await?,
                     None => conn.keep(&pod.uid).await?,
                 };
-                if let Err(e) = ack {
-                    tracing::warn!(uid = %pod.uid, error = %e, "node proxy refused a pod of the snapshot");
+                if let Ack::Nack { reason } = ack {
+                    tracing::warn!(uid = %pod.uid, %reason, "node proxy refused a pod of the snapshot");
                 }
             }
-            if let Err(e) = conn.snapshot_sent().await? {
-                tracing::warn!(error = %e, "node proxy refused SnapshotSent");
+            if let Ack::Nack { reason } = conn.snapshot_sent().await? {
+                tracing::warn!(%reason, "node proxy refused SnapshotSent");
             }
             tracing::info!(pods = count, "node proxy connected and has the snapshot");
             loop {
@@ -187,7 +190,7 @@ impl ZdsServer {
                             None => conn.keep(&pod.uid).await,
                         };
                         let failed = ack.is_err();
-                        let _ = reply.send(ack.map_err(|e| e.to_string()));
+                        let _ = reply.send(ack);
                         if failed {
                             // Acks are matched by order: after a failure the stream is unreliable.
                             return Ok::<(), RecvError>(());
@@ -196,7 +199,7 @@ impl ZdsServer {
                     Op::Del(uid, reply) => {
                         let ack = conn.del(&uid).await;
                         let failed = ack.is_err();
-                        let _ = reply.send(ack.map_err(|e| e.to_string()));
+                        let _ = reply.send(ack);
                         if failed {
                             return Ok(());
                         }

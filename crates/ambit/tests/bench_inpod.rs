@@ -101,7 +101,7 @@ fn bench_zds_add_latency_and_memory() {
             .expect("proxy connects within 10 s")
             .expect("accept");
         conn.recv_hello().await.expect("hello");
-        conn.snapshot_sent().await.expect("snapshot ack").expect("snapshot accepted");
+        conn.snapshot_sent().await.expect("snapshot ack").into_result().expect("snapshot accepted");
         tokio::time::sleep(Duration::from_millis(500)).await;
         let rss_empty = rss_kib(proxy.pid());
         let mut latencies = Vec::with_capacity(PODS);
@@ -116,7 +116,7 @@ fn bench_zds_add_latency_and_memory() {
             let t0 = Instant::now();
             let ack = conn.add(&format!("uid-{i}"), &info, fd.as_fd()).await.expect("ack");
             latencies.push(t0.elapsed());
-            ack.expect("pod accepted");
+            ack.into_result().expect("pod accepted");
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
         (latencies, rss_empty, rss_kib(proxy.pid()))

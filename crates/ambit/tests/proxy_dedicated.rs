@@ -528,6 +528,231 @@ fn admin_quitquitquit_and_stats_prometheus() {
     );
 }
 
+/// CONNECT authorities an attacker with a valid certificate could send: a port with leading
+/// zeros is refused (400, as any non-canonical authority), and a 60 KB authority is refused with
+/// an access-log line of bounded length, not one the size of the authority.
+#[test]
+fn hostile_connect_authorities_are_refused() {
+    if !require_root() {
+        return;
+    }
+    let mesh = Mesh::new();
+    let a = mesh.pod("a", "client");
+    let b = mesh.pod("b", "server");
+    let outside = mesh.outside_pod("e");
+    mesh.write_config(&[&a, &b], &[], &[]);
+    let _pa = mesh.start_proxy(&a);
+    let pb = mesh.start_proxy(&b);
+    let _echo = b.pod.echo_server(8080);
+    let hbone = b.pod.addr4(15008);
+    let ca = ambit_identity::FakeCa::from_dir(&mesh.ca_dir()).expect("shared dev CA");
+    let client = ambit_identity::Identity::new("cluster.local", "default", "client");
+    let server = ambit_identity::Identity::new("cluster.local", "default", "server");
+    let good = ca.issue(&client, Duration::from_secs(3600)).expect("issue");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let connect =
+        |authority: &str| rt.block_on(raw::connect(&outside, hbone, &good, &server, "CONNECT", authority));
+
+    assert_eq!(connect(&b.pod.addr4(8080).to_string()), Ok(200), "the canonical authority");
+    let zeros = format!("{}:008080", b.pod.ip4);
+    assert_eq!(connect(&zeros), Ok(400), "{zeros}");
+    assert_eq!(connect(&format!("[{}]:08080", b.pod.ip6)), Ok(400), "IPv6 with a leading zero");
+
+    let huge = format!("{}:80", "a".repeat(60_000));
+    assert_eq!(connect(&huge), Ok(400), "a 60 KB authority");
+    assert!(
+        wait_for(|| pb.logs().contains("no valid authority pseudo header: aaaa"), Duration::from_secs(5)),
+        "the refusal is not logged:\n{}",
+        pb.logs()
+    );
+    let logs = pb.logs();
+    let longest = logs.lines().map(str::len).max().unwrap_or_default();
+    let line =
+        logs.lines().find(|l| l.contains("no valid authority pseudo header: aaaa")).unwrap_or_default();
+    assert!(
+        line.contains("bytes, cut to 1024)"),
+        "the log line does not say it was cut: {}",
+        &line[..line.len().min(300)]
+    );
+    assert!(longest < 4096, "a {longest}-byte log line");
+    assert_echo(&a.pod, b.pod.addr4(8080), "A still reaches B");
+}
+
+/// Reloads of the local config that would silently drop workloads are rejected, each with its
+/// reason and file position in the log, and the previous state stays (config dump and traffic):
+/// a file truncated to nothing (as an editor does before writing), a duplicate uid, a duplicate
+/// IP. `{}` is the explicit empty config and is applied. A large file is parsed off the control
+/// runtime: readiness and admin keep answering promptly while it parses.
+#[test]
+fn local_config_reloads_refuse_empty_and_duplicates() {
+    if !require_root() {
+        return;
+    }
+    let mesh = Mesh::new();
+    let a = mesh.pod("a", "client");
+    let b = mesh.pod("b", "server");
+    mesh.write_config(&[&a, &b], &[], &[]);
+    let good = std::fs::read_to_string(mesh.config_path()).expect("read the config");
+    let _pa = mesh.start_proxy(&a);
+    let pb = mesh.start_proxy(&b);
+    let _echo = b.pod.echo_server(8080);
+    assert_echo(&a.pod, b.pod.addr4(8080), "before any reload");
+    let admin = SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), 15000);
+    let dumped_uids = || -> Vec<String> {
+        let (status, body) = b.pod.http_get(admin, "/config_dump").expect("config dump");
+        assert_eq!(status, 200, "{body}");
+        let dump: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+        let workloads = dump["workloads"].as_array().cloned().unwrap_or_default();
+        workloads.iter().filter_map(|w| w["uid"].as_str().map(str::to_owned)).collect()
+    };
+    let uids = dumped_uids();
+    assert_eq!(uids.len(), 2, "{uids:?}");
+
+    // The good file's workload items ("- uid: ..." blocks) and where they start.
+    let starts: Vec<usize> = good.match_indices("\n- uid: ").map(|(i, _)| i + 1).collect();
+    let end = good.find("\npolicies:").expect("policies key") + 1;
+    let block_a = &good[starts[0]..starts[1]];
+    let line_of = |text: &str, offset: usize| text[..offset].matches('\n').count() + 1;
+    let dup_uid = format!("{}{block_a}{}", &good[..end], &good[end..]);
+    let copy = block_a.replacen(
+        "- uid: cluster1//v1/Pod/default/a\n",
+        "- uid: cluster1//v1/Pod/default/a-copy\n",
+        1,
+    );
+    let dup_ip = format!("{}{copy}{}", &good[..end], &good[end..]);
+    let third = line_of(&dup_uid, end);
+    let first_a = line_of(&good, starts[0]);
+    let cases = [
+        (
+            "a file truncated in place",
+            String::new(),
+            "the local config is empty (only whitespace or comments), which would remove every workload, \
+             service and policy; refusing it (an editor may have truncated it before writing). Write `{}` \
+             for a config that is meant to be empty"
+                .to_owned(),
+        ),
+        (
+            "a duplicate uid",
+            dup_uid,
+            format!(
+                "workload at line {third}, column 3 has uid \"cluster1//v1/Pod/default/a\", which the workload \
+                 at line {first_a}, column 3 already has; every workload needs its own uid"
+            ),
+        ),
+        (
+            "a duplicate IP",
+            dup_ip,
+            format!(
+                "workload \"cluster1//v1/Pod/default/a-copy\" at line {third}, column 3 has address {} on \
+                 network \"\", which workload \"cluster1//v1/Pod/default/a\" at line {first_a}, column 3 \
+                 already has; two workloads cannot share an address on one network (only host-network \
+                 workloads may)",
+                a.pod.ip4
+            ),
+        ),
+    ];
+    for (what, text, reason) in cases {
+        let rejected = pb.logs().matches("rejected local config change").count();
+        // In place, as an editor that truncates and then writes does (no rename).
+        std::fs::write(mesh.config_path(), &text).expect("write the config");
+        assert!(
+            wait_for(
+                || pb.logs().matches("rejected local config change").count() > rejected,
+                Duration::from_secs(5)
+            ),
+            "{what}: no rejection logged:\n{}",
+            pb.logs()
+        );
+        let logs = pb.logs();
+        let line = logs.lines().rfind(|l| l.contains("rejected local config change")).unwrap_or_default();
+        assert!(line.contains(&reason), "{what}: the rejection does not say {reason:?}:\n{line}");
+        assert_eq!(dumped_uids(), uids, "{what}: the previous workloads are gone from /config_dump");
+        assert_echo(&a.pod, b.pod.addr4(8080), &format!("after {what}"));
+    }
+
+    // `{}` is explicit: applied, every workload goes.
+    let reloaded = pb.logs().matches("local config reloaded").count();
+    mesh.write_raw("{}\n");
+    assert!(
+        wait_for(|| pb.logs().matches("local config reloaded").count() > reloaded, Duration::from_secs(5)),
+        "`{{}}` not applied:\n{}",
+        pb.logs()
+    );
+    assert_eq!(dumped_uids(), Vec::<String>::new());
+
+    // A large file (the two pods and 100 000 more workloads): readiness and admin answer promptly
+    // while it parses.
+    let mut big = good.replacen("workloads:\n", "", 1);
+    big.insert_str(0, "workloads:\n");
+    let filler: String = (0..100_000)
+        .map(|i| {
+            format!(
+                "- {{uid: filler-{i}, namespace: other, workloadIps: [10.{}.{}.{}]}}\n",
+                200 + i / 65_536,
+                i / 256 % 256,
+                i % 256
+            )
+        })
+        .collect();
+    big.insert_str("workloads:\n".len(), &filler);
+    let reloaded = pb.logs().matches("local config reloaded").count();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let prober = {
+        let (pod, stop) = (b.pod.clone(), stop.clone());
+        let ready = b.pod.addr4(15021);
+        std::thread::spawn(move || {
+            let mut worst = Duration::ZERO;
+            let mut probes = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for (addr, path) in [(ready, "/healthz/ready"), (admin, "/")] {
+                    let t0 = Instant::now();
+                    let r = pod.http_get(addr, path);
+                    worst = worst.max(t0.elapsed());
+                    probes += 1;
+                    assert!(r.is_ok_and(|(s, _)| s == 200), "{path} failed during the reload");
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            (worst, probes)
+        })
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    mesh.write_raw(&big);
+    let applied =
+        wait_for(|| pb.logs().matches("local config reloaded").count() > reloaded, Duration::from_secs(60));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (worst, probes) = prober.join().expect("prober");
+    assert!(applied, "the large file was not applied:\n{}", pb.logs());
+    let logs = pb.logs();
+    let line = logs.lines().rfind(|l| l.contains("local config reloaded")).unwrap_or_default().to_owned();
+    assert!(line.contains("workloads=100002"), "{line}");
+    let took = line
+        .split("took=")
+        .nth(1)
+        .and_then(|t| t.split_whitespace().next())
+        .map(str::to_owned)
+        .unwrap_or_default();
+    println!("large reload: {line}; {probes} probes, the slowest {worst:?}");
+    let took_ms = parse_duration_ms(&took);
+    assert!(took_ms >= 1000.0, "the large file parsed in {took}: too small to show anything");
+    assert!(worst < Duration::from_millis(500), "readiness/admin took {worst:?} while a {took} parse ran");
+    assert_echo(&a.pod, b.pod.addr4(8080), "after the large reload");
+}
+
+/// Milliseconds of a `Debug`-printed `Duration` (`1.234s`, `567.8ms`, `12µs`).
+fn parse_duration_ms(text: &str) -> f64 {
+    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(text.len());
+    let (n, unit) = text.split_at(split);
+    let n: f64 = n.parse().unwrap_or_default();
+    match unit {
+        "s" => n * 1000.0,
+        "ms" => n,
+        "µs" | "us" => n / 1000.0,
+        "ns" => n / 1_000_000.0,
+        _ => 0.0,
+    }
+}
+
 /// A hand-built HBONE client, to send what a well-behaved proxy never would.
 mod raw {
     use super::*;

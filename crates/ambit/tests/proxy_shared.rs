@@ -6,7 +6,7 @@ mod common;
 mod mesh;
 
 use std::collections::BTreeSet;
-use std::io::{self, Read};
+use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -486,6 +486,210 @@ impl BadInput {
     }
 }
 
+/// How many TCP sockets listen on `port` in the namespace `ss` runs in (with SO_REUSEPORT two
+/// proxy instances each have their own).
+fn listeners_on(ss: std::process::Output, port: u16) -> usize {
+    assert!(ss.status.success(), "ss failed: {}", String::from_utf8_lossy(&ss.stderr));
+    String::from_utf8_lossy(&ss.stdout)
+        .lines()
+        .filter(|l| l.split_whitespace().nth(3).and_then(|a| a.rsplit(':').next()) == Some(&port.to_string()))
+        .count()
+}
+
+/// `ss` listing the TCP listeners of a pod's netns.
+fn pod_tcp_listeners(pod: &Pod) -> std::process::Output {
+    pod.exec("ss", &["-H", "-l", "-n", "-t"]).output().expect("run ss in the pod")
+}
+
+/// The `(dev, inode)` id of a namespace, as the proxy names it in its NACKs.
+fn netns_id(path: &Path) -> ambit_netns::NetnsId {
+    ambit_netns::NetnsId::of_path(path).unwrap_or_else(|e| panic!("stat {}: {e}", path.display()))
+}
+
+/// Connection counts by source principal of the node proxy's inbound connections to `workload`.
+fn inbound_principals(node: &Node, workload: &str) -> std::collections::BTreeMap<String, u64> {
+    let (status, body) = node_http_get(node, 15020, "/metrics").expect("node proxy metrics");
+    assert_eq!(status, 200, "{body}");
+    let mut out = std::collections::BTreeMap::new();
+    for line in body.lines().filter(|l| {
+        l.starts_with("istio_tcp_connections_opened_total{")
+            && l.contains("reporter=\"destination\"")
+            && l.contains(&format!("destination_workload=\"{workload}\""))
+    }) {
+        let principal = line
+            .split("source_principal=\"")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .unwrap_or_default()
+            .to_owned();
+        let n: u64 = line.rsplit(' ').next().and_then(|n| n.parse().ok()).unwrap_or_default();
+        *out.entry(principal).or_default() += n;
+    }
+    out
+}
+
+/// A second pod uid for a network namespace that is already served is NACKed with the exact
+/// reason; no second instance binds in that namespace, and every connection leaving the pod
+/// keeps the first workload's identity (the destination proxy's metrics show only it).
+#[test]
+fn zds_second_uid_for_a_served_netns_is_nacked() {
+    if !require_root() {
+        return;
+    }
+    let s = Setup::new();
+    let a = s.mesh.pod("a", "client");
+    let b = s.mesh.pod("b", "server");
+    let c = s.mesh.pod("c", "other");
+    s.mesh.write_config(&[&a, &b, &c], &[], &[]);
+    let proxy = s.start_proxy(&[]);
+    for p in [&a, &b, &c] {
+        enroll(&s.agent, p);
+    }
+    let _ec = c.pod.echo_server(8080);
+
+    // The agent hands b's workload over again under a new uid, but with a's namespace.
+    let ack = s.agent.add_pod("uid-intruder", info(&b), &a.pod.netns);
+    let outbound_listeners = listeners_on(pod_tcp_listeners(&a.pod), OUTBOUND_PORT);
+    for i in 0..16 {
+        assert_echo(&a.pod, c.pod.addr4(8080), &format!("a -> c, connection {i}"));
+    }
+    let client = "spiffe://cluster.local/ns/default/sa/client".to_owned();
+    let expected_principals: std::collections::BTreeMap<String, u64> = [(client, 16)].into();
+    let mut principals = inbound_principals(s.node(), "c");
+    wait_for(
+        || {
+            principals = inbound_principals(s.node(), "c");
+            principals.values().sum::<u64>() >= 16
+        },
+        Duration::from_secs(5),
+    );
+    let state = workload_state(s.node(), 15000);
+    let id = netns_id(&Path::new("/var/run/netns").join(&a.pod.netns));
+    let expected = format!(
+        "pod uid-intruder: network namespace {id} already belongs to pod uid-a (default/a); one network \
+         namespace serves one workload, so this Add is refused (if uid-a was replaced, send \
+         DelWorkload uid-a first)"
+    );
+    assert!(
+        ack.as_ref().err() == Some(&expected) && outbound_listeners == 1 && principals == expected_principals,
+        "the second uid for a's namespace: ack {ack:?} (want NACK {expected:?}); {outbound_listeners} \
+         listener(s) on {OUTBOUND_PORT} in a (want 1); c's inbound connections by source principal \
+         {principals:?} (want {expected_principals:?})"
+    );
+    assert!(!state.contains_key("uid-intruder"), "the refused pod is in workloadState: {state:?}");
+    assert!(proxy.logs().contains(&expected), "the refusal is not logged:\n{}", proxy.logs());
+    // The first owner is still served, and a Del of it frees the namespace for a new uid.
+    assert_eq!(state.get("uid-a").map(String::as_str), Some("Up"), "{state:?}");
+    s.agent.del_pod("uid-a").expect("del a");
+    s.agent.add_pod("uid-a2", info(&a), &a.pod.netns).expect("a's namespace under a new uid after Del");
+    assert_echo(&a.pod, c.pod.addr4(8080), "a -> c after the namespace changed hands");
+}
+
+/// After an agent restart, a snapshot that names a served network namespace under a new uid (and
+/// not the old one) moves it: the old pod's instance stops before the new one binds, so the
+/// namespace never has two instances.
+#[test]
+fn zds_snapshot_moves_a_netns_to_a_new_uid() {
+    if !require_root() {
+        return;
+    }
+    let Setup { mesh, sockets: _sockets, agent } = Setup::new();
+    let a = mesh.pod("a", "client");
+    let b = mesh.pod("b", "server");
+    mesh.write_config(&[&a, &b], &[], &[]);
+    let node = mesh.cluster.node();
+    let proxy = mesh.start_node_proxy(node, agent.path(), &[]);
+    for p in [&a, &b] {
+        enroll(&agent, p);
+    }
+    let path = agent.path().to_owned();
+    drop(agent);
+    let agent = FakeAgent::start(&path);
+    // No proxy is connected yet: the pods only go into the new agent's snapshot.
+    for (uid, p) in [("uid-a-new", &a), ("uid-b", &b)] {
+        assert!(agent.add_pod(uid, info(p), &p.pod.netns).is_err(), "no proxy should be connected yet");
+    }
+    assert!(
+        agent.wait_connections(1, Duration::from_secs(10)),
+        "the proxy did not reconnect:\n{}",
+        proxy.logs()
+    );
+    let acks: Vec<_> = agent.acks().into_iter().map(|r| (r.what, r.result)).collect();
+    let expected: Vec<(String, Result<(), String>)> = vec![
+        ("add uid-a-new".into(), Ok(())),
+        ("add uid-b".into(), Ok(())),
+        ("snapshot_sent".into(), Ok(())),
+    ];
+    assert_eq!(acks, expected, "snapshot acks");
+    let state = workload_state(node, 15000);
+    let want: std::collections::BTreeMap<String, String> =
+        [("uid-a-new".to_owned(), "Up".to_owned()), ("uid-b".to_owned(), "Up".to_owned())].into();
+    assert_eq!(state, want);
+    assert_eq!(listeners_on(pod_tcp_listeners(&a.pod), OUTBOUND_PORT), 1, "two instances in a's namespace");
+    let _eb = b.pod.echo_server(8080);
+    assert_echo(&a.pod, b.pod.addr4(8080), "a -> b under a's new uid");
+}
+
+/// The proxy's own network namespace and the host's (pid 1's) are NACKed with exact reasons,
+/// and no pod listener opens there; the proxy keeps serving the real pods.
+#[test]
+fn zds_proxy_own_and_host_netns_are_nacked() {
+    if !require_root() {
+        return;
+    }
+    let s = Setup::new();
+    let a = s.mesh.pod("a", "client");
+    let b = s.mesh.pod("b", "server");
+    s.mesh.write_config(&[&a, &b], &[], &[]);
+    // The proxy's pid 1 is a shell in this test's namespace, which thereby plays the host.
+    let proxy = s.mesh.start_node_proxy_in_pid_ns(s.node(), s.agent.path(), &[]);
+    let node = s.node();
+    let own = netns_id(&Path::new("/var/run/netns").join(&node.netns));
+    let host = netns_id(Path::new("/proc/self/ns/net"));
+    assert_ne!(own, host, "the node proxy must not run in the test's namespace");
+    let node_ss = || node.exec("ss", &["-H", "-l", "-n", "-t"]).output().expect("run ss in the node");
+    let host_ss =
+        || std::process::Command::new("ss").args(["-H", "-l", "-n", "-t"]).output().expect("run ss");
+    let host_before: Vec<usize> = [OUTBOUND_PORT, INBOUND_PLAINTEXT_PORT, INBOUND_HBONE_PORT]
+        .map(|p| listeners_on(host_ss(), p))
+        .into();
+
+    let own_ack = s.agent.add_pod("uid-own", info(&a), &node.netns);
+    let host_ack = s.agent.add_pod_at("uid-host", info(&a), Path::new("/proc/self/ns/net"));
+    let node_listeners: Vec<usize> = [OUTBOUND_PORT, INBOUND_PLAINTEXT_PORT, INBOUND_HBONE_PORT]
+        .map(|p| listeners_on(node_ss(), p))
+        .into();
+    let host_listeners: Vec<usize> = [OUTBOUND_PORT, INBOUND_PLAINTEXT_PORT, INBOUND_HBONE_PORT]
+        .map(|p| listeners_on(host_ss(), p))
+        .into();
+    let own_reason = format!(
+        "pod uid-own: network namespace {own} is the node proxy's own network namespace, not a pod's; \
+         refusing to open pod listeners in it (is the node agent handing over the wrong namespace?)"
+    );
+    let host_reason = format!(
+        "pod uid-host: network namespace {host} is the host's network namespace (that of pid 1), not a \
+         pod's; refusing to open pod listeners in it (is the node agent handing over the wrong namespace?)"
+    );
+    assert!(
+        own_ack.as_ref().err() == Some(&own_reason)
+            && host_ack.as_ref().err() == Some(&host_reason)
+            && node_listeners == [0, 0, 0]
+            && host_listeners == host_before,
+        "own namespace: {own_ack:?} (want NACK {own_reason:?}), listeners on 15001/15006/15008 there: \
+         {node_listeners:?} (want none); host namespace: {host_ack:?} (want NACK {host_reason:?}), \
+         listeners there: {host_listeners:?} (want {host_before:?}, as before the Add)"
+    );
+    let logs = proxy.logs();
+    assert!(logs.contains(&own_reason) && logs.contains(&host_reason), "refusals not logged:\n{logs}");
+    let state = workload_state(node, 15000);
+    assert!(state.is_empty(), "refused pods are in workloadState: {state:?}");
+    for p in [&a, &b] {
+        enroll(&s.agent, p);
+    }
+    let _eb = b.pod.echo_server(8080);
+    assert_echo(&a.pod, b.pod.addr4(8080), "a -> b after the refusals");
+}
+
 /// Removes `/etc/netns/<name>` (the per-netns /etc overlay of `ip netns exec`) on drop, and
 /// `/etc/netns` too if this guard created it and it is empty again.
 struct EtcNetns {
@@ -837,4 +1041,86 @@ fn ipv6_disabled() {
     for want in [("tcp", "*:15001"), ("tcp", "*:15006"), ("tcp", "*:15008"), ("udp", "[::1]:15053")] {
         assert!(dual.contains(&(want.0, want.1.to_owned())), "IPv6 on: {want:?} not in {dual:?}");
     }
+}
+
+/// The pod's link-local IPv6 address on eth0, with eth0's index as its scope.
+fn link_local(pod: &Pod) -> std::net::SocketAddrV6 {
+    let out = pod.run_cmd("ip", &["-6", "-o", "addr", "show", "dev", "eth0", "scope", "link"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let ip: std::net::Ipv6Addr = text
+        .split_whitespace()
+        .skip_while(|w| *w != "inet6")
+        .nth(1)
+        .and_then(|cidr| cidr.split('/').next())
+        .and_then(|ip| ip.parse().ok())
+        .unwrap_or_else(|| panic!("no link-local address on {}'s eth0: {text}", pod.name));
+    let index = pod.run(|| nix::net::if_::if_nametoindex("eth0")).expect("eth0 index");
+    std::net::SocketAddrV6::new(ip, 0, 0, index)
+}
+
+/// IPv6 link-local destinations fail closed, with a clear error where the proxy sees them.
+/// Inbound: a neighbour's connection to the pod's link-local address is refused by the proxy
+/// with the exact reason and closed at once (it used to be dialed without its scope and fail with
+/// EINVAL; with the scope it cannot work either, see `passthrough.rs`). Outbound: the in-pod
+/// capture redirects the app's connection to 15001, but the kernel cannot route a socket bound
+/// to eth0 to the loopback, so it never reaches the proxy nor the destination (connect timeout).
+#[test]
+fn ipv6_link_local_destinations_fail_closed() {
+    if !require_root() {
+        return;
+    }
+    let s = Setup::new();
+    let a = s.mesh.pod("a", "client");
+    let b = s.mesh.pod("b", "server");
+    let outside = s.mesh.outside_pod("o");
+    s.mesh.write_config(&[&a, &b], &[], &[]);
+    let proxy = s.start_proxy(&[]);
+    for p in [&a, &b] {
+        enroll(&s.agent, p);
+    }
+    let eb = b.pod.echo_server(8080);
+    let eo = outside.echo_server(8080);
+    let (ll_a, ll_b, ll_o) = (link_local(&a.pod), link_local(&b.pod), link_local(&outside));
+
+    // Inbound plaintext to b's link-local address, from o on the same link.
+    let to_b = std::net::SocketAddrV6::new(*ll_b.ip(), 8080, 0, ll_o.scope_id());
+    let mut conn = outside.connect_tcp(to_b.into()).expect("the capture accepts the connection");
+    conn.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    let t0 = Instant::now();
+    let _ = conn.write_all(MARKER);
+    let mut rest = Vec::new();
+    let read = conn.read_to_end(&mut rest);
+    let closed_after = t0.elapsed();
+    assert!(
+        matches!(&read, Ok(0)) || read.as_ref().is_err_and(|e| e.kind() == io::ErrorKind::ConnectionReset),
+        "o -> [{to_b}]: {read:?}"
+    );
+    assert!(closed_after < Duration::from_secs(2), "closed only after {closed_after:?}");
+    let reason = format!(
+        "link-local destination [{}%{}]:8080: the mesh serves pods on their routable addresses only (a \
+         link-local address names a link, not a workload); connect to the pod's IP instead",
+        ll_b.ip(),
+        link_local_scope_in(&b.pod)
+    );
+    assert!(
+        wait_for(|| proxy.logs().contains(&reason), Duration::from_secs(2)),
+        "the refusal is not logged as {reason:?}:\n{}",
+        proxy.logs()
+    );
+    assert!(eb.peers().is_empty(), "the link-local connection reached b's app: {:?}", eb.peers());
+
+    // Outbound from a captured pod to a link-local neighbour: it fails, closed.
+    let to_o = SocketAddr::V6(std::net::SocketAddrV6::new(*ll_o.ip(), 8080, 0, ll_a.scope_id()));
+    let t0 = Instant::now();
+    let r = a.pod.run(|| TcpStream::connect_timeout(&to_o, Duration::from_secs(2)));
+    let err = r.err().map(|e| e.kind());
+    assert_eq!(err, Some(io::ErrorKind::TimedOut), "a -> [{to_o}] (o's link-local) after {:?}", t0.elapsed());
+    assert!(eo.peers().is_empty(), "a link-local connection left the captured pod: {:?}", eo.peers());
+    // Routable addresses work as ever.
+    assert_echo(&outside, b.pod.addr6(8080), "o -> b's routable IPv6");
+}
+
+/// eth0's index inside the pod (the scope the proxy sees on connections accepted there).
+fn link_local_scope_in(pod: &Pod) -> u32 {
+    link_local(pod).scope_id()
 }

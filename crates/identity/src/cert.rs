@@ -73,11 +73,9 @@ pub enum CertificateError {
     /// The leaf certificate is not valid X.509.
     #[error("the leaf certificate cannot be parsed: {0}")]
     Parse(String),
-    /// The leaf certificate names no SPIFFE identity.
-    #[error(
-        "the leaf certificate has no URI SAN of the form spiffe://<trust domain>/ns/<namespace>/sa/<service account>"
-    )]
-    NoIdentity,
+    /// The leaf certificate does not name exactly one SPIFFE identity.
+    #[error("the leaf certificate has no usable identity: {0}")]
+    Identity(#[from] SanError),
     /// The certificate's validity already ended when it arrived.
     #[error("the CA issued a certificate that has already expired; check the clocks of the CA and this node")]
     Expired,
@@ -87,6 +85,39 @@ pub enum CertificateError {
     /// rustls refused the certificate, key or roots.
     #[error("the certificate cannot be used for TLS: {0}")]
     Tls(String),
+}
+
+/// Why a certificate does not name exactly one SPIFFE identity (an X.509-SVID carries exactly one
+/// URI SAN, and Istio accepts no other shape).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SanError {
+    /// The certificate is not valid X.509.
+    #[error("the certificate cannot be parsed: {0}")]
+    Parse(String),
+    /// No URI SAN at all.
+    #[error(
+        "the certificate has no URI SAN; a workload certificate carries exactly one, \
+         spiffe://<trust domain>/ns/<namespace>/sa/<service account>"
+    )]
+    NoUri,
+    /// More than one URI SAN: which one is the identity would be ambiguous.
+    #[error(
+        "the certificate has {count} URI SANs ({}); a workload certificate carries exactly one SPIFFE \
+         id, so its identity is ambiguous and the certificate is refused",
+        shown.join(", ")
+    )]
+    ManyUris {
+        /// How many URI SANs.
+        count: usize,
+        /// The first few of them, each cut to a bounded length (they come from the peer).
+        shown: Vec<String>,
+    },
+    /// The one URI SAN is not a SPIFFE workload id.
+    #[error(
+        "the certificate's URI SAN {0:?} is not of the form \
+         spiffe://<trust domain>/ns/<namespace>/sa/<service account>"
+    )]
+    NotSpiffe(String),
 }
 
 impl WorkloadCertificate {
@@ -133,7 +164,7 @@ impl WorkloadCertificate {
 
         let leaf = own_chain.first().ok_or(CertificateError::Pem { index: 0 })?;
         let info = CertInfo::parse(leaf)?;
-        let identity = info.identity.clone().ok_or(CertificateError::NoIdentity)?;
+        let identity = spiffe_identity(leaf)?;
 
         let key = tls::certified_key(own_chain.clone(), key)?;
         let roots_store = Arc::new(store);
@@ -156,7 +187,7 @@ impl WorkloadCertificate {
         })
     }
 
-    /// The identity named by the leaf's first SPIFFE URI SAN.
+    /// The identity named by the leaf's one URI SAN.
     pub fn identity(&self) -> &Identity {
         &self.identity
     }
@@ -197,34 +228,56 @@ impl fmt::Debug for WorkloadCertificate {
     }
 }
 
-/// First parsable SPIFFE URI SAN of the leaf of a peer's chain (as from rustls `peer_certificates()`).
+/// The identity of the leaf of a peer's chain (as from rustls `peer_certificates()`): its one URI
+/// SAN, a SPIFFE id; `None` for any other shape (the verifiers refuse those in the handshake).
 pub fn peer_identity(chain: &[CertificateDer<'_>]) -> Option<Identity> {
-    spiffe_sans(chain.first()?).ok()?.into_iter().next()
+    spiffe_identity(chain.first()?).ok()
 }
 
-/// All URI SANs of a certificate that parse as SPIFFE identities, in certificate order.
-pub(crate) fn spiffe_sans(der: &[u8]) -> Result<Vec<Identity>, CertificateError> {
-    let (_, cert) = X509Certificate::from_der(der).map_err(|e| CertificateError::Parse(e.to_string()))?;
-    Ok(uri_identities(&cert))
+/// The SPIFFE identity of a certificate: exactly one URI SAN, and it must be a SPIFFE id.
+pub(crate) fn spiffe_identity(der: &[u8]) -> Result<Identity, SanError> {
+    let (_, cert) = X509Certificate::from_der(der).map_err(|e| SanError::Parse(e.to_string()))?;
+    one_identity(&cert)
 }
 
-fn uri_identities(cert: &X509Certificate<'_>) -> Vec<Identity> {
-    let Ok(Some(san)) = cert.subject_alternative_name() else {
-        return Vec::new();
-    };
-    san.value
-        .general_names
+/// URI SANs listed in a [`SanError::ManyUris`], and the length each is cut to.
+const SHOWN_URIS: usize = 4;
+const SHOWN_URI_LEN: usize = 128;
+
+fn one_identity(cert: &X509Certificate<'_>) -> Result<Identity, SanError> {
+    let san = cert.subject_alternative_name().map_err(|e| SanError::Parse(e.to_string()))?;
+    let uris: Vec<&str> = san
         .iter()
+        .flat_map(|san| san.value.general_names.iter())
         .filter_map(|name| match name {
-            GeneralName::URI(uri) => uri.parse().ok(),
+            GeneralName::URI(uri) => Some(*uri),
             _ => None,
         })
-        .collect()
+        .collect();
+    match uris.as_slice() {
+        [] => Err(SanError::NoUri),
+        [uri] => uri.parse().map_err(|_| SanError::NotSpiffe(clip(uri))),
+        _ => Err(SanError::ManyUris {
+            count: uris.len(),
+            shown: uris.iter().take(SHOWN_URIS).map(|u| clip(u)).collect(),
+        }),
+    }
+}
+
+/// Cuts a peer-supplied string for an error message (at a char boundary).
+fn clip(s: &str) -> String {
+    if s.len() <= SHOWN_URI_LEN {
+        return s.to_owned();
+    }
+    let mut end = SHOWN_URI_LEN;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
 }
 
 /// The parts of a certificate the dump and the manager need.
 struct CertInfo {
-    identity: Option<Identity>,
     not_before: SystemTime,
     not_after: SystemTime,
     serial: String,
@@ -235,7 +288,6 @@ impl CertInfo {
         let (_, cert) = X509Certificate::from_der(der).map_err(|e| CertificateError::Parse(e.to_string()))?;
         let validity = cert.validity();
         Ok(CertInfo {
-            identity: uri_identities(&cert).into_iter().next(),
             not_before: system_time(validity.not_before.timestamp()),
             not_after: system_time(validity.not_after.timestamp()),
             serial: cert.tbs_certificate.serial.to_string(),

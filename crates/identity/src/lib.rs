@@ -11,6 +11,6 @@ pub mod testing;
 mod tls;
 
 pub use ca::{CaClient, CaClientConfig, CaError, CertSigner, FakeCa, dev_ca_init};
-pub use cert::{CertDump, CertEntry, CertificateError, WorkloadCertificate, peer_identity};
+pub use cert::{CertDump, CertEntry, CertificateError, SanError, WorkloadCertificate, peer_identity};
 pub use identity::{Identity, IdentityError};
 pub use manager::{CertError, CertManager, CertStateDump, Priority};

@@ -17,7 +17,7 @@ use rustls::{
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 
 use crate::Identity;
-use crate::cert::{CertificateError, spiffe_sans};
+use crate::cert::{CertificateError, SanError, spiffe_identity};
 
 /// ALPN protocol spoken over HBONE.
 const ALPN_H2: &[u8] = b"h2";
@@ -93,16 +93,12 @@ pub(crate) fn client_config(
     Arc::new(config)
 }
 
-/// The server leaf carried none of the identities the client expected.
+/// The server leaf's identity is not one the client expected.
 #[derive(thiserror::Error)]
-#[error(
-    "identity verification error: peer did not present the expected SAN ({}), got {}",
-    join(expected),
-    join(got)
-)]
+#[error("identity verification error: peer did not present the expected SAN ({}), got {got}", join(expected))]
 pub(crate) struct SanMismatch {
     expected: Vec<Identity>,
-    got: Vec<Identity>,
+    got: Identity,
 }
 
 // rustls prints certificate errors with `Debug`, so make it read like `Display`.
@@ -112,15 +108,26 @@ impl fmt::Debug for SanMismatch {
     }
 }
 
-/// The client leaf carried no SPIFFE identity of our trust domain.
+/// The client leaf's identity is not in our trust domain.
 #[derive(thiserror::Error)]
-#[error("identity verification error: peer is not in trust domain {trust_domain:?} (got {})", join(got))]
+#[error("identity verification error: peer is not in trust domain {trust_domain:?} (got {got})")]
 pub(crate) struct TrustDomainMismatch {
     trust_domain: String,
-    got: Vec<Identity>,
+    got: Identity,
 }
 
 impl fmt::Debug for TrustDomainMismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+/// The peer leaf does not name exactly one SPIFFE identity.
+#[derive(thiserror::Error)]
+#[error("identity verification error: {0}")]
+pub(crate) struct NoSingleIdentity(SanError);
+
+impl fmt::Debug for NoSingleIdentity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(self, f)
     }
@@ -134,11 +141,18 @@ fn other_error(e: impl std::error::Error + Send + Sync + 'static) -> rustls::Err
     rustls::Error::InvalidCertificate(TlsCertError::Other(OtherError(Arc::new(e))))
 }
 
-fn peer_sans(der: &CertificateDer<'_>) -> Result<Vec<Identity>, rustls::Error> {
-    spiffe_sans(der).map_err(|_| rustls::Error::InvalidCertificate(TlsCertError::BadEncoding))
+/// The peer leaf's one SPIFFE identity: the identity used afterwards (authorization, telemetry)
+/// is exactly the one checked here.
+fn peer_id(der: &CertificateDer<'_>) -> Result<Identity, rustls::Error> {
+    match spiffe_identity(der) {
+        Ok(id) => Ok(id),
+        Err(SanError::Parse(_)) => Err(rustls::Error::InvalidCertificate(TlsCertError::BadEncoding)),
+        Err(e) => Err(other_error(NoSingleIdentity(e))),
+    }
 }
 
-/// webpki client verification followed by a trust-domain check (ztunnel's `TrustDomainVerifier`).
+/// webpki client verification, then the leaf must name exactly one SPIFFE identity, in our trust
+/// domain (ztunnel's `TrustDomainVerifier`, with the one-identity rule of X.509-SVIDs).
 #[derive(Debug)]
 struct TrustDomainVerifier {
     inner: Arc<dyn ClientCertVerifier>,
@@ -165,8 +179,8 @@ impl ClientCertVerifier for TrustDomainVerifier {
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
         let verified = self.inner.verify_client_cert(end_entity, intermediates, now)?;
-        let got = peer_sans(end_entity)?;
-        if got.iter().any(|id| id.trust_domain == self.trust_domain) {
+        let got = peer_id(end_entity)?;
+        if got.trust_domain == self.trust_domain {
             Ok(verified)
         } else {
             Err(other_error(TrustDomainMismatch { trust_domain: self.trust_domain.clone(), got }))
@@ -196,7 +210,8 @@ impl ClientCertVerifier for TrustDomainVerifier {
     }
 }
 
-/// Chain to our roots (server-auth usage, DNS names ignored), then an exact SPIFFE SAN match.
+/// Chain to our roots (server-auth usage, DNS names ignored), then the leaf's one SPIFFE identity
+/// must be an expected one.
 #[derive(Debug)]
 struct SpiffeServerVerifier {
     roots: Arc<RootCertStore>,
@@ -221,8 +236,8 @@ impl ServerCertVerifier for SpiffeServerVerifier {
             now,
             self.algorithms.all,
         )?;
-        let got = peer_sans(end_entity)?;
-        if got.iter().any(|id| self.expected.contains(id)) {
+        let got = peer_id(end_entity)?;
+        if self.expected.contains(&got) {
             Ok(ServerCertVerified::assertion())
         } else {
             Err(other_error(SanMismatch { expected: self.expected.clone(), got }))

@@ -30,7 +30,7 @@ pub enum StartError {
         /// File.
         path: String,
         /// Why.
-        error: crate::state::LocalConfigError,
+        error: Box<crate::state::LocalConfigError>,
     },
     /// A runtime could not be built.
     #[error("cannot start the async runtime: {0}")]
@@ -67,9 +67,10 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
 
     let path = cfg.local_xds_path.clone().unwrap_or_default();
     let node = cfg.local_node.clone();
-    let initial = LocalConfig::load(&path)
-        .and_then(|c| State::from_config(c, node.as_deref()))
-        .map_err(|error| StartError::LocalConfig { path: path.display().to_string(), error })?;
+    let initial =
+        LocalConfig::load(&path).and_then(|c| State::from_config(c, node.as_deref())).map_err(|error| {
+            StartError::LocalConfig { path: path.display().to_string(), error: Box::new(error) }
+        })?;
     let store = StateStore::new(initial);
     let data_rt = data.handle().clone();
 

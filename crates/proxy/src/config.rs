@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use ambit_zds::WorkloadInfo;
+
 use crate::socket::{Keepalive, SocketOptions};
 
 /// Command line and environment of `ambit proxy`. Every setting is an environment variable with
@@ -146,18 +148,6 @@ pub enum ProxyMode {
     Shared,
     /// One proxy for one workload.
     Dedicated,
-}
-
-/// The workload a dedicated proxy serves.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct WorkloadInfo {
-    /// Namespace.
-    pub namespace: String,
-    /// Name.
-    pub name: String,
-    /// Service account.
-    pub service_account: String,
 }
 
 /// Where workload certificates come from.

@@ -8,8 +8,9 @@ use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 use ambit_identity::{CertManager, Identity};
+use ambit_zds::WorkloadInfo;
 
-use crate::config::{Config, WorkloadInfo};
+use crate::config::Config;
 use crate::connections::ConnectionManager;
 use crate::copy::Transferred;
 use crate::drain::Drain;

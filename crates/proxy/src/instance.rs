@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ambit_identity::CertManager;
-
+use ambit_zds::WorkloadInfo;
 use futures::future::BoxFuture;
 
-use crate::config::{Config, ProxyMode, WorkloadInfo};
+use crate::config::{Config, ProxyMode};
 use crate::connections::ConnectionManager;
 use crate::dns::{DnsClient, DnsConfig, DnsProxy, UpstreamSockets};
 use crate::drain::Drain;

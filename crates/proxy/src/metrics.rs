@@ -1,5 +1,9 @@
 //! Istio-standard metrics (`istio_tcp_*`, `istio_build`) and the access log.
+//!
+//! Access-log fields that a peer can fill (error texts that quote its input, identities from its
+//! certificate) are cut to [`MAX_LOG_FIELD`] bytes, so one request cannot write a 60 KB line.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -347,15 +351,32 @@ impl ConnectionRecord {
     }
 }
 
+/// Longest value of one access-log field (bytes); longer ones are cut, saying how long they were.
+pub const MAX_LOG_FIELD: usize = 1024;
+
+/// `text` cut to at most `max` bytes (at a char boundary), with a note of its full length.
+pub fn clip(text: &str, max: usize) -> Cow<'_, str> {
+    if text.len() <= max {
+        return Cow::Borrowed(text);
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    Cow::Owned(format!("{}… ({} bytes, cut to {max})", &text[..end], text.len()))
+}
+
 /// Records a connection that failed before it was established (no bytes, flag set).
 pub fn record_failure(metrics: &Metrics, info: &ConnectionInfo, flag: Flag, error: &dyn std::fmt::Display) {
     let labels = labels(info, flag);
     metrics.failed.get_or_create(&labels).inc();
     let e = error.to_string();
+    let e = clip(&e, MAX_LOG_FIELD);
+    let src_id = info.src_identity.as_ref().map(ToString::to_string).unwrap_or_default();
     tracing::warn!(target: "access", {
         src.addr = %info.src_addr,
         src.workload = info.src_workload.as_deref().map(|w| w.name.as_str()).unwrap_or_default(),
-        src.identity = info.src_identity.as_ref().map(|i| i.to_string()).unwrap_or_default(),
+        src.identity = %clip(&src_id, MAX_LOG_FIELD),
         dst.addr = %info.dst_addr,
         dst.workload = info.dst_workload.as_deref().map(|w| w.name.as_str()).unwrap_or_default(),
         direction = direction(info.reporter),
@@ -373,8 +394,9 @@ fn direction(r: Reporter) -> &'static str {
 fn access_log(info: &ConnectionInfo, t: crate::copy::Transferred, elapsed: Duration, error: Option<&str>) {
     let src_w = info.src_workload.as_deref();
     let dst_w = info.dst_workload.as_deref();
-    let src_id = info.src_identity.as_ref().map(ToString::to_string);
-    let dst_id = info.dst_identity.as_ref().map(ToString::to_string);
+    let src_id = info.src_identity.as_ref().map(|i| clip(&i.to_string(), MAX_LOG_FIELD).into_owned());
+    let dst_id = info.dst_identity.as_ref().map(|i| clip(&i.to_string(), MAX_LOG_FIELD).into_owned());
+    let error = error.map(|e| clip(e, MAX_LOG_FIELD));
     let hbone = info.hbone_addr.map(|a| a.to_string());
     let duration = format!("{}ms", elapsed.as_millis());
     macro_rules! line {
@@ -394,7 +416,7 @@ fn access_log(info: &ConnectionInfo, t: crate::copy::Transferred, elapsed: Durat
                 bytes_sent = if info.reporter == Reporter::source { t.sent } else { t.received },
                 bytes_recv = if info.reporter == Reporter::source { t.received } else { t.sent },
                 duration = %duration,
-                error = error },
+                error = error.as_deref() },
                 $msg)
         };
     }
@@ -475,6 +497,52 @@ mod tests {
 
     fn count(text: &str, metric: &str, needle: &str) -> Vec<String> {
         text.lines().filter(|l| l.starts_with(metric) && l.contains(needle)).map(str::to_owned).collect()
+    }
+
+    /// A `MakeWriter` that appends everything to one shared buffer.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap_or_else(|p| p.into_inner()).extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn peer_supplied_fields_are_cut_in_the_access_log() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        let out = Captured::default();
+        let writer = out.clone();
+        let subscriber =
+            tracing_subscriber::fmt().with_writer(move || writer.clone()).with_ansi(false).finish();
+        let authority = format!("{}:80", "a".repeat(60_000));
+        let error = format!("no valid authority pseudo header: {authority}");
+        tracing::subscriber::with_default(subscriber, || {
+            let info = info(Reporter::destination, &workload("web", "demo"));
+            record_failure(&metrics, &info, Flag::Connect, &error);
+            ConnectionRecord::open(&metrics, info).finish(crate::copy::Transferred::default(), Some(&error));
+        });
+        let text = String::from_utf8(out.0.lock().expect("lock").clone()).expect("utf-8");
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        for line in lines {
+            assert!(line.contains("no valid authority pseudo header: aaaa"), "{line}");
+            assert!(line.contains("… (60037 bytes, cut to 1024)"), "{line}");
+            assert!(line.len() < MAX_LOG_FIELD + 512, "a {}-byte access-log line", line.len());
+        }
+    }
+
+    #[test]
+    fn clip_cuts_at_a_char_boundary() {
+        assert_eq!(clip("short", 10), "short");
+        assert_eq!(clip("ééé", 3), "é… (6 bytes, cut to 3)");
     }
 
     #[test]

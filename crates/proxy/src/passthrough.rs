@@ -1,7 +1,13 @@
 //! Inbound plaintext (15006): captured connections to the pod that did not come over HBONE;
 //! authorized without a peer identity (so policies requiring mTLS refuse them).
+//!
+//! A connection to the pod's IPv6 link-local address is refused: the proxy cannot hand it to the
+//! app, because the in-pod capture routes the app's replies to proxy-made connections through
+//! the loopback (fwmark 0x111, table 100), and a socket dialed on a link-local address is bound
+//! to its interface, so the replies never match it (the dial would time out; without the scope
+//! it fails with EINVAL, as in ztunnel). Mesh traffic uses the pods' routable addresses.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use tokio::net::TcpStream;
@@ -11,6 +17,17 @@ use crate::copy::{self, TcpSink, TcpSource};
 use crate::inputs::Inputs;
 use crate::listener::is_illegal_port;
 use crate::metrics::{self, ConnectionInfo, ConnectionRecord, Flag, Reporter};
+
+/// Why a captured inbound connection is refused before it is authorized.
+#[derive(Debug, thiserror::Error)]
+pub enum PassthroughError {
+    /// The destination is the pod's IPv6 link-local address.
+    #[error(
+        "link-local destination {0}: the mesh serves pods on their routable addresses only (a \
+         link-local address names a link, not a workload); connect to the pod's IP instead"
+    )]
+    LinkLocal(SocketAddr),
+}
 
 /// Serves one captured plaintext inbound connection.
 pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: SocketAddr) {
@@ -32,6 +49,16 @@ pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: Sock
         dst_identity: None,
         mtls: false,
     };
+    if let IpAddr::V6(ip) = orig.ip()
+        && ip.is_unicast_link_local()
+    {
+        return metrics::record_failure(
+            &inputs.metrics,
+            &info,
+            Flag::Connect,
+            &PassthroughError::LinkLocal(orig),
+        );
+    }
     let local_addr = stream.local_addr().ok().map(crate::socket::canonical);
     if is_illegal_port(orig.port()) || Some(orig) == local_addr {
         return metrics::record_failure(

@@ -170,9 +170,16 @@ pub fn transparent_available() -> bool {
     Socket::new(Domain::IPV4, Type::STREAM, None).and_then(|s| s.set_ip_transparent_v4(true)).is_ok()
 }
 
-/// Unmaps v4-mapped IPv6 addresses, so `::ffff:10.0.0.1` and `10.0.0.1` compare equal.
+/// Unmaps v4-mapped IPv6 addresses, so `::ffff:10.0.0.1` and `10.0.0.1` compare equal. An IPv6
+/// address keeps its scope id: a link-local destination cannot be dialed without it (EINVAL).
 pub fn canonical(addr: SocketAddr) -> SocketAddr {
-    SocketAddr::new(canonical_ip(addr.ip()), addr.port())
+    match addr {
+        SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
+            Some(v4) => SocketAddr::new(IpAddr::V4(v4), v6.port()),
+            None => SocketAddr::V6(v6),
+        },
+        v4 @ SocketAddr::V4(_) => v4,
+    }
 }
 
 /// See [`canonical`].
@@ -203,6 +210,17 @@ pub fn is_loopback(ip: IpAddr) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use std::net::SocketAddrV6;
+
+    #[test]
+    fn canonical_unmaps_v4_and_keeps_the_ipv6_scope() {
+        let mapped: SocketAddr = "[::ffff:10.0.0.1]:80".parse().expect("addr");
+        assert_eq!(canonical(mapped), "10.0.0.1:80".parse::<SocketAddr>().expect("addr"));
+        let link_local = SocketAddr::V6(SocketAddrV6::new("fe80::1".parse().expect("ip"), 8080, 0, 7));
+        assert_eq!(canonical(link_local), link_local);
+        assert_eq!(canonical(link_local).to_string(), "[fe80::1%7]:8080");
+    }
 
     /// Accepted sockets get nodelay, keepalive and the user timeout from the listener (Linux
     /// copies them on accept), so the accept path sets none of them itself.

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use tokio_seqpacket::UnixSeqpacket;
 
-use crate::message::{self, RecvError, Request};
+use crate::message::{self, Ack, RecvError, Request};
 use crate::packet;
 
 /// A connection from the node proxy to the node agent.
@@ -45,8 +45,8 @@ impl ZdsClient {
         Ok(Some(message::decode_request(&packet.bytes, packet.fds)?))
     }
 
-    /// Answers the last request: `Ok(())` is an ACK, `Err(text)` a NACK carrying `text`.
-    pub async fn ack(&mut self, result: Result<(), String>) -> io::Result<()> {
-        packet::send(&self.socket, &message::encode_ack(&result), &[]).await
+    /// Answers the last request with an [`Ack`] (or `Ok(())` / `Err(reason)`, converted).
+    pub async fn ack(&mut self, ack: impl Into<Ack>) -> io::Result<()> {
+        packet::send(&self.socket, &message::encode_ack(&ack.into()), &[]).await
     }
 }

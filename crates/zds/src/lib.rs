@@ -13,7 +13,7 @@ mod server;
 
 pub use client::ZdsClient;
 pub use message::{
-    ProtocolError, RecvError, Request, WorkloadInfo, decode_hello, decode_request, decode_response,
+    Ack, ProtocolError, RecvError, Request, WorkloadInfo, decode_hello, decode_request, decode_response,
     encode_ack, encode_add, encode_del, encode_hello, encode_keep, encode_snapshot_sent,
 };
 pub use server::{DEFAULT_TIMEOUT, PeerCred, ZdsListener, ZdsServerConn};

@@ -1,5 +1,6 @@
 //! Typed ZDS messages and the codec between them and one seqpacket record (bytes + fds).
 
+use std::fmt;
 use std::io;
 use std::os::fd::OwnedFd;
 
@@ -10,8 +11,11 @@ use ambit_netns::Netns;
 
 use crate::MAX_MESSAGE;
 
-/// Kubernetes metadata of a pod that the node agent hands to the node proxy.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+/// Kubernetes metadata of a pod: what the node agent hands to the node proxy over ZDS, and what
+/// a dedicated proxy is told it serves (`PROXY_WORKLOAD_INFO`). The one domain type for it in
+/// Ambit; the generated `ambit_api` message is wire code, converted only by this crate's codec.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct WorkloadInfo {
     /// Pod name.
     pub name: String,
@@ -19,6 +23,19 @@ pub struct WorkloadInfo {
     pub namespace: String,
     /// Service account the pod runs as.
     pub service_account: String,
+}
+
+/// The proxy's answer to one ZDS request (`Ack{}` or `Ack{error}` on the wire).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ack {
+    /// The request was applied.
+    Ok,
+    /// The request was refused.
+    Nack {
+        /// Why, for an operator (the agent logs and reports it). Never empty on the wire: an
+        /// empty reason is sent as "unspecified error", since an empty error means success.
+        reason: String,
+    },
 }
 
 /// A request as received by the proxy (parsed: every invariant checked).
@@ -154,6 +171,53 @@ impl Request {
     }
 }
 
+impl Ack {
+    /// A NACK with `reason` (an error's `Display`, typically).
+    pub fn nack(reason: impl fmt::Display) -> Ack {
+        Ack::Nack { reason: reason.to_string() }
+    }
+
+    /// Whether the request was applied.
+    pub fn is_ok(&self) -> bool {
+        matches!(self, Ack::Ok)
+    }
+
+    /// The NACK reason, if refused.
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            Ack::Ok => None,
+            Ack::Nack { reason } => Some(reason),
+        }
+    }
+
+    /// `Ok(())` for an ACK, `Err(reason)` for a NACK (for callers that propagate with `?`).
+    pub fn into_result(self) -> Result<(), String> {
+        match self {
+            Ack::Ok => Ok(()),
+            Ack::Nack { reason } => Err(reason),
+        }
+    }
+}
+
+/// `Ok(())` is an ACK, `Err(reason)` a NACK.
+impl From<Result<(), String>> for Ack {
+    fn from(result: Result<(), String>) -> Ack {
+        match result {
+            Ok(()) => Ack::Ok,
+            Err(reason) => Ack::Nack { reason },
+        }
+    }
+}
+
+impl fmt::Display for Ack {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Ack::Ok => f.write_str("ACK"),
+            Ack::Nack { reason } => write!(f, "NACK: {reason}"),
+        }
+    }
+}
+
 impl From<proto::WorkloadInfo> for WorkloadInfo {
     fn from(info: proto::WorkloadInfo) -> Self {
         WorkloadInfo { name: info.name, namespace: info.namespace, service_account: info.service_account }
@@ -205,8 +269,8 @@ pub fn decode_request(bytes: &[u8], mut fds: Vec<OwnedFd>) -> Result<Request, Pr
     }
 }
 
-/// Parses one received record into an ack result (`Err` holds the NACK text).
-pub fn decode_response(bytes: &[u8], fds: Vec<OwnedFd>) -> Result<Result<(), String>, ProtocolError> {
+/// Parses one received record into the proxy's [`Ack`].
+pub fn decode_response(bytes: &[u8], fds: Vec<OwnedFd>) -> Result<Ack, ProtocolError> {
     use proto::workload_response::Payload;
 
     if fds.len() > 1 {
@@ -217,7 +281,7 @@ pub fn decode_response(bytes: &[u8], fds: Vec<OwnedFd>) -> Result<Result<(), Str
     if !fds.is_empty() {
         return Err(ProtocolError::UnexpectedFd);
     }
-    if ack.error.is_empty() { Ok(Ok(())) } else { Ok(Err(ack.error)) }
+    if ack.error.is_empty() { Ok(Ack::Ok) } else { Ok(Ack::Nack { reason: ack.error }) }
 }
 
 /// Parses a `ZdsHello` and returns its raw version number (1 = V1; not checked, as upstream).
@@ -237,13 +301,13 @@ pub fn encode_hello() -> Vec<u8> {
     proto::ZdsHello { version: proto::Version::V1 as i32 }.encode_to_vec()
 }
 
-/// Encodes an ack; an `Err` text is cut (at a char boundary) so the message fits.
-pub fn encode_ack(result: &Result<(), String>) -> Vec<u8> {
-    let error = match result {
-        Ok(()) => String::new(),
+/// Encodes an ack; a NACK reason is cut (at a char boundary) so the message fits.
+pub fn encode_ack(ack: &Ack) -> Vec<u8> {
+    let error = match ack {
+        Ack::Ok => String::new(),
         // An empty error would read as success on the other side.
-        Err(e) if e.is_empty() => "unspecified error".to_owned(),
-        Err(e) => truncate(e, MAX_ACK_ERROR),
+        Ack::Nack { reason } if reason.is_empty() => "unspecified error".to_owned(),
+        Ack::Nack { reason } => truncate(reason, MAX_ACK_ERROR),
     };
     proto::WorkloadResponse { payload: Some(proto::workload_response::Payload::Ack(proto::Ack { error })) }
         .encode_to_vec()

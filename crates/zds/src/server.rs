@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::sync::Mutex;
 use tokio_seqpacket::{UnixSeqpacket, UnixSeqpacketListener};
 
-use crate::message::{self, ProtocolError, RecvError, WorkloadInfo};
+use crate::message::{self, Ack, ProtocolError, RecvError, WorkloadInfo};
 use crate::packet;
 
 /// How long the server waits for a hello, for a send, and for an ack (upstream: 5 s each).
@@ -93,31 +93,31 @@ impl ZdsServerConn {
         Ok(message::decode_hello(&packet.bytes, packet.fds)?)
     }
 
-    /// Sends `AddWorkload` with the pod's netns fd and waits for the ack (`Err` = NACK text).
+    /// Sends `AddWorkload` with the pod's netns fd and waits for the proxy's [`Ack`].
     pub async fn add(
         &mut self,
         uid: &str,
         info: &WorkloadInfo,
         netns: BorrowedFd<'_>,
-    ) -> Result<Result<(), String>, RecvError> {
+    ) -> Result<Ack, RecvError> {
         let bytes = message::encode_add(uid, info)?;
         self.request(&bytes, &[netns]).await
     }
 
     /// Sends `KeepWorkload` (snapshot only) and waits for the ack.
-    pub async fn keep(&mut self, uid: &str) -> Result<Result<(), String>, RecvError> {
+    pub async fn keep(&mut self, uid: &str) -> Result<Ack, RecvError> {
         let bytes = message::encode_keep(uid)?;
         self.request(&bytes, &[]).await
     }
 
     /// Sends `DelWorkload` and waits for the ack.
-    pub async fn del(&mut self, uid: &str) -> Result<Result<(), String>, RecvError> {
+    pub async fn del(&mut self, uid: &str) -> Result<Ack, RecvError> {
         let bytes = message::encode_del(uid)?;
         self.request(&bytes, &[]).await
     }
 
     /// Sends `SnapshotSent` and waits for the ack.
-    pub async fn snapshot_sent(&mut self) -> Result<Result<(), String>, RecvError> {
+    pub async fn snapshot_sent(&mut self) -> Result<Ack, RecvError> {
         self.request(&message::encode_snapshot_sent(), &[]).await
     }
 
@@ -126,8 +126,8 @@ impl ZdsServerConn {
         self.with_timeout("sending a ZDS message", packet::send(&self.socket, bytes, fds)).await?
     }
 
-    /// Reads the ack of the last request (`Err` = NACK text).
-    pub async fn recv_ack(&mut self) -> Result<Result<(), String>, RecvError> {
+    /// Reads the [`Ack`] of the last request.
+    pub async fn recv_ack(&mut self) -> Result<Ack, RecvError> {
         let packet = self.recv_packet("the ZDS ack").await?;
         Ok(message::decode_response(&packet.bytes, packet.fds)?)
     }
@@ -149,11 +149,7 @@ impl ZdsServerConn {
         Ok(PeerCred { pid: cred.pid(), uid: cred.uid(), gid: cred.gid() })
     }
 
-    async fn request(
-        &mut self,
-        bytes: &[u8],
-        fds: &[BorrowedFd<'_>],
-    ) -> Result<Result<(), String>, RecvError> {
+    async fn request(&mut self, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> Result<Ack, RecvError> {
         self.send_raw(bytes, fds).await?;
         self.recv_ack().await
     }

@@ -40,8 +40,8 @@ fn raw_add(uid: &str, info: Option<proto::WorkloadInfo>) -> Vec<u8> {
 fn encoders_match_golden_bytes() {
     assert_eq!(encode_hello(), [0x08, 0x01]);
     assert_eq!(encode_snapshot_sent(), [0x1a, 0x00]);
-    assert_eq!(encode_ack(&Ok(())), [0x0a, 0x00]);
-    assert_eq!(encode_ack(&Err("e".into())), [0x0a, 0x03, 0x0a, 0x01, 0x65]);
+    assert_eq!(encode_ack(&Ack::Ok), [0x0a, 0x00]);
+    assert_eq!(encode_ack(&Ack::nack("e")), [0x0a, 0x03, 0x0a, 0x01, 0x65]);
     assert_eq!(encode_del("u1").unwrap(), [0x12, 0x04, 0x12, 0x02, 0x75, 0x31]);
     assert_eq!(encode_keep("u1").unwrap(), [0x2a, 0x04, 0x0a, 0x02, 0x75, 0x31]);
     assert_eq!(
@@ -71,8 +71,8 @@ fn decodes_every_request_kind() {
         Ok(Request::Del { uid }) if uid == "d"
     ));
     assert!(matches!(decode_request(&encode_snapshot_sent(), vec![]), Ok(Request::SnapshotSent)));
-    assert_eq!(decode_response(&[0x0a, 0x00], vec![]).unwrap(), Ok(()));
-    assert_eq!(decode_response(&[0x0a, 0x03, 0x0a, 0x01, 0x65], vec![]).unwrap(), Err("e".to_owned()));
+    assert_eq!(decode_response(&[0x0a, 0x00], vec![]).unwrap(), Ack::Ok);
+    assert_eq!(decode_response(&[0x0a, 0x03, 0x0a, 0x01, 0x65], vec![]).unwrap(), Ack::nack("e"));
     assert_eq!(decode_hello(&[0x08, 0x01], vec![]).unwrap(), 1);
     assert_eq!(decode_hello(&[], vec![]).unwrap(), 0);
 }
@@ -118,6 +118,16 @@ fn rejects_invalid_requests() {
 }
 
 #[test]
+fn ack_converts_from_results_and_back() {
+    assert_eq!(Ack::from(Ok(())), Ack::Ok);
+    assert_eq!(Ack::from(Err("no room".to_owned())), Ack::nack("no room"));
+    assert_eq!(Ack::nack("no room").into_result(), Err("no room".to_owned()));
+    assert_eq!(Ack::Ok.reason(), None);
+    assert_eq!(Ack::nack("no room").to_string(), "NACK: no room");
+    assert!(Ack::Ok.is_ok() && !Ack::nack("x").is_ok());
+}
+
+#[test]
 fn rejects_invalid_responses() {
     let err = decode_response(&[0x0a, 0x00], vec![netns_fd()]).unwrap_err();
     assert!(matches!(err, ProtocolError::UnexpectedFd), "{err}");
@@ -144,13 +154,14 @@ fn oversized_messages_are_refused_before_sending() {
 #[test]
 fn ack_errors_are_cut_to_fit_and_never_empty() {
     let long = "é".repeat(MAX_MESSAGE);
-    let bytes = encode_ack(&Err(long));
+    let bytes = encode_ack(&Ack::Nack { reason: long });
     assert!(bytes.len() <= MAX_MESSAGE, "{} bytes", bytes.len());
-    let Err(text) = decode_response(&bytes, vec![]).unwrap() else {
+    let Ack::Nack { reason } = decode_response(&bytes, vec![]).unwrap() else {
         panic!("a NACK must stay a NACK");
     };
-    assert!(text.chars().all(|c| c == 'é') && text.len() > MAX_MESSAGE - 16);
-    assert!(decode_response(&encode_ack(&Err(String::new())), vec![]).unwrap().is_err());
+    assert!(reason.chars().all(|c| c == 'é') && reason.len() > MAX_MESSAGE - 16);
+    let empty = decode_response(&encode_ack(&Ack::Nack { reason: String::new() }), vec![]).unwrap();
+    assert_eq!(empty, Ack::nack("unspecified error"));
 }
 
 fn arb_info() -> impl Strategy<Value = WorkloadInfo> {
@@ -188,7 +199,7 @@ proptest! {
 
     #[test]
     fn ack_round_trips(error in ".{0,200}") {
-        let result = if error.is_empty() { Ok(()) } else { Err(error) };
-        prop_assert_eq!(decode_response(&encode_ack(&result), vec![]).unwrap(), result);
+        let ack = if error.is_empty() { Ack::Ok } else { Ack::Nack { reason: error } };
+        prop_assert_eq!(decode_response(&encode_ack(&ack), vec![]).unwrap(), ack);
     }
 }

@@ -7,7 +7,7 @@ mod common;
 
 use std::os::fd::AsFd;
 
-use ambit_zds::{ProtocolError, RecvError, Request};
+use ambit_zds::{Ack, ProtocolError, RecvError, Request};
 use common::{Agent, fd_count, info, netns_fd, regular_fd};
 
 #[tokio::test]
@@ -27,10 +27,10 @@ async fn received_fds_are_never_leaked() {
             let request = client.recv().await.unwrap();
             assert!(matches!(&request, Some(Request::Add { uid: got, .. }) if *got == uid));
             assert_eq!(fd_count(), baseline + 1);
-            client.ack(Ok(())).await.unwrap();
+            client.ack(Ack::Ok).await.unwrap();
         };
         let (ack, ()) = tokio::join!(server.add(&uid, &pod, netns.as_fd()), proxy);
-        assert_eq!(ack.unwrap(), Ok(()));
+        assert_eq!(ack.unwrap(), Ack::Ok);
         assert_eq!(fd_count(), baseline, "after add {i}");
     }
 
@@ -49,8 +49,8 @@ async fn received_fds_are_never_leaked() {
         let err = client.recv().await.unwrap_err();
         assert!(matches!(err, RecvError::Protocol(_)), "{err}");
         assert_eq!(fd_count(), baseline, "after {err}");
-        client.ack(Err(err.to_string())).await.unwrap();
-        assert!(server.recv_ack().await.unwrap().is_err());
+        client.ack(Ack::nack(&err)).await.unwrap();
+        assert!(!server.recv_ack().await.unwrap().is_ok());
     }
 
     // The control-buffer overflow path closes what the kernel did deliver.

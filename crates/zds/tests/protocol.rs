@@ -9,7 +9,7 @@ use std::os::fd::AsFd;
 use std::time::Duration;
 
 use ambit_netns::{NetnsId, is_netns};
-use ambit_zds::{MAX_MESSAGE, ProtocolError, RecvError, Request, ZdsClient, ZdsListener};
+use ambit_zds::{Ack, MAX_MESSAGE, ProtocolError, RecvError, Request, ZdsClient, ZdsListener};
 use common::{Agent, info, netns_fd, raw_recv, regular_fd};
 use tokio_seqpacket::{UnixSeqpacket, UnixSeqpacketListener};
 
@@ -54,7 +54,7 @@ async fn server_requests_have_golden_bytes() {
             (vec![0x1a, 0x00], 0),
         ]
     );
-    assert_eq!(acks, [Ok(()), Err("e".to_owned()), Ok(()), Ok(())]);
+    assert_eq!(acks, [Ack::Ok, Ack::nack("e"), Ack::Ok, Ack::Ok]);
 }
 
 /// The client's hello and acks, read raw by a bare listener, are the §3.2 examples.
@@ -66,9 +66,9 @@ async fn client_messages_have_golden_bytes() {
     let mut client = ZdsClient::connect(&path).await.unwrap();
     let raw = listener.accept().await.unwrap();
     assert_eq!(raw_recv(&raw).await, (vec![0x08, 0x01], 0));
-    client.ack(Ok(())).await.unwrap();
+    client.ack(Ack::Ok).await.unwrap();
     assert_eq!(raw_recv(&raw).await, (vec![0x0a, 0x00], 0));
-    client.ack(Err("e".into())).await.unwrap();
+    client.ack(Ack::nack("e")).await.unwrap();
     assert_eq!(raw_recv(&raw).await, (vec![0x0a, 0x03, 0x0a, 0x01, 0x65], 0));
 }
 
@@ -94,11 +94,8 @@ async fn full_sequence() {
                 Request::SnapshotSent => "snapshot".to_owned(),
             };
             // NACK the second add to show the error text travels back.
-            let result = if line.starts_with("add pod-b") {
-                Err("listeners failed to bind".to_owned())
-            } else {
-                Ok(())
-            };
+            let result =
+                if line.starts_with("add pod-b") { Ack::nack("listeners failed to bind") } else { Ack::Ok };
             client.ack(result).await.unwrap();
             log.push(line);
         }
@@ -122,7 +119,7 @@ async fn full_sequence() {
         log,
         ["add pod-a ns/a/sa", "keep pod-k", "snapshot", "add pod-b ns/b/sa", "del pod-a", "del pod-b"]
     );
-    assert_eq!(acks, [Ok(()), Ok(()), Ok(()), Err("listeners failed to bind".to_owned()), Ok(()), Ok(())]);
+    assert_eq!(acks, [Ack::Ok, Ack::Ok, Ack::Ok, Ack::nack("listeners failed to bind"), Ack::Ok, Ack::Ok]);
 }
 
 /// Sends one raw record and returns what the client makes of it; the client then NACKs and the
@@ -136,9 +133,9 @@ async fn client_verdict(
     server.send_raw(bytes, fds).await.unwrap();
     let verdict = client.recv().await;
     if let Err(e) = &verdict {
-        client.ack(Err(e.to_string())).await.unwrap();
+        client.ack(Ack::nack(e)).await.unwrap();
         let nack = server.recv_ack().await.unwrap();
-        assert_eq!(nack, Err(e.to_string()));
+        assert_eq!(nack, Ack::nack(e));
     }
     verdict
 }

@@ -51,7 +51,10 @@ fn all() -> Vec<(&'static str, Vec<Vec<u8>>)> {
         ("zds_request", zds_requests()),
         (
             "zds_response",
-            vec![ambit_zds::encode_ack(&Ok(())), ambit_zds::encode_ack(&Err("netns in use".into()))],
+            vec![
+                ambit_zds::encode_ack(&ambit_zds::Ack::Ok),
+                ambit_zds::encode_ack(&ambit_zds::Ack::Nack { reason: "netns in use".into() }),
+            ],
         ),
         ("zds_hello", vec![ambit_zds::encode_hello()]),
         ("cni_config", texts(&CNI_CONFIGS)),

@@ -1,5 +1,5 @@
 use super::*;
-use ambit_zds::{Request, ZdsClient};
+use ambit_zds::{Ack, Request, ZdsClient};
 
 fn info(name: &str) -> WorkloadInfo {
     WorkloadInfo { name: name.into(), namespace: "demo".into(), service_account: "sa".into() }
@@ -50,9 +50,10 @@ async fn snapshot_then_adds_to_newest_and_deletes_to_all() {
         s.add(PodEntry { uid: "u3".into(), info: info("c"), netns: Some(own_netns()) }).await
     });
     assert!(matches!(next(&mut new).await, Request::Add { uid, .. } if uid == "u3"));
-    new.ack(Err("no room".into())).await.expect("nack");
+    new.ack(Ack::nack("no room")).await.expect("nack");
     let err = add.await.expect("join").expect_err("nacked");
-    assert!(err.to_string().contains("no room"), "{err}");
+    assert!(matches!(&err, ZdsError::Nack { uid, reason } if uid == "u3" && reason == "no room"), "{err}");
+    assert_eq!(err.to_string(), "the node proxy refused pod u3: no room");
     // A delete goes to both.
     let s = server.clone();
     let del = tokio::spawn(async move { s.del("u1").await });

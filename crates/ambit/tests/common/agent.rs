@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use ambit_zds::{WorkloadInfo, ZdsListener, ZdsServerConn};
+use ambit_zds::{Ack, WorkloadInfo, ZdsListener, ZdsServerConn};
 use tokio::sync::{mpsc, oneshot};
 
 use super::netns::NETNS_DIR;
@@ -94,7 +94,13 @@ impl FakeAgent {
     /// Records the pod and sends `AddWorkload` (with the fd of `/var/run/netns/<netns>`) to the
     /// most recent connection; returns the ack (`Err` = NACK text or "no proxy connection").
     pub fn add_pod(&self, uid: &str, info: WorkloadInfo, netns: &str) -> Result<(), String> {
-        let pod = PodEntry { info, netns: Path::new(NETNS_DIR).join(netns) };
+        self.add_pod_at(uid, info, &Path::new(NETNS_DIR).join(netns))
+    }
+
+    /// [`FakeAgent::add_pod`] with the namespace at any path (e.g. `/proc/self/ns/net`, the
+    /// test's own namespace).
+    pub fn add_pod_at(&self, uid: &str, info: WorkloadInfo, netns: &Path) -> Result<(), String> {
+        let pod = PodEntry { info, netns: netns.to_owned() };
         let (reply, rx) = oneshot::channel();
         let sent = {
             let mut state = self.shared.lock();
@@ -239,8 +245,8 @@ async fn serve(
         shared.record(id, format!("add {uid}"), result);
     }
     match conn.snapshot_sent().await {
-        Ok(result) => {
-            shared.record(id, "snapshot_sent".into(), result);
+        Ok(ack) => {
+            shared.record(id, "snapshot_sent".into(), ack.into_result());
             shared.lock().snapshots_done += 1;
         }
         Err(e) => {
@@ -254,11 +260,11 @@ async fn serve(
                 let Some(cmd) = cmd else { break };
                 let (what, outcome, reply) = match cmd {
                     Command::Add { uid, pod, reply } => (format!("add {uid}"), add(&mut conn, &uid, &pod).await, reply),
-                    Command::Del { uid, reply } => (format!("del {uid}"), conn.del(&uid).await.map_err(|e| e.to_string()), reply),
+                    Command::Del { uid, reply } => (format!("del {uid}"), conn.del(&uid).await.map(Ack::into_result).map_err(|e| e.to_string()), reply),
                     Command::Raw { bytes, fd, reply } => {
                         let fds: Vec<_> = fd.iter().map(AsFd::as_fd).collect();
                         let outcome = match conn.send_raw(&bytes, &fds).await {
-                            Ok(()) => conn.recv_ack().await.map_err(|e| e.to_string()),
+                            Ok(()) => conn.recv_ack().await.map(Ack::into_result).map_err(|e| e.to_string()),
                             Err(e) => Err(e.to_string()),
                         };
                         ("raw".to_owned(), outcome, reply)
@@ -291,7 +297,7 @@ async fn add(conn: &mut ZdsServerConn, uid: &str, pod: &PodEntry) -> Result<Resu
         // Not the proxy's fault and not a transport error: report it without closing.
         Err(e) => return Ok(Err(format!("fake agent: {e}"))),
     };
-    conn.add(uid, &pod.info, fd.as_fd()).await.map_err(|e| e.to_string())
+    conn.add(uid, &pod.info, fd.as_fd()).await.map(Ack::into_result).map_err(|e| e.to_string())
 }
 
 fn close(shared: &Shared, id: usize) {

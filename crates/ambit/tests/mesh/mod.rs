@@ -369,7 +369,35 @@ impl Mesh {
     /// Starts a shared-mode (node) proxy in `node`'s netns, following the ZDS socket `uds`, and
     /// waits until its readiness endpoint (in the node netns) answers 200.
     pub fn start_node_proxy(&self, node: &Node, uds: &std::path::Path, env: &[(&str, &str)]) -> ChildGuard {
-        let mut cmd = node.exec(ambit(), &["proxy"]);
+        self.start_node_proxy_cmd(node, node.exec(ambit(), &["proxy"]), uds, env)
+    }
+
+    /// Like [`Mesh::start_node_proxy`], in a new pid namespace whose pid 1 (a shell) stays in the
+    /// test's own network namespace: the proxy then sees the test's namespace as the host's (pid
+    /// 1's), as a node proxy that shares the host's pid namespace does. The whole pid namespace
+    /// dies with the guard.
+    pub fn start_node_proxy_in_pid_ns(
+        &self,
+        node: &Node,
+        uds: &std::path::Path,
+        env: &[(&str, &str)],
+    ) -> ChildGuard {
+        let mut cmd = Command::new("unshare");
+        // Not `exec`: the shell must stay pid 1, in this namespace, while the proxy runs.
+        cmd.args(["--pid", "--fork", "--mount-proc", "--kill-child", "--", "sh", "-c"])
+            .arg("ip netns exec \"$0\" \"$1\" proxy; exit $?")
+            .arg(&node.netns)
+            .arg(ambit());
+        self.start_node_proxy_cmd(node, cmd, uds, env)
+    }
+
+    fn start_node_proxy_cmd(
+        &self,
+        node: &Node,
+        mut cmd: Command,
+        uds: &std::path::Path,
+        env: &[(&str, &str)],
+    ) -> ChildGuard {
         cmd.env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("PROXY_MODE", "shared")

@@ -14,7 +14,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 use super::{CaError, CertSigner};
 use crate::Identity;
-use crate::cert::{CertificateError, spiffe_sans};
+use crate::cert::{CertificateError, spiffe_identity};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const TCP_KEEPALIVE: Duration = Duration::from_secs(300);
@@ -239,13 +239,9 @@ fn load_roots(path: &PathBuf) -> Result<Vec<u8>, CaError> {
 fn check_leaf_identity(leaf_pem: &str, expected: &Identity) -> Result<(), CaError> {
     let leaf = CertificateDer::from_pem_slice(leaf_pem.as_bytes())
         .map_err(|_| CertificateError::Pem { index: 0 })?;
-    let got = spiffe_sans(&leaf)?;
-    if got.first() == Some(expected) {
-        Ok(())
-    } else {
-        Err(CaError::SanMismatch {
-            expected: expected.clone(),
-            got: got.iter().map(Identity::to_string).collect::<Vec<_>>().join(","),
-        })
+    match spiffe_identity(&leaf) {
+        Ok(got) if got == *expected => Ok(()),
+        Ok(got) => Err(CaError::SanMismatch { expected: expected.clone(), got: got.to_string() }),
+        Err(e) => Err(CaError::SanMismatch { expected: expected.clone(), got: e.to_string() }),
     }
 }

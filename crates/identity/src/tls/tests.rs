@@ -223,3 +223,126 @@ fn server_config_is_cached() {
     assert!(!client.enable_sni);
     assert_eq!(client.alpn_protocols, vec![b"h2".to_vec()]);
 }
+
+/// A fresh root: (issuer, PEM).
+fn test_root() -> (Issuer<'static, KeyPair>, String) {
+    let root_key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).expect("key");
+    let mut root_params = CertificateParams::default();
+    root_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let root_pem = root_params.self_signed(&root_key).expect("root").pem();
+    (Issuer::new(root_params, root_key), root_pem)
+}
+
+/// A leaf signed by `root` with these URI SANs: (its key for rustls, its DER).
+fn leaf_with_uris(root: &Issuer<'_, KeyPair>, uris: &[&str]) -> (Arc<CertifiedKey>, CertificateDer<'static>) {
+    let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).expect("key");
+    let mut params = CertificateParams::default();
+    params.distinguished_name = DistinguishedName::new();
+    params.subject_alt_names =
+        uris.iter().map(|u| SanType::URI((*u).to_owned().try_into().expect("uri"))).collect();
+    params.extended_key_usages =
+        vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+    let cert = params.signed_by(&key, root).expect("leaf");
+    let der = cert.der().clone();
+    let pkcs8 = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+    (certified_key(vec![der.clone()], pkcs8).expect("certified key"), der)
+}
+
+const ADMIN_OTHER_TD: &str = "spiffe://evil.example/ns/kube-system/sa/admin";
+const CLIENT: &str = "spiffe://cluster.local/ns/default/sa/client";
+const SERVER: &str = "spiffe://cluster.local/ns/default/sa/server";
+
+/// A client leaf with two URI SANs (a foreign identity first, one of our trust domain second)
+/// used to pass the trust-domain check on the second while the first became its identity. It
+/// must name exactly one identity: the handshake is refused with a clear reason.
+#[tokio::test]
+async fn client_with_two_uri_sans_is_rejected() {
+    let (root, root_pem) = test_root();
+    let (skey, schain) = chain_with_intermediate(&root, &root_pem, &id("cluster.local", "server"));
+    let server = WorkloadCertificate::new(skey, &schain).expect("server cert");
+    let (ckey, _) = leaf_with_uris(&root, &[ADMIN_OTHER_TD, CLIENT]);
+    let config = client_config(&ckey, server.roots.clone(), &[id("cluster.local", "server")]);
+    let out = handshake(server.server_config(), config).await;
+    let err = match out.server {
+        Ok(peer) => panic!("the server accepted a two-identity client as {peer:?}"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains(&format!(
+            "identity verification error: the certificate has 2 URI SANs ({ADMIN_OTHER_TD}, {CLIENT}); a \
+             workload certificate carries exactly one SPIFFE id, so its identity is ambiguous and the \
+             certificate is refused"
+        )),
+        "{err}"
+    );
+}
+
+/// The client side applies the same rule to the server's leaf.
+#[tokio::test]
+async fn server_with_two_uri_sans_is_rejected() {
+    let (root, root_pem) = test_root();
+    let (ckey, cchain) = chain_with_intermediate(&root, &root_pem, &id("cluster.local", "client"));
+    let client = WorkloadCertificate::new(ckey, &cchain).expect("client cert");
+    let (skey, _) = leaf_with_uris(&root, &[SERVER, ADMIN_OTHER_TD]);
+    let server = server_config(&skey, client.roots.clone(), "cluster.local").expect("server config");
+    let out = handshake(server, client.client_config(&[id("cluster.local", "server")])).await;
+    let err = match out.client {
+        Ok(peer) => panic!("the client accepted a two-identity server as {peer:?}"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains(&format!(
+            "identity verification error: the certificate has 2 URI SANs ({SERVER}, {ADMIN_OTHER_TD})"
+        )),
+        "{err}"
+    );
+}
+
+/// A client leaf whose one URI SAN is not a SPIFFE id is refused with that reason.
+#[tokio::test]
+async fn client_with_a_non_spiffe_uri_is_rejected() {
+    let (root, root_pem) = test_root();
+    let (skey, schain) = chain_with_intermediate(&root, &root_pem, &id("cluster.local", "server"));
+    let server = WorkloadCertificate::new(skey, &schain).expect("server cert");
+    let (ckey, _) = leaf_with_uris(&root, &["https://example.com/client"]);
+    let config = client_config(&ckey, server.roots.clone(), &[id("cluster.local", "server")]);
+    let err = handshake(server.server_config(), config).await.server.expect_err("must reject").to_string();
+    assert!(
+        err.contains(
+            "identity verification error: the certificate's URI SAN \"https://example.com/client\" is not of \
+             the form spiffe://<trust domain>/ns/<namespace>/sa/<service account>"
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn peer_identity_needs_exactly_one_spiffe_uri() {
+    let (root, _) = test_root();
+    let one = leaf_with_uris(&root, &[CLIENT]).1;
+    assert_eq!(peer_identity(std::slice::from_ref(&one)), Some(id("cluster.local", "client")));
+    for uris in [&[ADMIN_OTHER_TD, CLIENT][..], &[CLIENT, CLIENT], &[], &["urn:x"]] {
+        let der = leaf_with_uris(&root, uris).1;
+        assert_eq!(peer_identity(&[der]), None, "{uris:?}");
+    }
+    // The error lists at most four URIs, each cut to a bounded length.
+    let long = format!("spiffe://cluster.local/ns/default/sa/{}", "x".repeat(500));
+    let many: Vec<&str> = std::iter::repeat_n(long.as_str(), 20).collect();
+    let err = crate::cert::spiffe_identity(&leaf_with_uris(&root, &many).1).expect_err("20 URIs");
+    let text = err.to_string();
+    assert!(text.starts_with("the certificate has 20 URI SANs ("), "{text}");
+    assert!(text.len() < 4 * 140 + 200, "{} bytes: {text}", text.len());
+}
+
+#[test]
+fn own_certificate_with_two_uri_sans_is_refused() {
+    let (root, root_pem) = test_root();
+    let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).expect("key");
+    let mut params = CertificateParams::default();
+    params.subject_alt_names =
+        [CLIENT, SERVER].iter().map(|u| SanType::URI((*u).try_into().expect("uri"))).collect();
+    let leaf = params.signed_by(&key, &root).expect("leaf");
+    let pkcs8 = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+    let err = WorkloadCertificate::new(pkcs8, &[leaf.pem(), root_pem]).expect_err("two identities");
+    assert!(matches!(&err, CertificateError::Identity(crate::SanError::ManyUris { count: 2, .. })), "{err}");
+}

@@ -10,20 +10,26 @@
 //! stream itself (undecodable or truncated packets, a second SnapshotSent, Keep after the
 //! snapshot) is NACKed and the proxy reconnects, and the fresh snapshot re-establishes the
 //! agreed state. Either way the pods it serves keep their traffic.
+//!
+//! A network namespace belongs to one workload: an Add is refused when its namespace is the
+//! proxy's own, the host's (pid 1's, when readable), or one already served for another pod uid
+//! (two instances would bind the same ports with SO_REUSEPORT and split the pod's traffic
+//! between two identities). The one exception is a snapshot that re-describes the node: there
+//! a new uid takes over a namespace whose previous owner the snapshot has not named (yet), as
+//! that owner will be drained at SnapshotSent anyway.
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use ambit_zds::{ProtocolError, RecvError, Request, ZdsClient};
+use ambit_zds::{Ack, ProtocolError, RecvError, Request, WorkloadInfo, ZdsClient};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde::Serialize;
 
 use super::netns::{Netns, NetnsId};
-use crate::config::WorkloadInfo;
 use crate::drain::Drain;
 use crate::inputs::Inputs;
 use crate::instance::Shared;
@@ -35,6 +41,60 @@ pub struct Manager {
     drain: Drain,
     inner: Mutex<Inner>,
     metrics: ManagerMetrics,
+    /// The host's network namespace (pid 1's), when this process can read it.
+    host_netns: Option<NetnsId>,
+}
+
+/// Why an `AddWorkload` is refused; the `Display` is the NACK reason the node agent reports.
+#[derive(Debug, thiserror::Error)]
+pub enum AddError {
+    /// The namespace is the one this proxy process runs in.
+    #[error(
+        "pod {uid}: network namespace {netns} is the node proxy's own network namespace, not a pod's; \
+         refusing to open pod listeners in it (is the node agent handing over the wrong namespace?)"
+    )]
+    OwnNetns {
+        /// Pod UID.
+        uid: String,
+        /// The namespace.
+        netns: NetnsId,
+    },
+    /// The namespace is the host's (pid 1's).
+    #[error(
+        "pod {uid}: network namespace {netns} is the host's network namespace (that of pid 1), not a \
+         pod's; refusing to open pod listeners in it (is the node agent handing over the wrong namespace?)"
+    )]
+    HostNetns {
+        /// Pod UID.
+        uid: String,
+        /// The namespace.
+        netns: NetnsId,
+    },
+    /// Another pod uid is already served in this namespace.
+    #[error(
+        "pod {uid}: network namespace {netns} already belongs to pod {owner} ({workload}); one network \
+         namespace serves one workload, so this Add is refused (if {owner} was replaced, send \
+         DelWorkload {owner} first)"
+    )]
+    NetnsInUse {
+        /// Pod UID of the refused Add.
+        uid: String,
+        /// The namespace.
+        netns: NetnsId,
+        /// The pod UID that holds it.
+        owner: String,
+        /// The holder's `namespace/name`.
+        workload: String,
+    },
+    /// The pod's listeners could not be bound (the pod stays pending and is retried).
+    #[error("pod {uid}: cannot start the proxy in the pod's network namespace: {source}")]
+    Start {
+        /// Pod UID.
+        uid: String,
+        /// Why.
+        #[source]
+        source: crate::socket::BindError,
+    },
 }
 
 #[derive(Default)]
@@ -65,6 +125,9 @@ struct ManagerMetrics {
     stopped: Counter,
 }
 
+/// Where the host's namespace is read from: pid 1 in the proxy's view of `/proc`.
+const PROC_ROOT: &str = "/proc";
+
 /// A request that breaks the protocol's state machine (as opposed to a malformed packet).
 #[derive(Debug, thiserror::Error)]
 enum StateError {
@@ -91,7 +154,8 @@ impl Manager {
         );
         r.register("proxies_started", "Pod proxies started (unstable)", metrics.started.clone());
         r.register("proxies_stopped", "Pod proxies stopped (unstable)", metrics.stopped.clone());
-        Arc::new(Manager { shared, drain, inner: Mutex::new(Inner::default()), metrics })
+        let host_netns = host_netns(Path::new(PROC_ROOT));
+        Arc::new(Manager { shared, drain, inner: Mutex::new(Inner::default()), metrics, host_netns })
     }
 
     /// Follows the node agent on `path` until the process drains: connects (with backoff),
@@ -150,7 +214,7 @@ impl Manager {
                     | ProtocolError::EmptyUid),
                 )) => {
                     tracing::error!(error = %e, "refusing a pod from the node agent");
-                    if let Err(e) = client.ack(Err(protocol_error(&e))).await {
+                    if let Err(e) = client.ack(Ack::nack(protocol_error(&e))).await {
                         tracing::warn!(error = %e, "cannot ack the node agent; reconnecting");
                         return false;
                     }
@@ -165,10 +229,13 @@ impl Manager {
                     return false;
                 }
             };
-            let result = match req {
-                Request::Add { uid, info, netns } => self.add(uid, info, netns),
+            let ack = match req {
+                Request::Add { uid, info, netns } => match self.add(uid, info, netns) {
+                    Ok(()) => Ack::Ok,
+                    Err(e) => Ack::nack(e),
+                },
                 Request::Keep { uid } => match self.keep(&uid) {
-                    Ok(()) => Ok(()),
+                    Ok(()) => Ack::Ok,
                     Err(e) => {
                         self.protocol_violation(&mut client, e.to_string()).await;
                         return false;
@@ -176,17 +243,17 @@ impl Manager {
                 },
                 Request::Del { uid } => {
                     self.del(&uid);
-                    Ok(())
+                    Ack::Ok
                 }
                 Request::SnapshotSent => match self.snapshot_sent() {
-                    Ok(()) => Ok(()),
+                    Ok(()) => Ack::Ok,
                     Err(e) => {
                         self.protocol_violation(&mut client, e.to_string()).await;
                         return false;
                     }
                 },
             };
-            if let Err(e) = client.ack(result).await {
+            if let Err(e) = client.ack(ack).await {
                 tracing::warn!(error = %e, "cannot ack the node agent; reconnecting");
                 return false;
             }
@@ -196,7 +263,7 @@ impl Manager {
 
     async fn protocol_violation(&self, client: &mut ZdsClient, error: String) {
         tracing::error!(%error, "ZDS protocol violation by the node agent; NACKing and reconnecting (pods keep their proxies)");
-        let _ = client.ack(Err(error)).await;
+        let _ = client.ack(Ack::nack(error)).await;
     }
 
     fn on_connect(&self, readiness: &Readiness) {
@@ -225,13 +292,42 @@ impl Manager {
         }
     }
 
-    fn add(&self, uid: String, info: ambit_zds::WorkloadInfo, netns: Netns) -> Result<(), String> {
-        let info = WorkloadInfo {
-            namespace: info.namespace,
-            name: info.name,
-            service_account: info.service_account,
-        };
+    fn add(&self, uid: String, info: WorkloadInfo, netns: Netns) -> Result<(), AddError> {
+        let id = netns.id();
+        if netns.is_own() {
+            let e = AddError::OwnNetns { uid, netns: id };
+            tracing::error!(error = %e, "refusing a pod from the node agent");
+            return Err(e);
+        }
+        if self.host_netns == Some(id) {
+            let e = AddError::HostNetns { uid, netns: id };
+            tracing::error!(error = %e, "refusing a pod from the node agent");
+            return Err(e);
+        }
         let mut inner = self.lock();
+        let holder =
+            inner.pods.iter().find(|(u, p)| **u != uid && p.netns.id() == id).map(|(u, _)| u.clone());
+        if let Some(owner) = holder {
+            // In a snapshot, an owner the agent has not named (yet) is stale: the snapshot is the
+            // agent's whole view, and SnapshotSent drains it anyway. Replace it now, before the
+            // new instance binds, so the two never share the namespace's ports.
+            if !inner.snapshot_done && !inner.seen.contains(&owner) {
+                tracing::info!(%uid, %owner, netns = %id,
+                    "the snapshot gives a served network namespace to a new pod uid; replacing the old pod's proxy");
+                if let Some(old) = inner.pods.remove(&owner) {
+                    self.stop(&owner, old);
+                }
+            } else {
+                let workload = inner
+                    .pods
+                    .get(&owner)
+                    .map(|p| format!("{}/{}", p.info.namespace, p.info.name))
+                    .unwrap_or_default();
+                let e = AddError::NetnsInUse { uid, netns: id, owner, workload };
+                tracing::error!(error = %e, "refusing a pod from the node agent");
+                return Err(e);
+            }
+        }
         if !inner.snapshot_done {
             inner.seen.insert(uid.clone());
         }
@@ -254,7 +350,7 @@ impl Manager {
         result
     }
 
-    fn start(&self, uid: &str, pod: &mut Pod) -> Result<(), String> {
+    fn start(&self, uid: &str, pod: &mut Pod) -> Result<(), AddError> {
         let drain = self.drain.child();
         let mut sockets = self.shared.cfg.socket_options();
         sockets.netns = Some(pod.netns.clone());
@@ -280,12 +376,12 @@ impl Manager {
                 pod.state = PodState::Up { inputs, drain };
                 Ok(())
             }
-            Err(e) => {
+            Err(source) => {
                 drain.close_now("the pod's proxy failed to start");
-                let error = format!("pod {uid}: cannot start the proxy in the pod's network namespace: {e}");
-                tracing::warn!("{error}; retrying every {}s", RETRY_PENDING.as_secs());
-                pod.state = PodState::Pending { error: error.clone() };
-                Err(error)
+                let e = AddError::Start { uid: uid.to_owned(), source };
+                tracing::warn!("{e}; retrying every {}s", RETRY_PENDING.as_secs());
+                pod.state = PodState::Pending { error: e.to_string() };
+                Err(e)
             }
         }
     }
@@ -412,6 +508,22 @@ impl Manager {
             map.insert(uid.clone(), serde_json::to_value(d).unwrap_or_default());
         }
         serde_json::Value::Object(map)
+    }
+}
+
+/// The host's network namespace, or `None` (logged) when pid 1's namespace cannot be read, as in
+/// a sandbox or a container without the host's pid namespace; the proxy's own is refused anyway.
+fn host_netns(proc_root: &Path) -> Option<NetnsId> {
+    match ambit_netns::host_id(proc_root) {
+        Ok(id) => {
+            tracing::info!(netns = %id, "pods handed over in the host's network namespace (pid 1's) will be refused");
+            Some(id)
+        }
+        Err(e) => {
+            tracing::warn!(path = %proc_root.join("1/ns/net").display(), error = %e,
+                "cannot read the host's network namespace; only the proxy's own namespace can be refused as a pod's");
+            None
+        }
     }
 }
 

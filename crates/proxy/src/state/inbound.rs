@@ -17,10 +17,17 @@ pub enum Authority {
     Host(String, u16),
 }
 
-/// Why a `:authority` is not `ip:port` or `host:port`.
+/// Why a `:authority` is not `ip:port` or `host:port` with a canonical port (decimal, 1-65535,
+/// no sign and no leading zero). Holds at most [`MAX_SHOWN_AUTHORITY`] bytes of the input.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("no valid authority pseudo header: {0:?} (want ip:port, [ipv6]:port or host:port)")]
+#[error(
+    "no valid authority pseudo header: {0:?} (want ip:port, [ipv6]:port or host:port, the port in \
+     decimal without leading zeros)"
+)]
 pub struct AuthorityError(String);
+
+/// How much of a bad authority an [`AuthorityError`] quotes (the rest is counted, not kept).
+pub const MAX_SHOWN_AUTHORITY: usize = 256;
 
 /// Why an inbound CONNECT cannot be served.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -50,19 +57,15 @@ impl FromStr for Authority {
     type Err = AuthorityError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let err = || AuthorityError(s.to_owned());
+        let err = || AuthorityError(crate::metrics::clip(s, MAX_SHOWN_AUTHORITY).into_owned());
+        // One spelling per port: `:008080` or `:+80` would name 8080 or 80 too, and whatever
+        // compares authorities as text (logs, waypoints, policies on the far side) would differ.
+        let (host, port) = s.rsplit_once(':').ok_or_else(err)?;
+        let port = canonical_port(port).ok_or_else(err)?;
         if let Ok(addr) = s.parse::<SocketAddr>() {
-            if addr.port() == 0 {
-                return Err(err());
-            }
             return Ok(Authority::Addr(addr));
         }
-        let (host, port) = s.rsplit_once(':').ok_or_else(err)?;
-        if port.is_empty() || !port.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(err());
-        }
-        let port: u16 = port.parse().map_err(|_| err())?;
-        if port == 0 || !is_hostname(host) {
+        if !is_hostname(host) {
             return Err(err());
         }
         Ok(Authority::Host(host.to_owned(), port))
@@ -165,6 +168,15 @@ impl State {
             (None, None) => false,
         }
     }
+}
+
+/// A port in its one decimal spelling: 1-65535, digits only, no leading zero.
+fn canonical_port(port: &str) -> Option<u16> {
+    let digits = !port.is_empty() && port.len() <= 5 && port.bytes().all(|b| b.is_ascii_digit());
+    if !digits || port.starts_with('0') {
+        return None;
+    }
+    port.parse().ok()
 }
 
 /// DNS-style host: labels of letters, digits, `-` and `_`, separated by dots.

@@ -27,7 +27,9 @@ use ipnet::IpNet;
 
 use crate::authz::{Authorization, Scope};
 
-pub use config::{LocalConfig, LocalConfigError};
+pub use config::{
+    LocalConfig, LocalConfigError, MAX_FILE_BYTES, MAX_POLICIES, MAX_SERVICES, MAX_WORKLOADS, Position,
+};
 pub use inbound::{Authority, AuthorityError, InboundError};
 pub use model::{
     AddressParseError, AppTunnelProtocol, ApplicationTunnel, CidrVip, DEFAULT_CLUSTER_ID,

@@ -1,9 +1,9 @@
 //! Lock-free publication of state snapshots, change notification and the local-file watcher.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use arc_swap::ArcSwap;
 use tokio::sync::watch;
@@ -70,6 +70,10 @@ impl std::fmt::Debug for StateStore {
 /// Reloads LOCAL_XDS_PATH when it changes (poll mtime+size+content hash every `interval`, e.g. 500ms;
 /// a bad file is rejected with a clear error logged via tracing and the previous state kept).
 ///
+/// Reading, hashing, parsing, building and publishing run on a blocking-pool thread (so does
+/// dropping the replaced snapshot): a file of a few hundred thousand workloads takes seconds to
+/// parse, and the task's runtime (the control runtime: ZDS, admin, readiness) keeps answering.
+///
 /// The file as it is when the watcher starts is taken as already loaded; start the watcher
 /// right after building the initial state from it.
 pub async fn watch_local_file(
@@ -78,7 +82,10 @@ pub async fn watch_local_file(
     node_name: Option<String>,
     interval: Duration,
 ) {
-    let mut seen = Fingerprint::read(&path).await.ok();
+    let mut seen = {
+        let path = path.clone();
+        tokio::task::spawn_blocking(move || Fingerprint::read(&path)).await.ok().flatten()
+    };
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut reported_missing = false;
@@ -105,39 +112,60 @@ pub async fn watch_local_file(
         if settled && seen.as_ref().is_some_and(|s| s.mtime == mtime && s.len == len) {
             continue;
         }
-        let text = match tokio::fs::read_to_string(&path).await {
-            Ok(t) => t,
-            Err(e) => {
-                tracing::warn!(file = %path.display(), error = %e,
-                    "cannot read local config; keeping the current state");
-                continue;
-            }
+        let job = {
+            let (store, path, node) = (store.clone(), path.clone(), node_name.clone());
+            let previous = seen.as_ref().map(|s| s.hash);
+            tokio::task::spawn_blocking(move || reload(&store, &path, node.as_deref(), mtime, previous))
         };
-        let fp = Fingerprint { mtime, len, hash: hash(&text) };
-        let unchanged = seen.as_ref().is_some_and(|s| s.hash == fp.hash);
-        seen = Some(fp);
-        if unchanged {
-            continue;
-        }
-        match build(&text, node_name.as_deref()) {
-            Ok(state) => {
-                tracing::info!(file = %path.display(), "local config reloaded");
-                store.publish(state);
-            }
-            Err(e) => {
-                let (line, column) = match &e {
-                    LocalConfigError::Yaml { line, column, .. } => (*line, *column),
-                    _ => (None, None),
-                };
-                tracing::error!(file = %path.display(), line, column, error = %e,
-                    "rejected local config change; keeping the previous state");
-            }
+        match job.await {
+            Ok(Some(fp)) => seen = Some(fp),
+            Ok(None) => {}
+            Err(e) => tracing::error!(file = %path.display(), error = %e,
+                "the local config reload failed; keeping the current state"),
         }
     }
 }
 
 /// Upper bound on filesystem timestamp granularity.
 const MTIME_GRANULARITY: Duration = Duration::from_secs(2);
+
+/// Reads the file; unless its content hash is `previous`, parses it and publishes the result or
+/// logs why it was rejected. Returns the file's fingerprint (`None` if it could not be read).
+fn reload(
+    store: &StateStore,
+    path: &Path,
+    node_name: Option<&str>,
+    mtime: Option<SystemTime>,
+    previous: Option<u64>,
+) -> Option<Fingerprint> {
+    let text = match super::config::read(path) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!(file = %path.display(), error = %e,
+                "cannot read local config; keeping the current state");
+            return None;
+        }
+    };
+    let fp = Fingerprint { mtime, len: text.len() as u64, hash: hash(&text) };
+    if previous == Some(fp.hash) {
+        return Some(fp);
+    }
+    let started = Instant::now();
+    match build(&text, node_name) {
+        Ok(state) => {
+            let workloads = state.workloads().count();
+            store.publish(state);
+            tracing::info!(file = %path.display(), workloads, took = ?started.elapsed(), "local config reloaded");
+        }
+        Err(e) => {
+            let position = e.position();
+            tracing::error!(file = %path.display(), line = position.map(|p| p.line),
+                column = position.map(|p| p.column), error = %e,
+                "rejected local config change; keeping the previous state");
+        }
+    }
+    Some(fp)
+}
 
 fn build(text: &str, node_name: Option<&str>) -> Result<State, LocalConfigError> {
     State::from_config(LocalConfig::parse(text)?, node_name)
@@ -150,10 +178,10 @@ struct Fingerprint {
 }
 
 impl Fingerprint {
-    async fn read(path: &std::path::Path) -> std::io::Result<Self> {
-        let meta = tokio::fs::metadata(path).await?;
-        let text = tokio::fs::read_to_string(path).await?;
-        Ok(Fingerprint { mtime: meta.modified().ok(), len: meta.len(), hash: hash(&text) })
+    fn read(path: &Path) -> Option<Self> {
+        let mtime = std::fs::metadata(path).ok()?.modified().ok();
+        let text = super::config::read(path).ok()?;
+        Some(Fingerprint { mtime, len: text.len() as u64, hash: hash(&text) })
     }
 }
 

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::authz::{Action, Scope, ServiceAccountMatch, StringMatch};
+use crate::state::config::budget;
 
 const ZTUNNEL_LOCAL: &str = r#"workloads:
 - uid: cluster1//v1/Pod/default/local
@@ -245,10 +246,235 @@ fn dump_is_sorted_and_camel_case() {
 }
 
 #[test]
-fn empty_and_comment_only_documents_are_empty_configs() {
-    assert_eq!(LocalConfig::parse("").unwrap(), LocalConfig::default());
-    assert_eq!(LocalConfig::parse("# nothing\n\n").unwrap(), LocalConfig::default());
-    assert_eq!(LocalConfig::parse("workloads: []").unwrap(), LocalConfig::default());
+fn an_empty_file_is_refused_and_an_explicit_empty_config_accepted() {
+    for empty in ["", "\n", "   \n\t\n", "# nothing\n\n", "  # truncated by an editor\n"] {
+        let e = LocalConfig::parse(empty).unwrap_err();
+        assert!(matches!(e, LocalConfigError::Empty), "{empty:?}: {e}");
+        assert_eq!(
+            e.to_string(),
+            "the local config is empty (only whitespace or comments), which would remove every \
+             workload, service and policy; refusing it (an editor may have truncated it before \
+             writing). Write `{}` for a config that is meant to be empty"
+        );
+    }
+    for explicit in
+        ["{}", "{}\n", "# mesh\n{}\n", "workloads: []", "workloads: []\nservices: []\npolicies: []\n"]
+    {
+        assert_eq!(LocalConfig::parse(explicit).unwrap(), LocalConfig::default(), "{explicit:?}");
+    }
+}
+
+const TWO_WORKLOADS: &str = "workloads:
+- uid: a
+  namespace: default
+  workloadIps: [\"10.0.0.1\", \"fd00::1\"]
+- uid: b
+  namespace: default
+  workloadIps: [\"10.0.0.2\"]
+";
+
+#[test]
+fn duplicate_uids_are_refused_with_both_positions() {
+    let yaml = format!("{TWO_WORKLOADS}- uid: a\n  namespace: other\n  workloadIps: [\"10.0.0.3\"]\n");
+    let e = LocalConfig::parse(&yaml).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "workload at line 8, column 3 has uid \"a\", which the workload at line 2, column 3 already \
+         has; every workload needs its own uid"
+    );
+    assert_eq!(e.position(), Some(Position { line: 8, column: 3 }));
+}
+
+#[test]
+fn duplicate_addresses_are_refused_with_both_positions() {
+    let yaml = format!(
+        "{TWO_WORKLOADS}- uid: c\n  namespace: default\n  workloadIps: [\"10.0.0.5\", \"fd00::1\"]\n"
+    );
+    let e = LocalConfig::parse(&yaml).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "workload \"c\" at line 8, column 3 has address fd00::1 on network \"\", which workload \"a\" at \
+         line 2, column 3 already has; two workloads cannot share an address on one network (only \
+         host-network workloads may)"
+    );
+    assert_eq!(e.position(), Some(Position { line: 8, column: 3 }));
+    // The same address on another network, on a host-network workload, or twice in one
+    // workload is fine.
+    for ok in [
+        "- uid: c\n  namespace: default\n  network: remote\n  workloadIps: [\"10.0.0.1\"]\n",
+        "- uid: c\n  namespace: default\n  networkMode: HostNetwork\n  workloadIps: [\"10.0.0.1\"]\n",
+        "- uid: c\n  namespace: default\n  workloadIps: [\"10.0.0.9\", \"10.0.0.9\"]\n",
+    ] {
+        let cfg = LocalConfig::parse(&format!("{TWO_WORKLOADS}{ok}")).unwrap();
+        assert_eq!(cfg.workloads.len(), 3, "{ok}");
+    }
+}
+
+#[test]
+fn duplicate_services_and_policies_are_refused() {
+    let svc = "- name: s\n  namespace: default\n  hostname: s.example\n";
+    let e = LocalConfig::parse(&format!("services:\n{svc}{svc}")).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "service default/s.example at line 5, column 3 is already defined at line 2, column 3; define \
+         each service once"
+    );
+    let other_ns = svc.replace("namespace: default", "namespace: other");
+    assert_eq!(LocalConfig::parse(&format!("services:\n{svc}{other_ns}")).unwrap().services.len(), 2);
+    let pol = "- name: p\n  namespace: default\n";
+    let e = LocalConfig::parse(&format!("policies:\n{pol}{pol}")).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "policy default/p at line 4, column 3 is already defined at line 2, column 3; define each \
+         policy once"
+    );
+}
+
+/// A fully specified workload of the shape a mesh generator would write (every string key set,
+/// dual-stack, one service entry, one listed policy); `i` makes uid, name and addresses unique.
+fn big_workload(i: usize) -> String {
+    let (hi, lo) = (i / 65_536, i % 65_536);
+    format!(
+        "- uid: cluster1//v1/Pod/ns{ns}/app-{i}-5d9c7b8f4-x2x4q\n  name: app-{i}-5d9c7b8f4-x2x4q\n  \
+         namespace: ns{ns}\n  serviceAccount: app-{svc}\n  trustDomain: cluster.local\n  \
+         workloadIps: [\"10.{hi}.{a}.{b}\", \"fd00::{hi:x}:{lo:x}\"]\n  protocol: HBONE\n  node: node-{node}\n  \
+         network: \"\"\n  canonicalName: app-{svc}\n  canonicalRevision: v1\n  workloadName: app-{svc}\n  \
+         workloadType: deployment\n  clusterId: cluster1\n  hostname: \"\"\n  \
+         authorizationPolicies: [ns{ns}/allow-app-{svc}]\n  locality: {{region: eu-west-1, zone: eu-west-1a}}\n  \
+         services:\n    \"ns{ns}/app-{svc}.ns{ns}.svc.cluster.local\":\n      80: 8080\n",
+        ns = i % 100,
+        svc = i / 5,
+        node = i % 1000,
+        a = lo / 256,
+        b = lo % 256,
+    )
+}
+
+fn big_service(i: usize) -> String {
+    format!(
+        "- name: app-{i}\n  namespace: ns{ns}\n  hostname: app-{i}.ns{ns}.svc.cluster.local\n  \
+         vips: [\"/10.96.{a}.{b}\"]\n  ports: {{80: 8080}}\n  \
+         subjectAltNames: [\"spiffe://cluster.local/ns/ns{ns}/sa/app-{i}\"]\n",
+        ns = i % 100,
+        a = i / 256,
+        b = i % 256,
+    )
+}
+
+fn big_policy(i: usize) -> String {
+    format!(
+        "- name: allow-app-{i}\n  namespace: ns{ns}\n  scope: WorkloadSelector\n  action: Allow\n  \
+         rules: [[[{{principals: [{{Exact: \"cluster.local/ns/ns{ns}/sa/client\"}}]}}], [{{destinationPorts: [8080]}}]]]\n",
+        ns = i % 100
+    )
+}
+
+/// A config with `workloads` workloads and the services and policies in the proportion of the
+/// mesh we claim (5 workloads per service, 25 per policy).
+pub(super) fn mesh_yaml(workloads: usize) -> String {
+    let mut y = String::with_capacity(workloads * 700);
+    y.push_str("workloads:\n");
+    (0..workloads).for_each(|i| y.push_str(&big_workload(i)));
+    y.push_str("services:\n");
+    (0..workloads / 5).for_each(|i| y.push_str(&big_service(i)));
+    y.push_str("policies:\n");
+    (0..workloads / 25).for_each(|i| y.push_str(&big_policy(i)));
+    y
+}
+
+static LAST_REPORT: std::sync::Mutex<Option<(usize, usize, usize)>> = std::sync::Mutex::new(None);
+
+fn record(report: &serde_saphyr::budget::BudgetReport) {
+    *LAST_REPORT.lock().unwrap() = Some((report.nodes, report.events, report.total_scalar_bytes));
+}
+
+/// What one item costs the YAML budget (nodes, events, scalar bytes), measured.
+fn cost(yaml: &str) -> (usize, usize, usize) {
+    let mut options = serde_saphyr::Options::default();
+    options.budget = Some(budget());
+    options.budget_report = Some(record);
+    let _: LocalConfig = serde_saphyr::from_str_with_options(yaml, options).unwrap();
+    LAST_REPORT.lock().unwrap().take().unwrap()
+}
+
+/// The budget's per-item allowances hold what the items of the largest mesh cost, with at least
+/// 50 % to spare (the figures quoted in `config.rs` come from here).
+#[test]
+fn budget_fits_the_largest_mesh() {
+    let one = |item: String, key: &str| cost(&format!("{key}:\n{item}"));
+    let (wn, we, wb) = one(big_workload(123_456), "workloads");
+    let (sn, se, sb) = one(big_service(12_345), "services");
+    let (pn, pe, pb) = one(big_policy(1_234), "policies");
+    println!("per workload: {wn} nodes, {we} events, {wb} scalar bytes");
+    println!("per service: {sn} nodes, {se} events, {sb} scalar bytes");
+    println!("per policy: {pn} nodes, {pe} events, {pb} scalar bytes");
+    let items = MAX_WORKLOADS + MAX_SERVICES + MAX_POLICIES;
+    let b = budget();
+    let need = |w: usize, s: usize, p: usize| MAX_WORKLOADS * w + MAX_SERVICES * s + MAX_POLICIES * p;
+    assert!(b.max_nodes * 2 >= need(wn, sn, pn) * 3, "{} nodes for {items} items", b.max_nodes);
+    assert!(b.max_events * 2 >= need(we, se, pe) * 3, "{} events", b.max_events);
+    assert!(
+        b.max_total_scalar_bytes * 2 >= need(wb, sb, pb) * 3,
+        "{} scalar bytes",
+        b.max_total_scalar_bytes
+    );
+    // The file of that mesh fits the size cap too.
+    let bytes = MAX_WORKLOADS * big_workload(123_456).len()
+        + MAX_SERVICES * big_service(12_345).len()
+        + MAX_POLICIES * big_policy(1_234).len();
+    println!("the largest mesh's file: {bytes} bytes");
+    assert!(MAX_FILE_BYTES * 2 >= bytes * 3, "{bytes} bytes");
+}
+
+/// A valid file of `MAX_WORKLOADS` small workloads (uid, namespace, one IP) is accepted, where
+/// the YAML parser's default budget (250 000 nodes) refused any file beyond about 30 000 of them.
+/// Sized to run in a debug build in about 15 s; the fully specified mesh, slower to parse, is
+/// `the_largest_mesh_is_accepted` (release builds).
+#[test]
+fn a_250k_workload_file_is_accepted() {
+    let mut yaml = String::with_capacity(MAX_WORKLOADS * 60);
+    yaml.push_str("workloads:\n");
+    for i in 0..MAX_WORKLOADS {
+        let lo = i % 65_536;
+        yaml.push_str(&format!(
+            "- {{uid: w{i}, namespace: ns, workloadIps: [10.{}.{}.{}]}}\n",
+            i / 65_536,
+            lo / 256,
+            lo % 256
+        ));
+    }
+    let t0 = std::time::Instant::now();
+    let cfg = LocalConfig::parse(&yaml).unwrap();
+    let parsed = t0.elapsed();
+    let st = State::from_config(cfg, None).unwrap();
+    println!("{} bytes: parsed in {parsed:?}, state built {:?} later", yaml.len(), t0.elapsed() - parsed);
+    assert_eq!(st.workloads().count(), MAX_WORKLOADS);
+    assert_eq!(st.workload_by_addr("", ip("10.3.208.143")).map(|w| w.uid.clone()), Some("w249999".into()));
+    let mut old = serde_saphyr::Options::default();
+    old.budget = Some(serde_saphyr::Budget::default());
+    let refused = serde_saphyr::from_str_with_options::<LocalConfig>(&yaml, old).unwrap_err();
+    assert!(refused.to_string().contains("budget"), "{refused}");
+}
+
+/// A generated mesh of `MAX_WORKLOADS` workloads (with 50 000 services and 10 000 policies)
+/// parses and builds. Slow in a debug build, so it runs in release builds only
+/// (`cargo test --release -p ambit-proxy the_largest_mesh`); in debug builds (CI) the
+/// 250 000-workload acceptance is `a_250k_workload_file_is_accepted`.
+#[test]
+#[cfg_attr(debug_assertions, ignore = "a 250 000-workload parse: run with --release")]
+fn the_largest_mesh_is_accepted() {
+    let yaml = mesh_yaml(MAX_WORKLOADS);
+    let t0 = std::time::Instant::now();
+    let cfg = LocalConfig::parse(&yaml).unwrap();
+    let parsed = t0.elapsed();
+    assert_eq!(
+        (cfg.workloads.len(), cfg.services.len(), cfg.policies.len()),
+        (MAX_WORKLOADS, 50_000, 10_000)
+    );
+    let st = State::from_config(cfg, Some("node-7")).unwrap();
+    println!("{} bytes: parsed in {parsed:?}, state built {:?} later", yaml.len(), t0.elapsed() - parsed);
+    assert_eq!(st.workloads().count(), MAX_WORKLOADS);
+    assert!(st.workload_by_addr("", ip("10.3.208.143")).is_some());
 }
 
 #[test]
@@ -270,6 +496,21 @@ fn errors_carry_location() {
         LocalConfig::parse("workloads:\n- namespace: d\n  workloadIps: []\n  services: {nokey: {80: 80}}\n")
             .unwrap();
     assert!(matches!(State::from_config(cfg, None), Err(LocalConfigError::ServiceKey { .. })));
+}
+
+#[test]
+fn an_oversized_file_is_refused_before_it_is_read() {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    // Sparse: no disk space, no memory.
+    file.as_file().set_len(MAX_FILE_BYTES as u64 + 1).unwrap();
+    let e = LocalConfig::load(file.path()).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "the local config is {} bytes, more than the {MAX_FILE_BYTES}-byte limit; is this the right file?",
+            MAX_FILE_BYTES + 1
+        )
+    );
 }
 
 #[test]

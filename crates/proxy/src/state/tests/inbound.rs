@@ -137,9 +137,27 @@ fn authority_parsing() {
         "a..b:80",
         "user@host:80",
         "host/path:80",
+        // Non-canonical ports: one port, one spelling.
+        "10.0.0.2:008080",
+        "10.0.0.2:08080",
+        "[ff06::c3]:0080",
+        "example.com:080",
+        "example.com:00",
+        "10.0.0.2:+80",
+        "10.0.0.2:000000080",
     ] {
         assert!(bad.parse::<Authority>().is_err(), "{bad:?} accepted");
     }
+    assert_eq!(
+        "10.0.0.2:008080".parse::<Authority>().unwrap_err().to_string(),
+        "no valid authority pseudo header: \"10.0.0.2:008080\" (want ip:port, [ipv6]:port or host:port, \
+         the port in decimal without leading zeros)"
+    );
+    // A huge authority is quoted only in part.
+    let huge = format!("{}:80", "a".repeat(60_000));
+    let e = huge.parse::<Authority>().unwrap_err().to_string();
+    assert!(e.len() < 512, "{} bytes", e.len());
+    assert!(e.contains("60003 bytes"), "{e}");
 }
 
 #[test]

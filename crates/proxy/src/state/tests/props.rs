@@ -170,7 +170,17 @@ proptest! {
     #[test]
     fn authority_parse_never_panics(s in ".{0,40}") {
         if let Ok(a) = s.parse::<Authority>() {
-            prop_assert_eq!(a.to_string().parse::<Authority>(), Ok(a));
+            prop_assert_eq!(a.to_string().parse::<Authority>(), Ok(a.clone()));
+            // The port is spelled the one way it prints.
+            prop_assert_eq!(s.rsplit_once(':').map(|(_, p)| p.to_owned()), Some(a.port().to_string()));
         }
+    }
+
+    #[test]
+    fn ports_parse_only_in_canonical_form(port in "[0-9+]{1,7}") {
+        let ok = format!("10.0.0.2:{port}").parse::<Authority>().is_ok();
+        let canonical = port.parse::<u16>().is_ok_and(|p| p != 0 && p.to_string() == port);
+        prop_assert_eq!(ok, canonical, "{}", port);
+        prop_assert_eq!(format!("example.com:{port}").parse::<Authority>().is_ok(), canonical);
     }
 }

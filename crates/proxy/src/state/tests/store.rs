@@ -79,3 +79,37 @@ async fn watcher_reloads_and_keeps_state_on_bad_files() {
     assert!(wait_for(&store, |s| s.workload_by_uid("u3").is_some()).await);
     task.abort();
 }
+
+/// Empty files and files with duplicate uids or addresses are rejected and the previous state
+/// stays; `{}` is the explicit way to empty the config.
+#[tokio::test]
+async fn watcher_keeps_state_on_empty_and_duplicate_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("local.yaml");
+    std::fs::write(&path, ONE_POLICY).unwrap();
+    let store = StateStore::new(State::from_config(LocalConfig::load(&path).unwrap(), None).unwrap());
+    let task = tokio::spawn(watch_local_file(store.clone(), path.clone(), None, Duration::from_millis(20)));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let dup = "workloads:\n- {uid: u9, namespace: d, workloadIps: [10.0.0.9]}\n- {uid: u9, namespace: d, workloadIps: [10.0.0.8]}\n";
+    let dup_ip = "workloads:\n- {uid: u8, namespace: d, workloadIps: [10.0.0.9]}\n- {uid: u9, namespace: d, workloadIps: [10.0.0.9]}\n";
+    for (what, text) in [
+        ("empty", ""),
+        ("truncated to a comment", "# mesh\n"),
+        ("duplicate uid", dup),
+        ("duplicate IP", dup_ip),
+    ] {
+        std::fs::write(&path, text).unwrap();
+        // A file accepted would replace u1 at the next 20 ms poll.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let st = store.current();
+        assert!(st.workload_by_uid("u1").is_some(), "{what}: the previous state was dropped");
+        assert_eq!(st.workloads().count(), 1, "{what}");
+    }
+    std::fs::write(&path, "{}\n").unwrap();
+    assert!(
+        wait_for(&store, |s| s.workloads().count() == 0 && s.policies().count() == 0).await,
+        "`{{}}` empties the config"
+    );
+    task.abort();
+}
