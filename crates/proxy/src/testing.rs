@@ -80,16 +80,90 @@ impl EchoServer {
     }
 }
 
+/// An HBONE server on 127.0.0.1 that relays every CONNECT stream to a TCP echo server through
+/// the proxy's own copy loop ([`crate::copy::bidirectional`]), as the inbound handler does.
+pub struct RelayServer {
+    /// Listening address of the HBONE side.
+    pub addr: SocketAddr,
+    /// The server's identity.
+    pub identity: Identity,
+}
+
+impl RelayServer {
+    /// Starts the relay and its TCP echo upstream.
+    pub async fn start(ca: &FakeCa, settings: H2Settings) -> RelayServer {
+        use crate::copy::{self, H2Sink, H2Source, LiveCounters, TcpSink, TcpSource};
+        let echo = TcpListener::bind("127.0.0.1:0").await.expect("bind echo");
+        let echo_addr = echo.local_addr().expect("echo addr");
+        tokio::spawn(async move {
+            while let Ok((s, _)) = echo.accept().await {
+                let _ = s.set_nodelay(true);
+                tokio::spawn(async move {
+                    let (mut r, mut w) = s.into_split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                });
+            }
+        });
+        let identity = Identity::new("cluster.local", "default", "server");
+        let cert = ca.issue(&identity, Duration::from_secs(3600)).expect("test CA issues");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind 127.0.0.1");
+        let addr = listener.local_addr().expect("local addr");
+        let acceptor = tokio_rustls::TlsAcceptor::from(cert.server_config());
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let _ = tcp.set_nodelay(true);
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let _ = server::serve(tls, settings, Drain::new(), move |req| async move {
+                        let server::ConnectRequest { request, mut respond } = req;
+                        let Ok(app) = tokio::net::TcpStream::connect(echo_addr).await else {
+                            return;
+                        };
+                        let _ = app.set_nodelay(true);
+                        let Ok(send) = respond.send_response(http::Response::new(()), false) else {
+                            return;
+                        };
+                        let (ar, aw) = app.into_split();
+                        let counters = LiveCounters::default();
+                        let _ = copy::bidirectional(
+                            (H2Source(request.into_body()), H2Sink(send)),
+                            (TcpSource::new(ar), TcpSink(aw)),
+                            &counters,
+                        )
+                        .await;
+                    })
+                    .await;
+                });
+            }
+        });
+        RelayServer { addr, identity }
+    }
+}
+
 /// A pool whose certificates come from `ca`, and the key to reach `server` as `client`.
 pub fn pool_for(ca: Arc<FakeCa>, server: &EchoServer, settings: H2Settings) -> (Arc<Pool>, PoolKey) {
+    pool_to(ca, server.addr, &server.identity, settings)
+}
+
+/// A pool whose certificates come from `ca`, and the key to reach the HBONE server at `addr`
+/// (presenting `identity`) as `client`.
+pub fn pool_to(
+    ca: Arc<FakeCa>,
+    addr: SocketAddr,
+    identity: &Identity,
+    settings: H2Settings,
+) -> (Arc<Pool>, PoolKey) {
     let signer: Arc<dyn CertSigner> = ca;
     let certs = CertManager::new(signer, Duration::from_secs(3600));
     let sockets = SocketOptions::default();
     let pool = Pool::new(certs, sockets, settings, Duration::from_secs(300));
     let key = PoolKey {
         src_identity: Identity::new("cluster.local", "default", "client"),
-        dst_identities: vec![server.identity.clone()],
-        dst: server.addr,
+        dst_identities: vec![identity.clone()],
+        dst: addr,
         src_ip: Ipv4Addr::LOCALHOST.into(),
     };
     (pool, key)
