@@ -26,7 +26,7 @@ use super::netns::{Netns, NetnsId};
 use crate::config::WorkloadInfo;
 use crate::drain::Drain;
 use crate::inputs::Inputs;
-use crate::instance::Shared;
+use crate::instance::{Shared, StartError};
 use crate::readiness::{Pending, Readiness};
 
 /// Keeps one proxy instance per pod.
@@ -63,6 +63,22 @@ struct ManagerMetrics {
     pending: Gauge,
     started: Counter,
     stopped: Counter,
+}
+
+/// Why a pod's proxy did not start.
+enum NotStarted {
+    /// The proxy is out of capacity: the pod is refused, not kept.
+    Refused(String),
+    /// Kept pending and retried every [`RETRY_PENDING`].
+    Pending(String),
+}
+
+impl NotStarted {
+    fn into_message(self) -> String {
+        match self {
+            NotStarted::Refused(e) | NotStarted::Pending(e) => e,
+        }
+    }
 }
 
 /// A request that breaks the protocol's state machine (as opposed to a malformed packet).
@@ -249,12 +265,17 @@ impl Manager {
         }
         let mut pod = Pod { info, netns: Arc::new(netns), state: PodState::Pending { error: String::new() } };
         let result = self.start(&uid, &mut pod);
+        // Out of capacity: NACK without keeping the pod (the agent retries its ADD); the pods
+        // already served keep their share of the budget.
+        if let Err(NotStarted::Refused(error)) = result {
+            return Err(error);
+        }
         inner.pods.insert(uid, pod);
         self.count(&inner);
-        result
+        result.map_err(NotStarted::into_message)
     }
 
-    fn start(&self, uid: &str, pod: &mut Pod) -> Result<(), String> {
+    fn start(&self, uid: &str, pod: &mut Pod) -> Result<(), NotStarted> {
         let drain = self.drain.child();
         let mut sockets = self.shared.cfg.socket_options();
         sockets.netns = Some(pod.netns.clone());
@@ -280,12 +301,20 @@ impl Manager {
                 pod.state = PodState::Up { inputs, drain };
                 Ok(())
             }
+            Err(StartError::Capacity(e)) => {
+                drain.close_now("the pod's proxy failed to start");
+                self.shared.limits.metrics.pod_refused();
+                let error = format!("pod {uid} refused: {e}");
+                tracing::warn!("{error}");
+                pod.state = PodState::Pending { error: error.clone() };
+                Err(NotStarted::Refused(error))
+            }
             Err(e) => {
                 drain.close_now("the pod's proxy failed to start");
                 let error = format!("pod {uid}: cannot start the proxy in the pod's network namespace: {e}");
                 tracing::warn!("{error}; retrying every {}s", RETRY_PENDING.as_secs());
                 pod.state = PodState::Pending { error: error.clone() };
-                Err(error)
+                Err(NotStarted::Pending(error))
             }
         }
     }
