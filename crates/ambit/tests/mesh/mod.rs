@@ -273,7 +273,29 @@ impl Mesh {
     /// Starts a shared-mode (node) proxy in `node`'s netns, following the ZDS socket `uds`, and
     /// waits until its readiness endpoint (in the node netns) answers 200.
     pub fn start_node_proxy(&self, node: &Node, uds: &std::path::Path, env: &[(&str, &str)]) -> ChildGuard {
-        let mut cmd = node.exec(ambit(), &["proxy"]);
+        self.start_node_proxy_cmd(node, node.exec(ambit(), &["proxy"]), uds, env)
+    }
+
+    /// Like [`Mesh::start_node_proxy`] with the open-files limit (soft and hard) set to `nofile`
+    /// (`prlimit`, which execs the proxy in place, so the guard's pid is the proxy's).
+    pub fn start_node_proxy_with_nofile(
+        &self,
+        node: &Node,
+        uds: &std::path::Path,
+        env: &[(&str, &str)],
+        nofile: u64,
+    ) -> ChildGuard {
+        let limit = format!("--nofile={nofile}:{nofile}");
+        self.start_node_proxy_cmd(node, node.exec("prlimit", &[&limit, ambit(), "proxy"]), uds, env)
+    }
+
+    fn start_node_proxy_cmd(
+        &self,
+        node: &Node,
+        mut cmd: Command,
+        uds: &std::path::Path,
+        env: &[(&str, &str)],
+    ) -> ChildGuard {
         cmd.env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("PROXY_MODE", "shared")
