@@ -103,8 +103,17 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
             data_plane = fd.budget,
             per_pod = fd.pod_fixed + fd.pod_headroom,
             pod_capacity = fd.pod_capacity,
-            "descriptor budget"
+            hbone_connections_per_peer = limits.peers.dump().max_connections_per_peer,
+            "descriptor budget and per-peer limits"
         );
+        let conns = u64::from(cfg.hbone_max_connections_per_peer);
+        if conns * u64::from(crate::limits::peers::MIN_WINDOW) > cfg.hbone_peer_buffer_bytes {
+            tracing::warn!(
+                "AMBIT_HBONE_MAX_CONNECTIONS_PER_PEER={conns} does not fit AMBIT_HBONE_PEER_BUFFER_BYTES={} (each connection needs a 65535-byte window): the cap in effect is {:?}",
+                cfg.hbone_peer_buffer_bytes,
+                limits.peers.dump().max_connections_per_peer
+            );
+        }
         let shared = Shared {
             cfg: cfg.clone(),
             state: store.clone(),

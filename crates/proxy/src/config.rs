@@ -605,6 +605,27 @@ mod tests {
         assert_eq!(drain_deadline(Some(Duration::from_secs(2)), Some(30)), Duration::from_secs(2));
     }
 
+    /// The limits' defaults are the ones documented in `--help`, README and ARCHITECTURE.md.
+    #[test]
+    fn limit_defaults() {
+        let base = ["--local-xds-path", "/x.yaml", "--xds-address", ""];
+        let c = Config::from_args(&args(&base)).expect("valid");
+        assert_eq!(c.hbone_handshake_timeout, Duration::from_secs(10));
+        assert_eq!(c.hbone_preface_timeout, Duration::from_secs(10));
+        assert_eq!(c.hbone_first_stream_timeout, Duration::from_secs(10));
+        assert_eq!(c.hbone_idle_timeout, Duration::from_secs(600));
+        assert_eq!(c.hbone_max_connections_per_peer, 256);
+        assert_eq!(c.hbone_max_streams_per_peer, 1024);
+        assert_eq!(c.hbone_peer_buffer_bytes, 32 << 20);
+        assert_eq!(c.fd_reserve, None);
+        assert_eq!(c.pod_fd_headroom, 64);
+        let c = Config::from_args(&args(
+            &[&base[..], &["--hbone-preface-timeout", "2s", "--fd-reserve", "300"]].concat(),
+        ))
+        .expect("valid");
+        assert_eq!((c.hbone_preface_timeout, c.fd_reserve), (Duration::from_secs(2), Some(300)));
+    }
+
     #[test]
     fn modes_and_errors() {
         let base = ["--local-xds-path", "/x.yaml", "--xds-address", ""];

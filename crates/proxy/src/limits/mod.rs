@@ -45,16 +45,6 @@ impl Limits {
         Limits { fds, peers, metrics }
     }
 
-    /// Limits that never refuse anything (in-process tests and benches).
-    pub fn unlimited(cfg: &Config) -> Limits {
-        let metrics = LimitMetrics::default();
-        Limits {
-            fds: FdBudget::unlimited(),
-            peers: Peers::unlimited(cfg.window_size, cfg.connection_window_size),
-            metrics,
-        }
-    }
-
     /// `limits` in `/config_dump`.
     pub fn dump(&self) -> LimitsDump {
         LimitsDump { descriptors: self.fds.dump(), hbone_peers: self.peers.dump() }
