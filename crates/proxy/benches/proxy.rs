@@ -12,7 +12,7 @@ use ambit_identity::{FakeCa, Identity};
 use ambit_proxy::authz::{self, Connection};
 use ambit_proxy::hbone::pool::Tunnel;
 use ambit_proxy::state::{LocalConfig, State};
-use ambit_proxy::testing::{EchoServer, echo_once, pool_for, send_all, settings};
+use ambit_proxy::testing::{EchoServer, RelayServer, echo_once, pool_for, pool_to, send_all, settings};
 use bytes::Bytes;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 
@@ -147,5 +147,62 @@ fn authorization(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, hbone, state, authorization);
+/// The inbound copy loop (HTTP/2 stream <-> TCP) between a pooled tunnel and a TCP echo app.
+fn relay(c: &mut Criterion) {
+    let rt =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let ca = Arc::new(FakeCa::generate());
+    let server = rt.block_on(RelayServer::start(&ca, settings()));
+    let _rt = rt.enter();
+    let (pool, key) = pool_to(ca, server.addr, &server.identity, settings());
+    let authority: SocketAddr = "10.0.0.2:8080".parse().expect("addr");
+    let headers = http::HeaderMap::new();
+    let mut g = c.benchmark_group("relay");
+    let payload = Bytes::from_static(b"x");
+    let mut tunnel = rt.block_on(pool.connect(&key, authority, &headers)).expect("tunnel");
+    g.throughput(Throughput::Bytes(1));
+    g.bench_function("roundtrip_1", |b| {
+        b.iter_custom(|iters| {
+            rt.block_on(async {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    echo_once(&mut tunnel, &payload).await;
+                }
+                start.elapsed()
+            })
+        })
+    });
+    const CHUNKS: usize = 16;
+    let chunk = Bytes::from(vec![1u8; 256 * 1024]);
+    let mut tunnel = rt.block_on(pool.connect(&key, authority, &headers)).expect("tunnel");
+    g.throughput(Throughput::Bytes((CHUNKS * chunk.len()) as u64));
+    g.bench_function("throughput_4MiB", |b| {
+        b.iter_custom(|iters| {
+            rt.block_on(async {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    let Tunnel { send, recv, .. } = &mut tunnel;
+                    let sender = async {
+                        for _ in 0..CHUNKS {
+                            send_all(send, chunk.clone()).await.expect("send");
+                        }
+                    };
+                    let receiver = async {
+                        let mut got = 0;
+                        while got < CHUNKS * chunk.len() {
+                            let c = recv.data().await.expect("open").expect("data");
+                            let _ = recv.flow_control().release_capacity(c.len());
+                            got += c.len();
+                        }
+                    };
+                    tokio::join!(sender, receiver);
+                }
+                start.elapsed()
+            })
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, hbone, relay, state, authorization);
 criterion_main!(benches);

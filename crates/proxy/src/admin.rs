@@ -156,6 +156,7 @@ fn config_dump(ctx: &AdminCtx) -> String {
                 "active": ctx.drain.active(),
             }),
         );
+        map.insert("limits".into(), serde_json::to_value(ctx.shared.limits.dump()).unwrap_or_default());
         if let Some(w) = &ctx.workloads {
             map.insert("workloadState".into(), w.dump());
         }

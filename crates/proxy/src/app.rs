@@ -17,6 +17,7 @@ use crate::connections::ConnectionManager;
 use crate::dns::DnsConfig;
 use crate::drain::Drain;
 use crate::instance::Shared;
+use crate::limits::Limits;
 use crate::metrics::Metrics;
 use crate::readiness::Readiness;
 use crate::state::{LocalConfig, State, StateStore};
@@ -35,9 +36,9 @@ pub enum StartError {
     /// A runtime could not be built.
     #[error("cannot start the async runtime: {0}")]
     Runtime(std::io::Error),
-    /// A data-plane listener could not be bound.
+    /// The dedicated-mode instance could not start (a listener, or the descriptor budget).
     #[error(transparent)]
-    Bind(#[from] crate::socket::BindError),
+    Instance(#[from] crate::instance::StartError),
     /// An admin/metrics/readiness port could not be bound.
     #[error("failed to bind to address {0}: {1}")]
     BindAdmin(SocketAddr, std::io::Error),
@@ -51,7 +52,7 @@ pub enum StartError {
 
 /// Runs the proxy until it is told to stop (SIGTERM, SIGINT, `/quitquitquit`) and has drained.
 pub fn run(cfg: Config) -> Result<(), StartError> {
-    raise_fd_limit();
+    let fd_limit = raise_fd_limit();
     let cfg = Arc::new(cfg);
     let control = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -95,6 +96,25 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
         let certs = CertManager::new(signer, cfg.secret_ttl);
         let mut registry = Registry::default();
         let metrics = Metrics::register(&mut registry);
+        let limits = Limits::new(&cfg, fd_limit, &mut registry);
+        let fd = limits.fds.dump();
+        tracing::info!(
+            rlimit_nofile = fd.limit,
+            reserve = fd.reserve,
+            data_plane = fd.budget,
+            per_pod = fd.pod_fixed + fd.pod_headroom,
+            pod_capacity = fd.pod_capacity,
+            hbone_connections_per_peer = limits.peers.dump().max_connections_per_peer,
+            "descriptor budget and per-peer limits"
+        );
+        let conns = u64::from(cfg.hbone_max_connections_per_peer);
+        if conns * u64::from(crate::limits::peers::MIN_WINDOW) > cfg.hbone_peer_buffer_bytes {
+            tracing::warn!(
+                "AMBIT_HBONE_MAX_CONNECTIONS_PER_PEER={conns} does not fit AMBIT_HBONE_PEER_BUFFER_BYTES={} (each connection needs a 65535-byte window): the cap in effect is {:?}",
+                cfg.hbone_peer_buffer_bytes,
+                limits.peers.dump().max_connections_per_peer
+            );
+        }
         let shared = Shared {
             cfg: cfg.clone(),
             state: store.clone(),
@@ -114,6 +134,7 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
                 }
                 Arc::new(dns)
             }),
+            limits,
         };
         let drain = Drain::new();
         let readiness = Readiness::new();
@@ -227,10 +248,19 @@ fn prefixed_env(prefix: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-fn raise_fd_limit() {
+/// Raises the soft open-files limit to the hard one; returns the limit in effect.
+fn raise_fd_limit() -> u64 {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
-        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) => {
+            if setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+                hard
+            } else {
+                soft
+            }
+        }
+        // Linux's default soft limit.
+        Err(_) => 1024,
     }
 }
 

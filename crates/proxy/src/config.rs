@@ -130,6 +130,45 @@ pub struct ProxyArgs {
     /// Log filter (tracing EnvFilter syntax).
     #[arg(long, env = "RUST_LOG", default_value = "info")]
     pub rust_log: String,
+    /// Ambit extension: inbound HBONE, how long a new connection may take to finish its TLS
+    /// handshake (from the TCP accept, including fetching the workload's certificate).
+    #[arg(long, env = "AMBIT_HBONE_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub hbone_handshake_timeout: Duration,
+    /// Ambit extension: inbound HBONE, how long a client may take to send the HTTP/2 preface
+    /// after the TLS handshake.
+    #[arg(long, env = "AMBIT_HBONE_PREFACE_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub hbone_preface_timeout: Duration,
+    /// Ambit extension: inbound HBONE, how long a client may take to send its first CONNECT after
+    /// the HTTP/2 preface (a client pool dials because it has a stream to open).
+    #[arg(long, env = "AMBIT_HBONE_FIRST_STREAM_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub hbone_first_stream_timeout: Duration,
+    /// Ambit extension: inbound HBONE, a connection with no open stream for this long is closed
+    /// (GOAWAY); longer than the clients' pool release (POOL_UNUSED_RELEASE_TIMEOUT, 5m), so a
+    /// client normally closes first.
+    #[arg(long, env = "AMBIT_HBONE_IDLE_TIMEOUT", default_value = "10m", value_parser = parse_duration)]
+    pub hbone_idle_timeout: Duration,
+    /// Ambit extension: inbound HBONE connections one source address may hold, over every pod of
+    /// the process (TLS handshakes in progress count); more are closed at accept.
+    #[arg(long, env = "AMBIT_HBONE_MAX_CONNECTIONS_PER_PEER", default_value_t = 256)]
+    pub hbone_max_connections_per_peer: u32,
+    /// Ambit extension: CONNECT streams one source address may hold open, over all its
+    /// connections; more are refused with REFUSED_STREAM.
+    #[arg(long, env = "AMBIT_HBONE_MAX_STREAMS_PER_PEER", default_value_t = 1024)]
+    pub hbone_max_streams_per_peer: u32,
+    /// Ambit extension: bytes one source address can make the proxy buffer (received over HBONE,
+    /// not yet written to the app), over all its connections and streams: the sum of the HTTP/2
+    /// windows it is offered, which shrink as it nears this budget.
+    #[arg(long, env = "AMBIT_HBONE_PEER_BUFFER_BYTES", default_value_t = DEFAULT_PEER_BUFFER_BYTES)]
+    pub hbone_peer_buffer_bytes: u64,
+    /// Ambit extension: descriptors kept for the control path (admin, metrics, readiness, ZDS,
+    /// CA); the data plane may hold RLIMIT_NOFILE minus this. Default: an eighth of the limit,
+    /// at most 1024.
+    #[arg(long, env = "AMBIT_FD_RESERVE")]
+    pub fd_reserve: Option<u64>,
+    /// Ambit extension: descriptors each admitted pod is counted for its connections, on top of
+    /// its listeners; pods are admitted while they fit the descriptor budget.
+    #[arg(long, env = "AMBIT_POD_FD_HEADROOM", default_value_t = 64)]
+    pub pod_fd_headroom: u32,
     /// Ambit extension: admin server address (config dump, quitquitquit; keep it on localhost).
     #[arg(long, env = "AMBIT_ADMIN_ADDR", default_value = "127.0.0.1:15000")]
     pub admin_addr: SocketAddr,
@@ -140,6 +179,9 @@ pub struct ProxyArgs {
     #[arg(long, env = "AMBIT_READINESS_ADDR", default_value = "[::]:15021")]
     pub readiness_addr: SocketAddr,
 }
+
+/// Default of `AMBIT_HBONE_PEER_BUFFER_BYTES`: 32 MiB.
+pub const DEFAULT_PEER_BUFFER_BYTES: u64 = 32 << 20;
 
 /// Proxy mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -223,6 +265,24 @@ pub struct Config {
     pub self_termination_deadline: Duration,
     /// Spoof client source IPs towards apps (None = when possible).
     pub require_original_source: Option<bool>,
+    /// Inbound HBONE: accept → TLS handshake done.
+    pub hbone_handshake_timeout: Duration,
+    /// Inbound HBONE: TLS done → HTTP/2 preface.
+    pub hbone_preface_timeout: Duration,
+    /// Inbound HBONE: preface → first CONNECT.
+    pub hbone_first_stream_timeout: Duration,
+    /// Inbound HBONE: no open stream for this long closes the connection.
+    pub hbone_idle_timeout: Duration,
+    /// Inbound HBONE connections per source address.
+    pub hbone_max_connections_per_peer: u32,
+    /// Open CONNECT streams per source address.
+    pub hbone_max_streams_per_peer: u32,
+    /// Receive window (buffered bytes) per source address.
+    pub hbone_peer_buffer_bytes: u64,
+    /// Descriptors kept for the control path (`None`: an eighth of the limit, at most 1024).
+    pub fd_reserve: Option<u64>,
+    /// Connection descriptors counted per admitted pod.
+    pub pod_fd_headroom: u32,
     /// Outbound capture listener.
     pub outbound_addr: SocketAddr,
     /// Inbound HBONE listener.
@@ -362,6 +422,15 @@ impl Config {
                 a.termination_grace_period_seconds,
             ),
             require_original_source: a.enable_orig_src,
+            hbone_handshake_timeout: a.hbone_handshake_timeout,
+            hbone_preface_timeout: a.hbone_preface_timeout,
+            hbone_first_stream_timeout: a.hbone_first_stream_timeout,
+            hbone_idle_timeout: a.hbone_idle_timeout,
+            hbone_max_connections_per_peer: a.hbone_max_connections_per_peer,
+            hbone_max_streams_per_peer: a.hbone_max_streams_per_peer,
+            hbone_peer_buffer_bytes: a.hbone_peer_buffer_bytes,
+            fd_reserve: a.fd_reserve,
+            pod_fd_headroom: a.pod_fd_headroom,
             outbound_addr: SocketAddr::new(any, 15001),
             inbound_addr: SocketAddr::new(any, 15008),
             inbound_plaintext_addr: SocketAddr::new(any, 15006),
@@ -524,6 +593,27 @@ mod tests {
         assert_eq!(drain_deadline(None, Some(5)), Duration::from_secs(4));
         assert_eq!(drain_deadline(None, Some(0)), Duration::from_secs(1));
         assert_eq!(drain_deadline(Some(Duration::from_secs(2)), Some(30)), Duration::from_secs(2));
+    }
+
+    /// The limits' defaults are the ones documented in `--help`, README and ARCHITECTURE.md.
+    #[test]
+    fn limit_defaults() {
+        let base = ["--local-xds-path", "/x.yaml", "--xds-address", ""];
+        let c = Config::from_args(&args(&base)).expect("valid");
+        assert_eq!(c.hbone_handshake_timeout, Duration::from_secs(10));
+        assert_eq!(c.hbone_preface_timeout, Duration::from_secs(10));
+        assert_eq!(c.hbone_first_stream_timeout, Duration::from_secs(10));
+        assert_eq!(c.hbone_idle_timeout, Duration::from_secs(600));
+        assert_eq!(c.hbone_max_connections_per_peer, 256);
+        assert_eq!(c.hbone_max_streams_per_peer, 1024);
+        assert_eq!(c.hbone_peer_buffer_bytes, 32 << 20);
+        assert_eq!(c.fd_reserve, None);
+        assert_eq!(c.pod_fd_headroom, 64);
+        let c = Config::from_args(&args(
+            &[&base[..], &["--hbone-preface-timeout", "2s", "--fd-reserve", "300"]].concat(),
+        ))
+        .expect("valid");
+        assert_eq!((c.hbone_preface_timeout, c.fd_reserve), (Duration::from_secs(2), Some(300)));
     }
 
     #[test]

@@ -19,6 +19,17 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 pub trait Source: Send {
     /// The next chunk, or `None` at end of stream.
     fn read_chunk(&mut self) -> impl Future<Output = io::Result<Option<Bytes>>> + Send;
+
+    /// The first `n` bytes read were written on: flow control may hand their room back to the
+    /// sender now (HTTP/2 releases window capacity only here, so unwritten bytes stay bounded by
+    /// the window).
+    fn consumed(&mut self, _n: usize) {}
+
+    /// Resolves when the far side is gone (stream reset, connection closed) while the sink is
+    /// still busy with the last chunk. Never resolves for sources without such a signal.
+    fn gone(&mut self) -> impl Future<Output = io::Error> + Send {
+        std::future::pending()
+    }
 }
 
 /// Where a direction's bytes go.
@@ -27,6 +38,16 @@ pub trait Sink: Send {
     fn write_chunk(&mut self, chunk: Bytes) -> impl Future<Output = io::Result<()>> + Send;
     /// Signals end of stream (TCP FIN / HTTP/2 END_STREAM).
     fn finish(&mut self) -> impl Future<Output = io::Result<()>> + Send;
+
+    /// Resolves when the far side is gone while the source is still waiting for data. Never
+    /// resolves for sinks without such a signal.
+    fn gone(&mut self) -> impl Future<Output = io::Error> + Send {
+        std::future::pending()
+    }
+
+    /// The other side is gone: end this side abortively (TCP: RST, dropping unsent bytes)
+    /// when it is closed.
+    fn abort(&mut self) {}
 }
 
 /// Bytes moved in each direction.
@@ -68,7 +89,10 @@ impl LiveCounters {
 ///
 /// When one side reaches end of stream, the other side's write half is finished, and the
 /// opposite direction keeps running (half-close). An error in either direction ends both;
-/// resets and broken pipes after data has flowed count as a normal end.
+/// resets and broken pipes after data has flowed count as a normal end. When a side is gone
+/// (its [`Source::gone`] or [`Sink::gone`] fires) the relay ends at once even if the other side
+/// never reads or writes again, and the other side is aborted ([`Sink::abort`]), so a relay and
+/// its buffers never outlive a client that left.
 pub async fn bidirectional<DR, DW, UR, UW>(
     down: (DR, DW),
     up: (UR, UW),
@@ -82,11 +106,22 @@ where
 {
     let (mut dr, mut dw) = down;
     let (mut ur, mut uw) = up;
-    let a = one_way(&mut dr, &mut uw, &counters.sent, &counters.sent_bytes);
-    let b = one_way(&mut ur, &mut dw, &counters.received, &counters.received_bytes);
-    let res = tokio::try_join!(a, b).map(|_| ());
+    let res = {
+        let a = one_way(&mut dr, &mut uw, &counters.sent, &counters.sent_bytes);
+        let b = one_way(&mut ur, &mut dw, &counters.received, &counters.received_bytes);
+        tokio::try_join!(a, b).map(|_| ())
+    };
+    if let Err(e) = &res
+        && e.kind() == GONE
+    {
+        uw.abort();
+        dw.abort();
+    }
     (counters.transferred(), res)
 }
+
+/// The kind of error [`Source::gone`] and [`Sink::gone`] report.
+pub const GONE: io::ErrorKind = io::ErrorKind::ConnectionAborted;
 
 async fn one_way<S: Source, W: Sink>(
     src: &mut S,
@@ -95,21 +130,33 @@ async fn one_way<S: Source, W: Sink>(
     total: &AtomicU64,
 ) -> io::Result<()> {
     loop {
-        let chunk = match src.read_chunk().await {
+        // `biased`: the far side's `gone` is polled only while the data side is pending.
+        let read = tokio::select! {
+            biased;
+            r = src.read_chunk() => r,
+            e = dst.gone() => return Err(e),
+        };
+        let chunk = match read {
             Ok(Some(c)) => c,
             Ok(None) => break,
             Err(e) if is_benign(&e) => break,
             Err(e) => return Err(e),
         };
-        let n = chunk.len() as u64;
-        match dst.write_chunk(chunk).await {
+        let n = chunk.len();
+        let written = tokio::select! {
+            biased;
+            r = dst.write_chunk(chunk) => r,
+            e = src.gone() => return Err(e),
+        };
+        match written {
             Ok(()) => {}
             Err(e) if is_benign(&e) => return Ok(()),
             Err(e) => return Err(e),
         }
-        total.fetch_add(n, Ordering::Relaxed);
+        src.consumed(n);
+        total.fetch_add(n as u64, Ordering::Relaxed);
         for c in counters {
-            c.inc_by(n);
+            c.inc_by(n as u64);
         }
     }
     match dst.finish().await {
@@ -187,27 +234,79 @@ impl Sink for TcpSink {
     async fn finish(&mut self) -> io::Result<()> {
         self.0.shutdown().await
     }
+
+    fn abort(&mut self) {
+        // Closing then resets the connection and frees unsent bytes at once, instead of leaving
+        // them (and an orphaned socket) queued to an app that does not read.
+        let _ = socket2::SockRef::from(self.0.as_ref()).set_linger(Some(std::time::Duration::ZERO));
+    }
 }
 
 /// The receiving side of an HTTP/2 stream (tunnel bytes from the peer proxy).
-pub struct H2Source(pub h2::RecvStream);
+///
+/// A DATA frame's flow-control capacity is released only once its bytes were written on
+/// ([`Source::consumed`]), so the stream and connection windows bound what the proxy holds.
+/// Frames that arrive while the sink is blocked are kept here (still unreleased, so within the
+/// window) while [`Source::gone`] watches for a reset.
+pub struct H2Source {
+    recv: h2::RecvStream,
+    /// Frames taken from the stream while the sink was busy, and whether END_STREAM followed.
+    early: std::collections::VecDeque<Bytes>,
+    ended: bool,
+}
+
+impl H2Source {
+    /// Wraps the receiving side of a stream.
+    pub fn new(recv: h2::RecvStream) -> H2Source {
+        H2Source { recv, early: std::collections::VecDeque::new(), ended: false }
+    }
+}
 
 impl Source for H2Source {
     async fn read_chunk(&mut self) -> io::Result<Option<Bytes>> {
+        if let Some(b) = self.early.pop_front() {
+            return Ok(Some(b));
+        }
+        if self.ended {
+            return Ok(None);
+        }
         loop {
-            match self.0.data().await {
+            match self.recv.data().await {
                 None => return Ok(None),
-                Some(Ok(b)) => {
-                    let _ = self.0.flow_control().release_capacity(b.len());
-                    if b.is_empty() {
-                        continue;
-                    }
-                    return Ok(Some(b));
-                }
+                Some(Ok(b)) if b.is_empty() => continue,
+                Some(Ok(b)) => return Ok(Some(b)),
                 Some(Err(e)) => return h2_read_error(e),
             }
         }
     }
+
+    fn consumed(&mut self, n: usize) {
+        let _ = self.recv.flow_control().release_capacity(n);
+    }
+
+    async fn gone(&mut self) -> io::Error {
+        if self.ended {
+            return std::future::pending().await;
+        }
+        loop {
+            match self.recv.data().await {
+                Some(Ok(b)) => {
+                    if !b.is_empty() {
+                        self.early.push_back(b);
+                    }
+                }
+                None => {
+                    self.ended = true;
+                    return std::future::pending().await;
+                }
+                Some(Err(e)) => return gone(e),
+            }
+        }
+    }
+}
+
+fn gone(e: h2::Error) -> io::Error {
+    io::Error::new(GONE, format!("the HBONE stream is gone: {e}"))
 }
 
 fn h2_read_error(e: h2::Error) -> io::Result<Option<Bytes>> {
@@ -234,6 +333,13 @@ pub fn h2_to_io(e: h2::Error) -> io::Error {
 pub struct H2Sink(pub h2::SendStream<Bytes>);
 
 impl Sink for H2Sink {
+    async fn gone(&mut self) -> io::Error {
+        match poll_fn(|cx| self.0.poll_reset(cx)).await {
+            Ok(reason) => io::Error::new(GONE, format!("the HBONE stream was reset by the peer: {reason}")),
+            Err(e) => gone(e),
+        }
+    }
+
     async fn write_chunk(&mut self, mut chunk: Bytes) -> io::Result<()> {
         while !chunk.is_empty() {
             self.0.reserve_capacity(chunk.len());
@@ -251,6 +357,10 @@ impl Sink for H2Sink {
 
     async fn finish(&mut self) -> io::Result<()> {
         self.0.send_data(Bytes::new(), true).map_err(h2_to_io)
+    }
+
+    fn abort(&mut self) {
+        self.0.send_reset(h2::Reason::CANCEL);
     }
 }
 

@@ -4,7 +4,6 @@
 use std::net::SocketAddr;
 use std::str::FromStr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use ambit_identity::Identity;
 use http::{HeaderValue, StatusCode};
@@ -13,54 +12,90 @@ use tokio::net::TcpStream;
 use crate::authz::{self, Connection, Decision};
 use crate::copy::{self, H2Sink, H2Source, TcpSink, TcpSource};
 use crate::hbone::H2Settings;
-use crate::hbone::server::{self, ConnectRequest};
+use crate::hbone::server::{self, ConnectRequest, Ended, ServeError, ServerConfig};
 use crate::inputs::Inputs;
+use crate::limits::Phase;
 use crate::listener::is_illegal_port;
 use crate::metrics::{self, ConnectionInfo, ConnectionRecord, Flag, Reporter};
 use crate::state::{Authority, InboundError};
 
 /// Serves one accepted TCP connection on 15008.
+///
+/// Every phase has a deadline: the TLS handshake (`AMBIT_HBONE_HANDSHAKE_TIMEOUT`, counted from
+/// the accept), the HTTP/2 preface, the first CONNECT and idleness (see [`server::serve`]). The
+/// source address must be under its connection cap before anything else happens.
 pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: SocketAddr) {
     let peer = crate::socket::canonical(peer);
+    let limits = &inputs.limits;
+    let peer_conn = match limits.peers.connect(peer.ip()) {
+        Ok(p) => p,
+        Err(refusal) => return limits.metrics.refused(&refusal, None),
+    };
     let dst = match stream.local_addr() {
         Ok(a) => crate::socket::canonical(a),
         Err(_) => return,
     };
-    let _ = stream.set_nodelay(true);
     let fail = |e: &dyn std::fmt::Display| {
         tracing::warn!(target: "access",
             { src.addr = %peer, dst.addr = %dst, direction = "inbound", error = %e }, "connection failed");
     };
-    let local = match inputs.local_workload().await {
-        Ok(w) => w,
-        Err(e) => return fail(&e),
+    let cfg = &inputs.cfg;
+    let handshake = async {
+        let local = inputs.local_workload().await.map_err(|e| e.to_string())?;
+        let cert = inputs
+            .certs
+            .fetch(&inputs.identity_of(&local))
+            .await
+            .map_err(|e| format!("identity error: {e}"))?;
+        let acceptor = tokio_rustls::TlsAcceptor::from(cert.server_config());
+        acceptor.accept(stream).await.map_err(|e| format!("tls error: {e}"))
     };
-    let cert = match inputs.certs.fetch(&inputs.identity_of(&local)).await {
-        Ok(c) => c,
-        Err(e) => return fail(&format!("identity error: {e}")),
-    };
-    let acceptor = tokio_rustls::TlsAcceptor::from(cert.server_config());
-    let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream)).await {
+    let tls = match tokio::time::timeout(cfg.hbone_handshake_timeout, handshake).await {
         Ok(Ok(t)) => t,
-        Ok(Err(e)) => return fail(&format!("tls error: {e}")),
-        Err(_) => return fail(&"tls error: handshake timed out"),
+        Ok(Err(e)) => return fail(&e),
+        Err(_) => {
+            limits.metrics.timed_out(Phase::tls_handshake);
+            return fail(&format!(
+                "tls error: handshake not done within {:?} (AMBIT_HBONE_HANDSHAKE_TIMEOUT)",
+                cfg.hbone_handshake_timeout
+            ));
+        }
     };
     let peer_identity = tls.get_ref().1.peer_certificates().and_then(ambit_identity::peer_identity);
-    let settings = H2Settings {
-        window_size: inputs.cfg.window_size,
-        connection_window_size: inputs.cfg.connection_window_size,
-        frame_size: inputs.cfg.frame_size,
-        max_streams: inputs.cfg.pool_max_streams_per_conn,
+    let server_cfg = ServerConfig {
+        settings: H2Settings {
+            window_size: cfg.window_size,
+            connection_window_size: cfg.connection_window_size,
+            frame_size: cfg.frame_size,
+            max_streams: cfg.pool_max_streams_per_conn,
+        },
+        preface_timeout: cfg.hbone_preface_timeout,
+        first_stream_timeout: cfg.hbone_first_stream_timeout,
+        idle_timeout: cfg.hbone_idle_timeout,
     };
     let drain = inputs.drain.clone();
+    let id = peer_identity.clone();
     let ctx = Arc::new(StreamCtx { inputs: inputs.clone(), peer, dst, peer_identity });
-    let r = server::serve(tls, settings, drain, move |req| {
+    let r = server::serve(tls, server_cfg, peer_conn, limits.metrics.clone(), drain, move |req| {
         let ctx = ctx.clone();
         async move { ctx.handle(req).await }
     })
     .await;
-    if let Err(e) = r {
-        tracing::debug!(src.addr = %peer, error = %e, "HBONE connection ended with an error");
+    let id = id.map(|i| i.to_string()).unwrap_or_default();
+    match r {
+        Ok(Ended::Idle) => {
+            limits.metrics.timed_out(Phase::idle);
+            tracing::debug!(src.addr = %peer, src.identity = %id, "idle HBONE connection closed (AMBIT_HBONE_IDLE_TIMEOUT)");
+        }
+        Ok(_) => {}
+        Err(e) => {
+            match &e {
+                ServeError::PrefaceTimeout(_) => limits.metrics.timed_out(Phase::preface),
+                ServeError::FirstStreamTimeout(_) => limits.metrics.timed_out(Phase::first_stream),
+                ServeError::Handshake(_) | ServeError::H2(_) => {}
+            }
+            tracing::debug!(src.addr = %peer, src.identity = %id, error = %e, "HBONE connection ended with an error");
+        }
     }
 }
 
@@ -147,15 +182,27 @@ impl StreamCtx {
             return req.reject(StatusCode::UNAUTHORIZED);
         }
         let spoof = (inputs.transparent && self.peer.ip() != upstream.ip()).then_some(self.peer.ip());
-        let app = match inputs.dial(upstream, spoof).await {
-            Ok(s) => s,
-            Err(e) => {
+        let ConnectRequest { request, mut respond } = req;
+        // A stream the peer reset is never dialed, and a reset during the dial aborts it (the
+        // reset is polled first, so one already received wins over a dial that is ready).
+        let dialed = tokio::select! {
+            biased;
+            _ = std::future::poll_fn(|cx| respond.poll_reset(cx)) => None,
+            r = inputs.dial(upstream, spoof) => Some(r),
+        };
+        let (app, _app_fd) = match dialed {
+            Some(Ok(s)) => s,
+            Some(Err(e)) => {
                 metrics::record_failure(&inputs.metrics, &info, Flag::Connect, &e);
-                return req.reject(StatusCode::SERVICE_UNAVAILABLE);
+                return ConnectRequest { request, respond }.reject(StatusCode::SERVICE_UNAVAILABLE);
+            }
+            None => {
+                inputs.limits.metrics.reset_before_dial();
+                let e = "the peer reset the stream before the connection to the app was established";
+                return metrics::record_failure(&inputs.metrics, &info, Flag::Connect, &e);
             }
         };
         let registration = inputs.connections.register(conn, local.clone());
-        let ConnectRequest { request, mut respond } = req;
         let mut resp = http::Response::builder().status(StatusCode::OK);
         if let Ok(v) = HeaderValue::from_str(&crate::outbound::baggage(&local)) {
             resp = resp.header("baggage", v);
@@ -171,8 +218,11 @@ impl StreamCtx {
         let counters = record.counters.clone();
         let (ar, aw) = app.into_split();
         let recv = request.into_body();
-        let copy =
-            copy::bidirectional((H2Source(recv), H2Sink(send)), (TcpSource::new(ar), TcpSink(aw)), &counters);
+        let copy = copy::bidirectional(
+            (H2Source::new(recv), H2Sink(send)),
+            (TcpSource::new(ar), TcpSink(aw)),
+            &counters,
+        );
         inputs.relay(record, copy, Some(&registration.closed)).await;
     }
 }

@@ -15,6 +15,7 @@ use crate::connections::ConnectionManager;
 use crate::copy::Transferred;
 use crate::drain::Drain;
 use crate::hbone::pool::Pool;
+use crate::limits::{FdPermit, Limits, PodPermit};
 use crate::metrics::{ConnectionRecord, Metrics};
 use crate::socket::SocketOptions;
 use crate::state::{StateStore, Workload};
@@ -43,6 +44,10 @@ pub struct Inputs {
     pub local: WorkloadInfo,
     /// Downstream connections being handled (all listeners of this instance).
     pub open: Arc<std::sync::atomic::AtomicUsize>,
+    /// Process-wide descriptor budget and per-peer caps.
+    pub limits: Limits,
+    /// This instance's share of the descriptor budget (released when the instance is gone).
+    pub pod_fds: PodPermit,
 }
 
 /// How long a dial to an app or a plain TCP upstream may take.
@@ -92,10 +97,21 @@ impl Inputs {
     }
 
     /// Dials a plain TCP upstream (marked; from `spoof` when given), bounded by
-    /// [`UPSTREAM_CONNECT_TIMEOUT`]; the error is the access-log text.
-    pub async fn dial(&self, target: SocketAddr, spoof: Option<IpAddr>) -> Result<TcpStream, String> {
+    /// [`UPSTREAM_CONNECT_TIMEOUT`], with a descriptor from the budget (keep the permit as long
+    /// as the stream); the error is the access-log text.
+    pub async fn dial(
+        &self,
+        target: SocketAddr,
+        spoof: Option<IpAddr>,
+    ) -> Result<(TcpStream, FdPermit), String> {
+        let Some(permit) = self.limits.fds.try_acquire(1) else {
+            return Err(format!(
+                "connection failed: the proxy holds its whole descriptor budget ({} descriptors: RLIMIT_NOFILE minus AMBIT_FD_RESERVE)",
+                self.limits.fds.dump().budget
+            ));
+        };
         match tokio::time::timeout(UPSTREAM_CONNECT_TIMEOUT, self.sockets.connect(target, spoof)).await {
-            Ok(Ok(s)) => Ok(s),
+            Ok(Ok(s)) => Ok((s, permit)),
             Ok(Err(e)) => Err(format!("connection failed: {e}")),
             Err(_) => Err("connection failed: timed out".to_owned()),
         }

@@ -16,6 +16,7 @@ use crate::drain::Drain;
 use crate::hbone::H2Settings;
 use crate::hbone::pool::Pool;
 use crate::inputs::Inputs;
+use crate::limits::{CapacityError, Limits, Listener};
 use crate::metrics::Metrics;
 use crate::socket::{BindError, SocketOptions};
 use crate::state::StateStore;
@@ -39,6 +40,19 @@ pub struct Shared {
     pub data: tokio::runtime::Handle,
     /// DNS proxy settings (resolvers from the proxy's resolv.conf), when the DNS proxy is on.
     pub dns: Option<Arc<DnsConfig>>,
+    /// The descriptor budget and per-peer caps of the whole process.
+    pub limits: Limits,
+}
+
+/// Why an instance could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The descriptor budget has no room for another pod.
+    #[error(transparent)]
+    Capacity(#[from] CapacityError),
+    /// A listener could not be bound.
+    #[error(transparent)]
+    Bind(#[from] BindError),
 }
 
 impl Shared {
@@ -52,14 +66,16 @@ impl Shared {
         }
     }
 
-    /// Binds the instance's listeners (in `sockets`' namespace) and starts serving `local`.
-    /// Returns once every listener is bound; fails if any cannot be.
+    /// Admits the instance to the descriptor budget, binds its listeners (in `sockets`'
+    /// namespace) and starts serving `local`. Returns once every listener is bound; fails if the
+    /// budget has no room or a listener cannot be bound.
     pub fn start(
         &self,
         local: WorkloadInfo,
         sockets: SocketOptions,
         drain: Drain,
-    ) -> Result<Arc<Inputs>, BindError> {
+    ) -> Result<Arc<Inputs>, StartError> {
+        let pod_fds = self.limits.fds.admit_pod()?;
         let _rt = self.data.enter();
         let cfg = &self.cfg;
         let outbound = listen(&sockets, cfg.outbound_addr)?;
@@ -74,6 +90,7 @@ impl Shared {
             sockets.clone(),
             self.h2_settings(),
             cfg.pool_unused_release_timeout,
+            self.limits.fds.clone(),
         );
         let inputs = Arc::new(Inputs {
             cfg: cfg.clone(),
@@ -87,29 +104,34 @@ impl Shared {
             transparent: self.transparent,
             local,
             open: Default::default(),
+            limits: self.limits.clone(),
+            pod_fds,
         });
         let i = inputs.clone();
         self.data.spawn(crate::listener::accept_loop(
-            "outbound",
+            Listener::outbound,
             outbound,
             drain.clone(),
             inputs.open.clone(),
+            self.limits.fds.clone(),
             move |s, p| crate::outbound::serve_connection(i.clone(), s, p),
         ));
         let i = inputs.clone();
         self.data.spawn(crate::listener::accept_loop(
-            "inbound",
+            Listener::inbound,
             inbound,
             drain.clone(),
             inputs.open.clone(),
+            self.limits.fds.clone(),
             move |s, p| crate::inbound::serve_connection(i.clone(), s, p),
         ));
         let i = inputs.clone();
         self.data.spawn(crate::listener::accept_loop(
-            "inbound_plaintext",
+            Listener::inbound_plaintext,
             plaintext,
             drain.clone(),
             inputs.open.clone(),
+            self.limits.fds.clone(),
             move |s, p| crate::passthrough::serve_connection(i.clone(), s, p),
         ));
         if let Some((proxy, udp, tcp)) = dns {

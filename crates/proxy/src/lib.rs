@@ -13,6 +13,7 @@ pub mod inbound;
 pub mod inpod;
 pub mod inputs;
 pub mod instance;
+pub mod limits;
 pub mod listener;
 pub mod metrics;
 pub mod outbound;

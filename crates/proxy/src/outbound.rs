@@ -86,14 +86,14 @@ pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: Sock
             let (dr, dw) = stream.into_split();
             let copy = copy::bidirectional(
                 (TcpSource::new(dr), TcpSink(dw)),
-                (H2Source(tunnel.recv), H2Sink(tunnel.send)),
+                (H2Source::new(tunnel.recv), H2Sink(tunnel.send)),
                 &counters,
             );
             inputs.relay(record, copy, None).await;
         }
         RouteKind::Tcp { target } | RouteKind::Passthrough { target } => {
             info.dst_addr = target;
-            let up = match inputs.dial(target, None).await {
+            let (up, _up_fd) = match inputs.dial(target, None).await {
                 Ok(s) => s,
                 Err(e) => return metrics::record_failure(&inputs.metrics, &info, Flag::Connect, &e),
             };

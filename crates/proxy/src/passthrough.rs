@@ -83,7 +83,7 @@ pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: Sock
     }
     drop(state);
     let spoof = (inputs.transparent && peer.ip() != orig.ip()).then_some(peer.ip());
-    let app = match inputs.dial(orig, spoof).await {
+    let (app, _app_fd) = match inputs.dial(orig, spoof).await {
         Ok(s) => s,
         Err(e) => return metrics::record_failure(&inputs.metrics, &info, Flag::Connect, &e),
     };

@@ -11,7 +11,21 @@ use tokio::net::TcpListener;
 use crate::drain::Drain;
 use crate::hbone::pool::{Pool, PoolKey, Tunnel};
 use crate::hbone::{H2Settings, server};
+use crate::limits::{LimitMetrics, PeerConn, Peers, Refusal};
 use crate::socket::SocketOptions;
+
+/// The proxy's default configuration (shared mode, no state file read).
+pub fn config() -> crate::config::Config {
+    use clap::Parser;
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: crate::config::ProxyArgs,
+    }
+    let cli = Cli::try_parse_from(["proxy", "--local-xds-path", "/dev/null", "--xds-address", ""])
+        .expect("default arguments parse");
+    crate::config::Config::from_args(&cli.args).expect("default configuration is valid")
+}
 
 /// ztunnel's default HTTP/2 settings.
 pub fn settings() -> H2Settings {
@@ -58,7 +72,9 @@ impl EchoServer {
                     let Ok(tls) = acceptor.accept(tcp).await else {
                         return;
                     };
-                    let _ = server::serve(tls, settings, d, |req| async move {
+                    let Ok(peer) = unlimited_peer(settings) else { return };
+                    let cfg = server::ServerConfig::new(settings);
+                    let _ = server::serve(tls, cfg, peer, LimitMetrics::default(), d, |req| async move {
                         let server::ConnectRequest { request, mut respond } = req;
                         let Ok(mut send) = respond.send_response(http::Response::new(()), false) else {
                             return;
@@ -80,19 +96,142 @@ impl EchoServer {
     }
 }
 
+/// An HBONE server on 127.0.0.1 that relays every CONNECT stream to a TCP app through the
+/// proxy's own copy loop ([`crate::copy::bidirectional`]), as the inbound handler does.
+pub struct RelayServer {
+    /// Listening address of the HBONE side.
+    pub addr: SocketAddr,
+    /// The server's identity.
+    pub identity: Identity,
+    /// Relays running now.
+    pub relays: Arc<std::sync::atomic::AtomicUsize>,
+    /// How each connection's `serve` ended, in order.
+    pub ended: Arc<std::sync::Mutex<Vec<Result<server::Ended, String>>>>,
+}
+
+impl RelayServer {
+    /// Starts the relay and a TCP echo app, with default deadlines and no per-peer caps.
+    pub async fn start(ca: &FakeCa, settings: H2Settings) -> RelayServer {
+        let echo = TcpListener::bind("127.0.0.1:0").await.expect("bind echo");
+        let echo_addr = echo.local_addr().expect("echo addr");
+        tokio::spawn(async move {
+            while let Ok((s, _)) = echo.accept().await {
+                let _ = s.set_nodelay(true);
+                tokio::spawn(async move {
+                    let (mut r, mut w) = s.into_split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                });
+            }
+        });
+        let peers = Peers::unlimited(settings.window_size, settings.connection_window_size);
+        RelayServer::start_with(ca, server::ServerConfig::new(settings), peers, echo_addr).await
+    }
+
+    /// Starts the relay to `app` with deadlines `cfg` and the caps of `peers`.
+    pub async fn start_with(
+        ca: &FakeCa,
+        cfg: server::ServerConfig,
+        peers: Peers,
+        app: SocketAddr,
+    ) -> RelayServer {
+        use crate::copy::{self, H2Sink, H2Source, LiveCounters, TcpSink, TcpSource};
+        let identity = Identity::new("cluster.local", "default", "server");
+        let cert = ca.issue(&identity, Duration::from_secs(3600)).expect("test CA issues");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind 127.0.0.1");
+        let addr = listener.local_addr().expect("local addr");
+        let acceptor = tokio_rustls::TlsAcceptor::from(cert.server_config());
+        let relays = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let ended = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (relays2, ended2) = (relays.clone(), ended.clone());
+        tokio::spawn(async move {
+            while let Ok((tcp, client)) = listener.accept().await {
+                let _ = tcp.set_nodelay(true);
+                let (acceptor, peers, relays, ended) =
+                    (acceptor.clone(), peers.clone(), relays2.clone(), ended2.clone());
+                tokio::spawn(async move {
+                    let Ok(peer) = peers.connect(client.ip()) else { return };
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let r =
+                        server::serve(tls, cfg, peer, LimitMetrics::default(), Drain::new(), move |req| {
+                            let relays = relays.clone();
+                            async move {
+                                let server::ConnectRequest { request, mut respond } = req;
+                                let Ok(app) = tokio::net::TcpStream::connect(app).await else {
+                                    return;
+                                };
+                                let _ = app.set_nodelay(true);
+                                let Ok(send) = respond.send_response(http::Response::new(()), false) else {
+                                    return;
+                                };
+                                relays.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                                let (ar, aw) = app.into_split();
+                                let counters = LiveCounters::default();
+                                let _ = copy::bidirectional(
+                                    (H2Source::new(request.into_body()), H2Sink(send)),
+                                    (TcpSource::new(ar), TcpSink(aw)),
+                                    &counters,
+                                )
+                                .await;
+                                relays.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                            }
+                        })
+                        .await;
+                    ended.lock().unwrap_or_else(|p| p.into_inner()).push(r.map_err(|e| e.to_string()));
+                });
+            }
+        });
+        RelayServer { addr, identity, relays, ended }
+    }
+}
+
+/// A TLS connection to an HBONE server at `addr` (presenting `server`), with a certificate for
+/// `default/client` from `ca`: for hand-built HBONE clients.
+pub async fn tls_client(
+    ca: &FakeCa,
+    addr: SocketAddr,
+    server: &Identity,
+) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    let client = Identity::new("cluster.local", "default", "client");
+    let cert = ca.issue(&client, Duration::from_secs(3600)).map_err(std::io::Error::other)?;
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    tokio_rustls::TlsConnector::from(cert.client_config(std::slice::from_ref(server)))
+        .connect(rustls_pki_types::ServerName::IpAddress(addr.ip().into()), tcp)
+        .await
+}
+
 /// A pool whose certificates come from `ca`, and the key to reach `server` as `client`.
 pub fn pool_for(ca: Arc<FakeCa>, server: &EchoServer, settings: H2Settings) -> (Arc<Pool>, PoolKey) {
+    pool_to(ca, server.addr, &server.identity, settings)
+}
+
+/// A pool whose certificates come from `ca`, and the key to reach the HBONE server at `addr`
+/// (presenting `identity`) as `client`.
+pub fn pool_to(
+    ca: Arc<FakeCa>,
+    addr: SocketAddr,
+    identity: &Identity,
+    settings: H2Settings,
+) -> (Arc<Pool>, PoolKey) {
     let signer: Arc<dyn CertSigner> = ca;
     let certs = CertManager::new(signer, Duration::from_secs(3600));
     let sockets = SocketOptions::default();
-    let pool = Pool::new(certs, sockets, settings, Duration::from_secs(300));
+    let pool =
+        Pool::new(certs, sockets, settings, Duration::from_secs(300), crate::limits::FdBudget::unlimited());
     let key = PoolKey {
         src_identity: Identity::new("cluster.local", "default", "client"),
-        dst_identities: vec![server.identity.clone()],
-        dst: server.addr,
+        dst_identities: vec![identity.clone()],
+        dst: addr,
         src_ip: Ipv4Addr::LOCALHOST.into(),
     };
     (pool, key)
+}
+
+/// A peer connection with the windows of `settings` and no caps.
+pub fn unlimited_peer(settings: H2Settings) -> Result<PeerConn, Refusal> {
+    Peers::unlimited(settings.window_size, settings.connection_window_size)
+        .connect(Ipv4Addr::LOCALHOST.into())
 }
 
 /// Sends a whole chunk on an HTTP/2 stream, waiting for flow-control capacity.

@@ -24,6 +24,7 @@
 #![allow(dead_code, unused_imports)]
 
 mod agent;
+mod bare;
 mod capture;
 mod echo;
 mod netns;
@@ -39,6 +40,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 pub use agent::*;
+pub use bare::BareNamespaces;
 pub use capture::{
     DNS_PORT, INBOUND_HBONE_PORT, INBOUND_PLAINTEXT_PORT, OUTBOUND_PORT, PROBE_SNAT_V4, PROBE_SNAT_V6,
     PROXY_MARK, TPROXY_MARK, iptables_v4_rules, iptables_v6_rules, nft_rules,

@@ -391,6 +391,19 @@ impl Mesh {
         self.start_node_proxy_cmd(node, cmd, uds, env)
     }
 
+    /// Like [`Mesh::start_node_proxy`] with the open-files limit (soft and hard) set to `nofile`
+    /// (`prlimit`, which execs the proxy in place, so the guard's pid is the proxy's).
+    pub fn start_node_proxy_with_nofile(
+        &self,
+        node: &Node,
+        uds: &std::path::Path,
+        env: &[(&str, &str)],
+        nofile: u64,
+    ) -> ChildGuard {
+        let limit = format!("--nofile={nofile}:{nofile}");
+        self.start_node_proxy_cmd(node, node.exec("prlimit", &[&limit, ambit(), "proxy"]), uds, env)
+    }
+
     fn start_node_proxy_cmd(
         &self,
         node: &Node,

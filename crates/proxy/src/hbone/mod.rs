@@ -37,4 +37,6 @@ pub(crate) async fn keepalive(mut pp: h2::PingPong) {
 }
 
 #[cfg(test)]
+mod server_tests;
+#[cfg(test)]
 mod tests;

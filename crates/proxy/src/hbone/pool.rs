@@ -15,6 +15,7 @@ use http::{HeaderMap, Method, Request, StatusCode};
 use rustls_pki_types::ServerName;
 
 use super::{H2Settings, keepalive};
+use crate::limits::FdBudget;
 use crate::socket::SocketOptions;
 
 /// Identifies a reusable set of HBONE connections.
@@ -57,6 +58,9 @@ pub enum TunnelError {
     /// The server answered with a non-200 status.
     #[error("http status: {0}")]
     Status(StatusCode),
+    /// The descriptor budget has no room for another connection.
+    #[error("the proxy holds its whole descriptor budget (RLIMIT_NOFILE minus AMBIT_FD_RESERVE)")]
+    Descriptors,
 }
 
 struct PooledConn {
@@ -73,6 +77,7 @@ pub struct Pool {
     sockets: SocketOptions,
     settings: H2Settings,
     idle_timeout: Duration,
+    fds: FdBudget,
     entries: Mutex<HashMap<PoolKey, Arc<Entry>>>,
 }
 
@@ -104,14 +109,15 @@ impl Drop for Slot {
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Pool {
-    /// An empty pool.
+    /// An empty pool; every connection it dials holds a descriptor of `fds`.
     pub fn new(
         certs: Arc<CertManager>,
         sockets: SocketOptions,
         settings: H2Settings,
         idle_timeout: Duration,
+        fds: FdBudget,
     ) -> Arc<Pool> {
-        Arc::new(Pool { certs, sockets, settings, idle_timeout, entries: Mutex::new(HashMap::new()) })
+        Arc::new(Pool { certs, sockets, settings, idle_timeout, fds, entries: Mutex::new(HashMap::new()) })
     }
 
     /// Opens a CONNECT stream to `key.dst` with `:authority` = `authority` and extra headers.
@@ -199,6 +205,7 @@ impl Pool {
 
     async fn dial(&self, key: &PoolKey) -> Result<PooledConn, TunnelError> {
         let cert = self.certs.fetch(&key.src_identity).await?;
+        let permit = self.fds.try_acquire(1).ok_or(TunnelError::Descriptors)?;
         let tcp = match tokio::time::timeout(CONNECT_TIMEOUT, self.sockets.connect(key.dst, None)).await {
             Err(_) => return Err(TunnelError::ConnectTimeout(key.dst)),
             Ok(Err(e)) => return Err(TunnelError::Connect(key.dst, e)),
@@ -224,6 +231,7 @@ impl Pool {
         let done = closed.clone();
         let dst = key.dst;
         tokio::spawn(async move {
+            let _permit = permit;
             let driver = async {
                 if let Err(e) = (&mut conn).await {
                     tracing::debug!(%dst, error = %e, "pooled HBONE connection ended");

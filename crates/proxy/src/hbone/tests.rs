@@ -70,7 +70,13 @@ async fn idle_connections_are_released() {
     let signer: Arc<dyn ambit_identity::CertSigner> = ca;
     let certs = ambit_identity::CertManager::new(signer, Duration::from_secs(3600));
     let sockets = crate::socket::SocketOptions::default();
-    let pool = super::pool::Pool::new(certs, sockets, settings(), Duration::from_millis(50));
+    let pool = super::pool::Pool::new(
+        certs,
+        sockets,
+        settings(),
+        Duration::from_millis(50),
+        crate::limits::FdBudget::unlimited(),
+    );
     let key = super::pool::PoolKey {
         src_identity: Identity::new("cluster.local", "default", "client"),
         dst_identities: vec![server.identity.clone()],

@@ -32,7 +32,7 @@ use serde::Serialize;
 use super::netns::{Netns, NetnsId};
 use crate::drain::Drain;
 use crate::inputs::Inputs;
-use crate::instance::Shared;
+use crate::instance::{Shared, StartError};
 use crate::readiness::{Pending, Readiness};
 
 /// Keeps one proxy instance per pod.
@@ -85,6 +85,16 @@ pub enum AddError {
         owner: String,
         /// The holder's `namespace/name`.
         workload: String,
+    },
+    /// The proxy is out of descriptors for another pod: refused, not kept (the agent retries
+    /// its ADD; the pods already served keep their share).
+    #[error("pod {uid} refused: {source}")]
+    Capacity {
+        /// Pod UID.
+        uid: String,
+        /// The budget that has no room.
+        #[source]
+        source: crate::limits::CapacityError,
     },
     /// The pod's listeners could not be bound (the pod stays pending and is retried).
     #[error("pod {uid}: cannot start the proxy in the pod's network namespace: {source}")]
@@ -345,6 +355,11 @@ impl Manager {
         }
         let mut pod = Pod { info, netns: Arc::new(netns), state: PodState::Pending { error: String::new() } };
         let result = self.start(&uid, &mut pod);
+        // Out of capacity: NACK without keeping the pod (the agent retries its ADD); the pods
+        // already served keep their share of the budget.
+        if let Err(e @ AddError::Capacity { .. }) = result {
+            return Err(e);
+        }
         inner.pods.insert(uid, pod);
         self.count(&inner);
         result
@@ -376,7 +391,15 @@ impl Manager {
                 pod.state = PodState::Up { inputs, drain };
                 Ok(())
             }
-            Err(source) => {
+            Err(StartError::Capacity(source)) => {
+                drain.close_now("the pod's proxy failed to start");
+                self.shared.limits.metrics.pod_refused();
+                let e = AddError::Capacity { uid: uid.to_owned(), source };
+                tracing::warn!("{e}");
+                pod.state = PodState::Pending { error: e.to_string() };
+                Err(e)
+            }
+            Err(StartError::Bind(source)) => {
                 drain.close_now("the pod's proxy failed to start");
                 let e = AddError::Start { uid: uid.to_owned(), source };
                 tracing::warn!("{e}; retrying every {}s", RETRY_PENDING.as_secs());
