@@ -17,9 +17,18 @@ ROUNDS=${1:-5}
 SECS=${2:-10}
 MODES=${3:-default,dedicated}
 [ "$(id -u)" -eq 0 ] || { echo "run as root (network namespaces, nftables, iptables)" >&2; exit 1; }
-for c in iperf3 sockperf wrk nginx getconf; do
-  command -v $c >/dev/null || { echo "missing $c (apt-get install iperf3 sockperf wrk nginx-light)" >&2; exit 1; }
+# What the bench runs, by command and the Debian package that has it; missing ones are installed.
+need=()
+for c in cc:build-essential iperf3:iperf3 sockperf:sockperf wrk:wrk nginx:nginx-light git:git \
+  ip:iproute2 iptables-restore:iptables nft:nftables getconf:libc-bin; do
+  command -v "${c%%:*}" >/dev/null || need+=("${c#*:}")
 done
+[ -x /usr/lib/cni/bridge ] || [ -x /opt/cni/bin/bridge ] || need+=(containernetworking-plugins)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "installing ${need[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 git diff --quiet HEAD -- 2>/dev/null || commit="$commit (+ uncommitted changes)"
 echo "commit $commit; $(nproc) cores, Linux $(uname -r), $(date -u '+%Y-%m-%d %H:%M UTC')"

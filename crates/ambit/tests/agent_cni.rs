@@ -31,21 +31,40 @@ fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Output of a command run inside `netns` (empty on failure to run).
+/// Output of a command run inside `netns`.
+///
+/// Panics when the command cannot run or exits non-zero: an empty output from a failed exec
+/// would read as "nothing installed" and let a `!captured(..)` check pass on a broken setup.
 fn in_netns(netns: &str, args: &[&str]) -> String {
+    in_netns_or(netns, args, None)
+}
+
+/// Like [`in_netns`], but a failure whose error output contains `empty_if` is the empty output
+/// (for `ip route show table 100`, which fails with "FIB table does not exist" while no capture
+/// route was ever installed, or after the last one was removed).
+fn in_netns_or(netns: &str, args: &[&str], empty_if: Option<&str>) -> String {
     let out = Command::new("ip")
         .args(["netns", "exec", netns])
         .args(args)
         .output()
         .unwrap_or_else(|e| panic!("cannot run `ip netns exec {netns} {}`: {e}", args.join(" ")));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() && empty_if.is_some_and(|m| stderr.contains(m)) {
+        return String::new();
+    }
     assert!(
         out.status.success(),
         "`ip netns exec {netns} {}` failed ({}): {}",
         args.join(" "),
         out.status,
-        String::from_utf8_lossy(&out.stderr).trim()
+        stderr.trim()
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Routes of the capture's table 100 (empty when the table does not exist).
+fn table_100(netns: &str, family: &str) -> String {
+    in_netns_or(netns, &["ip", family, "route", "show", "table", "100"], Some("FIB table does not exist"))
 }
 
 /// The capture checks fail, not pass, when their commands cannot run: a namespace that does
@@ -82,10 +101,13 @@ fn capture_state(netns: &str) -> String {
         &["iptables-save"][..],
         &["ip", "rule", "show"],
         &["ip", "-6", "rule", "show"],
-        &["ip", "route", "show", "table", "100"],
+        &["ip", "-4", "route", "show", "table", "100"],
         &["ip", "-6", "route", "show", "table", "100"],
     ] {
-        let out = in_netns(netns, args);
+        let out = match args {
+            ["ip", family, "route", ..] => table_100(netns, family),
+            _ => in_netns(netns, args),
+        };
         // iptables-save prints comment and counter lines that change on their own.
         s.push_str(&format!("## {}\n", args.join(" ")));
         for line in out.lines().filter(|l| !l.starts_with('#') && !l.starts_with(':')) {
@@ -107,7 +129,7 @@ fn captured(netns: &str) -> bool {
 fn fully_captured(netns: &str) -> bool {
     let nft = in_netns(netns, &["nft", "list", "tables"]);
     let rules4 = in_netns(netns, &["ip", "rule", "show"]);
-    let routes = in_netns(netns, &["ip", "route", "show", "table", "100"]);
+    let routes = table_100(netns, "-4");
     ["istio-ambient-nat", "istio-ambient-mangle", "istio-ambient-raw"]
         .iter()
         .all(|t| nft.matches(&format!("inet {t}\n")).count() == 1)

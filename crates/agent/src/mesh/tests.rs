@@ -290,9 +290,10 @@ async fn refused_annotation_does_not_fail_the_add() {
     let tried = s.rec.annotations();
     assert!(tried.len() >= 3 && tried.iter().all(|a| a == "web enabled"), "{tried:?}");
     assert_eq!(s.annotations.pending(), 1);
-    // Reconcile sees nothing to do: no second capture, no second Add.
+    // Reconcile sees nothing to do: the capture is verified, no second capture, no second Add.
     s.mesh.reconcile("u6").await.expect("reconcile");
-    assert!(s.rec.take().is_empty());
+    assert_eq!(s.rec.take(), vec!["verify web"]);
+    assert_eq!(seen.lock().expect("lock").iter().filter(|l| *l == "add u6").count(), 1, "no second Add");
     // Once the API accepts, the report is written and the queue empties.
     s.rec.refuse_annotations.store(false, Ordering::Relaxed);
     until("the patch accepted", || s.annotations.pending() == 0).await;
