@@ -31,6 +31,11 @@ pub mod xds {
     include!(concat!(env!("OUT_DIR"), "/envoy.service.discovery.v3.rs"));
 }
 
+/// `perftools.profiles`: the pprof profile format (CPU profiles of `/debug/pprof/profile`).
+pub mod pprof {
+    include!(concat!(env!("OUT_DIR"), "/perftools.profiles.rs"));
+}
+
 /// xDS type URLs of the resources Ambit serves and consumes.
 pub mod type_url {
     /// `istio.workload.Address`.

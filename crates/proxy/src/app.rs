@@ -96,6 +96,7 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
         let certs = CertManager::new(signer, cfg.secret_ttl);
         let mut registry = Registry::default();
         let metrics = Metrics::register(&mut registry);
+        crate::metrics::register_process_and_runtime(&mut registry, data_rt.clone());
         let limits = Limits::new(&cfg, fd_limit, &mut registry);
         let fd = limits.fds.dump();
         tracing::info!(
@@ -264,18 +265,8 @@ fn raise_fd_limit() -> u64 {
     }
 }
 
-/// Sets up logging: `RUST_LOG` filter, plain or JSON lines on stderr.
+/// Sets up logging: `RUST_LOG` filter (changeable at run time through the admin server's
+/// `/logging`), plain or JSON lines on stderr.
 pub fn init_logging(filter: &str, json: bool) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_new(filter).unwrap_or_else(|_| EnvFilter::new("info"));
-    use std::io::IsTerminal;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
-    let _ = if json {
-        builder.json().flatten_event(true).with_current_span(false).try_init()
-    } else {
-        builder.try_init()
-    };
+    crate::logging::init(filter, json);
 }

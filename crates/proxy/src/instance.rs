@@ -169,12 +169,17 @@ impl Shared {
         if self.cfg.proxy_mode == ProxyMode::Shared {
             cfg.search_domains = DnsConfig::pod_search_domains(&local.namespace, &self.cfg.cluster_domain);
         }
-        let client = DnsClient { namespace: local.namespace.clone(), network: self.cfg.network.clone() };
+        let client = DnsClient {
+            namespace: local.namespace.clone(),
+            network: self.cfg.network.clone(),
+            workload: Some(local.clone()),
+        };
         let proxy = DnsProxy::new(
             self.state.clone(),
             Arc::new(cfg),
             client,
             Arc::new(NetnsUpstream(sockets.clone())),
+            self.metrics.dns().clone(),
         );
         let mut addrs = vec![SocketAddr::new(Ipv4Addr::LOCALHOST.into(), DNS_PORT)];
         if self.cfg.ipv6_enabled {

@@ -1,4 +1,5 @@
-//! Istio-standard metrics (`istio_tcp_*`, `istio_build`) and the access log.
+//! Istio-standard metrics (`istio_tcp_*`, `istio_dns_*`, `istio_build`), the process and
+//! runtime collectors (`process_*`, `tokio_*`) and the access log.
 //!
 //! Access-log fields that a peer can fill (error texts that quote its input, identities from its
 //! certificate) are cut to [`MAX_LOG_FIELD`] bytes, so one request cannot write a 60 KB line.
@@ -8,11 +9,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
-use prometheus_client::metrics::counter::Counter;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeLabelValue, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
 
 use crate::state::{Service, Workload};
 
@@ -52,6 +55,30 @@ pub struct TrafficLabels {
     request_protocol: Label,
     response_flags: Label,
     connection_security_policy: Label,
+    #[prometheus(flatten)]
+    locality: LocalityLabels,
+}
+
+/// `source_region`, `source_zone`, `destination_region`, `destination_zone`: present whenever the
+/// source or the destination workload is known (the unknown side renders `unknown`), absent
+/// otherwise.
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq)]
+struct LocalityLabels(Option<[Label; 4]>);
+
+impl EncodeLabelSet for LocalityLabels {
+    fn encode(
+        &self,
+        encoder: &mut prometheus_client::encoding::LabelSetEncoder<'_>,
+    ) -> Result<(), std::fmt::Error> {
+        let Some([sr, sz, dr, dz]) = &self.0 else { return Ok(()) };
+        [
+            ("source_region", sr.clone()),
+            ("source_zone", sz.clone()),
+            ("destination_region", dr.clone()),
+            ("destination_zone", dz.clone()),
+        ]
+        .encode(encoder)
+    }
 }
 
 /// A label value that renders `unknown` when empty.
@@ -113,6 +140,7 @@ pub struct Metrics {
     /// `sockets_open` for reporter=source and reporter=destination.
     open_by_reporter: [Gauge; 2],
     handles: Arc<Mutex<HashMap<HandleKey, Arc<Handles>>>>,
+    dns: DnsMetrics,
 }
 
 /// The counters of one label set, looked up once and then shared by every connection with
@@ -204,6 +232,7 @@ impl Metrics {
             sockets_open: Family::default(),
             open_by_reporter: [Gauge::default(), Gauge::default()],
             handles: Arc::default(),
+            dns: DnsMetrics::default(),
         };
         let m = Metrics {
             open_by_reporter: [Reporter::source, Reporter::destination]
@@ -249,7 +278,13 @@ impl Metrics {
             "The current number of open TCP sockets (unstable)",
             m.sockets_open.clone(),
         );
+        m.dns.register(istio);
         m
+    }
+
+    /// The DNS proxies' families (shared by every DNS proxy of the process).
+    pub fn dns(&self) -> &DnsMetrics {
+        &self.dns
     }
 
     fn handles(&self, info: &ConnectionInfo) -> Arc<Handles> {
@@ -276,6 +311,82 @@ impl Metrics {
         match reporter {
             Reporter::source => &self.open_by_reporter[0],
             Reporter::destination => &self.open_by_reporter[1],
+        }
+    }
+}
+
+/// Buckets of `istio_dns_upstream_request_duration_seconds` (ztunnel's).
+pub const DNS_DURATION_BUCKETS: [f64; 6] = [0.0005, 0.001, 0.01, 0.1, 1.0, 5.0];
+
+/// Istio's DnsLabels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DnsLabels {
+    /// Lower-case query type (`a`, `aaaa`, `txt`, …).
+    pub request_query_type: String,
+    /// `udp` or `tcp`.
+    pub request_protocol: String,
+    /// The asking workload's canonical service (`unknown` when not known).
+    pub source_canonical_service: Label,
+    /// The asking workload's canonical revision (`unknown` when not known).
+    pub source_canonical_revision: Label,
+}
+
+type DurationFamily = Family<DnsLabels, Histogram, fn() -> Histogram>;
+
+/// The DNS proxy's families (`istio_dns_*`). A `DnsMetrics` that was never registered counts
+/// into families nobody scrapes (tests, tools).
+#[derive(Clone, Debug)]
+pub struct DnsMetrics {
+    requests: Family<DnsLabels, Counter>,
+    upstream_requests: Family<DnsLabels, Counter>,
+    upstream_failures: Family<DnsLabels, Counter>,
+    upstream_duration: DurationFamily,
+}
+
+impl Default for DnsMetrics {
+    fn default() -> DnsMetrics {
+        DnsMetrics {
+            requests: Family::default(),
+            upstream_requests: Family::default(),
+            upstream_failures: Family::default(),
+            upstream_duration: Family::new_with_constructor(|| Histogram::new(DNS_DURATION_BUCKETS)),
+        }
+    }
+}
+
+impl DnsMetrics {
+    /// Registers the families on `istio` (the `istio_`-prefixed registry).
+    fn register(&self, istio: &mut Registry) {
+        istio.register("dns_requests", "Total number of DNS requests (unstable)", self.requests.clone());
+        istio.register(
+            "dns_upstream_requests",
+            "Total number of DNS requests forwarded to upstream resolvers (unstable)",
+            self.upstream_requests.clone(),
+        );
+        istio.register(
+            "dns_upstream_failures",
+            "Total number of DNS requests that upstream resolvers failed to answer (unstable)",
+            self.upstream_failures.clone(),
+        );
+        istio.register_with_unit(
+            "dns_upstream_request_duration",
+            "Time taken to get a DNS answer from upstream resolvers (unstable)",
+            Unit::Seconds,
+            self.upstream_duration.clone(),
+        );
+    }
+
+    /// Counts one query (answered locally or forwarded).
+    pub fn request(&self, labels: &DnsLabels) {
+        self.requests.get_or_create(labels).inc();
+    }
+
+    /// Counts one forwarded query that took `elapsed`, and whether the upstreams failed it.
+    pub fn upstream(&self, labels: &DnsLabels, elapsed: Duration, failed: bool) {
+        self.upstream_requests.get_or_create(labels).inc();
+        self.upstream_duration.get_or_create(labels).observe(elapsed.as_secs_f64());
+        if failed {
+            self.upstream_failures.get_or_create(labels).inc();
         }
     }
 }
@@ -348,6 +459,138 @@ impl ConnectionRecord {
         self.metrics.open_gauge(self.info.reporter).dec();
         let error = error.map(|e| e.to_string());
         access_log(&self.info, transferred, self.start.elapsed(), error.as_deref());
+    }
+}
+
+/// Registers, on the root registry (no prefix), the process collector (`process_open_fds`,
+/// `process_max_fds`, `process_resident_memory_bytes`, `process_cpu_seconds_total`) and the
+/// collector of `runtime`'s stable tokio metrics (`tokio_*`, per worker where labelled).
+pub fn register_process_and_runtime(registry: &mut Registry, runtime: tokio::runtime::Handle) {
+    registry.register_collector(Box::new(ProcessCollector));
+    registry.register_collector(Box::new(RuntimeCollector { runtime }));
+}
+
+/// `process_*`, read from `/proc/self` and `getrlimit`/`getrusage` at each scrape.
+#[derive(Debug)]
+struct ProcessCollector;
+
+impl Collector for ProcessCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        // Families whose source cannot be read are left out rather than reported as 0.
+        if let Ok(dir) = std::fs::read_dir("/proc/self/fd") {
+            // The directory handle itself is one of the entries.
+            let open = dir.count().saturating_sub(1) as u64;
+            let g = ConstGauge::new(open);
+            g.encode(encoder.encode_descriptor(
+                "process_open_fds",
+                "Number of open file descriptors",
+                None,
+                g.metric_type(),
+            )?)?;
+        }
+        if let Ok((soft, _)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE) {
+            let g = ConstGauge::new(soft);
+            g.encode(encoder.encode_descriptor(
+                "process_max_fds",
+                "Maximum number of open file descriptors",
+                None,
+                g.metric_type(),
+            )?)?;
+        }
+        if let Some(rss) = resident_bytes() {
+            let g = ConstGauge::new(rss);
+            g.encode(encoder.encode_descriptor(
+                "process_resident_memory",
+                "Resident memory size in bytes",
+                Some(&Unit::Bytes),
+                g.metric_type(),
+            )?)?;
+        }
+        if let Ok(usage) = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF) {
+            let secs = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
+            let c = ConstCounter::new(secs(usage.user_time()) + secs(usage.system_time()));
+            c.encode(encoder.encode_descriptor(
+                "process_cpu",
+                "Total user and system CPU time spent in seconds",
+                Some(&Unit::Seconds),
+                c.metric_type(),
+            )?)?;
+        }
+        Ok(())
+    }
+}
+
+/// `VmRSS` of `/proc/self/status`, in bytes.
+fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?;
+    let kb = line.trim().strip_suffix("kB")?.trim().parse::<u64>().ok()?;
+    kb.checked_mul(1024)
+}
+
+/// The stable `RuntimeMetrics` of the data-path runtime (tokio without `tokio_unstable`).
+#[derive(Debug)]
+struct RuntimeCollector {
+    runtime: tokio::runtime::Handle,
+}
+
+impl Collector for RuntimeCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let m = self.runtime.metrics();
+        let workers = m.num_workers();
+        for (name, help, value) in [
+            ("tokio_num_workers", "The number of worker threads used by the runtime", workers),
+            (
+                "tokio_global_queue_depth",
+                "The number of tasks currently scheduled in the runtime's global queue",
+                m.global_queue_depth(),
+            ),
+            (
+                "tokio_num_alive_tasks",
+                "The current number of alive tasks in the runtime",
+                m.num_alive_tasks(),
+            ),
+        ] {
+            let g = ConstGauge::new(value as u64);
+            g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)?;
+        }
+        {
+            let mut family = encoder.encode_descriptor(
+                "tokio_worker_total_busy_duration",
+                "The amount of time the given worker thread has been busy",
+                Some(&Unit::Seconds),
+                prometheus_client::metrics::MetricType::Counter,
+            )?;
+            for i in 0..workers {
+                let c = ConstCounter::new(m.worker_total_busy_duration(i).as_secs_f64());
+                c.encode(family.encode_family(&[("worker", i.to_string())])?)?;
+            }
+        }
+        for (name, help, read) in [
+            (
+                "tokio_worker_park_count",
+                "The total number of times the given worker thread has parked",
+                tokio::runtime::RuntimeMetrics::worker_park_count
+                    as fn(&tokio::runtime::RuntimeMetrics, usize) -> u64,
+            ),
+            (
+                "tokio_worker_park_unpark_count",
+                "The total number of times the given worker thread has parked and unparked",
+                tokio::runtime::RuntimeMetrics::worker_park_unpark_count,
+            ),
+        ] {
+            let mut family = encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                prometheus_client::metrics::MetricType::Counter,
+            )?;
+            for i in 0..workers {
+                let c = ConstCounter::new(read(&m, i));
+                c.encode(family.encode_family(&[("worker", i.to_string())])?)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -458,6 +701,14 @@ fn labels(info: &ConnectionInfo, flag: Flag) -> TrafficLabels {
         request_protocol: Label("tcp".into()),
         response_flags: Label(flag.as_str().into()),
         connection_security_policy: Label(if info.mtls { "mutual_tls" } else { "unknown" }.into()),
+        locality: LocalityLabels((s.is_some() || d.is_some()).then(|| {
+            [
+                w(s, |w| &w.locality.region),
+                w(s, |w| &w.locality.zone),
+                w(d, |w| &w.locality.region),
+                w(d, |w| &w.locality.zone),
+            ]
+        })),
     }
 }
 

@@ -42,6 +42,7 @@ use hickory_proto::rr::rdata::{A, AAAA, CNAME};
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
 use hickory_proto::serialize::binary::{BinDecodable, BinDecoder};
 
+use crate::metrics::{DnsLabels, DnsMetrics, Label};
 use crate::state::StateStore;
 
 pub use config::DnsConfig;
@@ -64,6 +65,9 @@ pub struct DnsClient {
     pub namespace: String,
     /// The pod's network (VIPs on other networks are not returned).
     pub network: String,
+    /// The pod itself, when known: its workload's canonical service and revision label the
+    /// `istio_dns_*` metrics.
+    pub workload: Option<ambit_zds::WorkloadInfo>,
 }
 
 /// Creates upstream sockets (so the caller can create them in the right netns, marked).
@@ -91,17 +95,20 @@ pub struct DnsProxy {
     client: DnsClient,
     names: Names,
     forwarder: forward::Forwarder,
+    metrics: DnsMetrics,
 }
 
 impl DnsProxy {
-    /// A proxy answering for `client` from `state`, forwarding through `upstream` sockets.
+    /// A proxy answering for `client` from `state`, forwarding through `upstream` sockets and
+    /// counting into `metrics`.
     pub fn new(
         state: StateStore,
         cfg: Arc<DnsConfig>,
         client: DnsClient,
         upstream: Arc<dyn UpstreamSockets>,
+        metrics: DnsMetrics,
     ) -> Arc<DnsProxy> {
-        Arc::new(Self::build(state, cfg, client, upstream, UPSTREAM_TIMEOUT))
+        Arc::new(Self::build(state, cfg, client, upstream, UPSTREAM_TIMEOUT, metrics))
     }
 
     fn build(
@@ -110,10 +117,30 @@ impl DnsProxy {
         client: DnsClient,
         upstream: Arc<dyn UpstreamSockets>,
         timeout: Duration,
+        metrics: DnsMetrics,
     ) -> DnsProxy {
         let names = Names::new(&cfg, &client);
         let forwarder = forward::Forwarder::new(cfg.upstreams.clone(), upstream, timeout);
-        DnsProxy { state, cfg, client, names, forwarder }
+        DnsProxy { state, cfg, client, names, forwarder, metrics }
+    }
+
+    /// The DnsLabels of a query of `query_type` over `protocol` from this proxy's pod.
+    fn labels(&self, query_type: RecordType, protocol: Protocol) -> DnsLabels {
+        let source = self
+            .client
+            .workload
+            .as_ref()
+            .and_then(|w| self.state.current().find_local(&w.namespace, &w.name, &w.service_account));
+        DnsLabels {
+            request_query_type: query_type.to_string().to_ascii_lowercase(),
+            request_protocol: protocol.to_string(),
+            source_canonical_service: Label(
+                source.as_ref().map(|w| w.canonical_name.clone()).unwrap_or_default(),
+            ),
+            source_canonical_revision: Label(
+                source.as_ref().map(|w| w.canonical_revision.clone()).unwrap_or_default(),
+            ),
+        }
     }
 
     /// Answers one query message (bytes in, bytes out) — the core, used by both loops and by tests.
@@ -137,6 +164,8 @@ impl DnsProxy {
         let [question] = request.queries.as_slice() else {
             return error(&metadata, Some(&request), ResponseCode::FormErr);
         };
+        let labels = self.labels(question.query_type(), protocol);
+        self.metrics.request(&labels);
         if request.edns.as_ref().is_some_and(|e| e.version() > 0) {
             return error(&metadata, Some(&request), ResponseCode::BADVERS);
         }
@@ -148,7 +177,7 @@ impl DnsProxy {
         let local = family.and_then(|f| self.local(&request, question, f));
         let bytes = match local {
             Some(bytes) => bytes,
-            None => match self.forwarder.forward(&request, protocol).await {
+            None => match self.forward(&request, protocol, &labels).await {
                 Ok(bytes) => {
                     self.log(question, "forwarded", 0);
                     bytes
@@ -163,6 +192,19 @@ impl DnsProxy {
             return truncated(&request);
         }
         Some(bytes)
+    }
+
+    /// Forwards `request` upstream, recording the `istio_dns_upstream_*` metrics.
+    async fn forward(
+        &self,
+        request: &Message,
+        protocol: Protocol,
+        labels: &DnsLabels,
+    ) -> Result<Vec<u8>, ForwardError> {
+        let start = std::time::Instant::now();
+        let result = self.forwarder.forward(request, protocol).await;
+        self.metrics.upstream(labels, start.elapsed(), result.is_err());
+        result
     }
 
     /// The authoritative answer for a mesh name; `None` if the name is not in the mesh.

@@ -196,7 +196,8 @@ async fn resolution_table() {
 async fn vips_on_other_networks_are_not_returned() {
     let mut c = client("ns1");
     c.network = "nw2".to_owned();
-    let proxy = DnsProxy::new(store(MESH), Arc::new(config("ns1")), c, Arc::new(LocalSockets));
+    let proxy =
+        DnsProxy::new(store(MESH), Arc::new(config("ns1")), c, Arc::new(LocalSockets), DnsMetrics::default());
     let m = ask(&proxy, "productpage.", RecordType::A).await;
     assert_eq!(rendered(&m), vec!["productpage. A 9.9.9.10"]);
 }

@@ -73,7 +73,7 @@ fn config(ns: &str) -> DnsConfig {
 }
 
 fn client(ns: &str) -> DnsClient {
-    DnsClient { namespace: ns.to_owned(), network: String::new() }
+    DnsClient { namespace: ns.to_owned(), network: String::new(), workload: None }
 }
 
 /// Upstream sockets bound on 127.0.0.1 in the test's own network namespace.
@@ -92,12 +92,19 @@ impl UpstreamSockets for LocalSockets {
 }
 
 fn proxy_with(yaml: &str, cfg: DnsConfig, ns: &str) -> Arc<DnsProxy> {
-    DnsProxy::new(store(yaml), Arc::new(cfg), client(ns), Arc::new(LocalSockets))
+    DnsProxy::new(store(yaml), Arc::new(cfg), client(ns), Arc::new(LocalSockets), DnsMetrics::default())
 }
 
 /// A proxy whose upstream exchanges time out after `timeout`.
 fn proxy_with_timeout(cfg: DnsConfig, timeout: Duration) -> Arc<DnsProxy> {
-    Arc::new(DnsProxy::build(store(MESH), Arc::new(cfg), client("ns1"), Arc::new(LocalSockets), timeout))
+    Arc::new(DnsProxy::build(
+        store(MESH),
+        Arc::new(cfg),
+        client("ns1"),
+        Arc::new(LocalSockets),
+        timeout,
+        DnsMetrics::default(),
+    ))
 }
 
 /// A recursive query for `name`/`rtype` with id 0x1234, optionally with EDNS.

@@ -110,7 +110,13 @@ async fn large_udp_answers_are_truncated_tcp_ones_are_not() {
 #[tokio::test]
 async fn state_changes_are_seen() {
     let st = store("{}");
-    let proxy = DnsProxy::new(st.clone(), Arc::new(config("ns1")), client("ns1"), Arc::new(LocalSockets));
+    let proxy = DnsProxy::new(
+        st.clone(),
+        Arc::new(config("ns1")),
+        client("ns1"),
+        Arc::new(LocalSockets),
+        DnsMetrics::default(),
+    );
     let m = ask(&proxy, "productpage.", RecordType::A).await;
     assert_eq!(m.metadata.response_code, ResponseCode::ServFail);
     st.publish(State::from_config(LocalConfig::parse(MESH).unwrap(), None).unwrap());
