@@ -838,4 +838,160 @@ mod tests {
         assert!(sockets[0].ends_with(" 0"), "{sockets:?}");
         drop(open);
     }
+
+    fn located(name: &str, region: &str, zone: &str) -> Arc<Workload> {
+        Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "name": name, "namespace": "demo", "workloadIps": [],
+                "locality": {"region": region, "zone": zone, "subzone": "ignored"},
+            }))
+            .expect("workload"),
+        )
+    }
+
+    /// The locality labels of `family`'s samples whose labels contain `needle`, as
+    /// (source_region, source_zone, destination_region, destination_zone), `None` if absent.
+    fn locality(text: &str, family: &str, needle: &str) -> Vec<Option<[String; 4]>> {
+        let get = |line: &str, key: &str| -> Option<String> {
+            let rest = line.split(&format!(",{key}=\"")).nth(1)?;
+            Some(rest.split('"').next()?.to_owned())
+        };
+        count(text, family, needle)
+            .iter()
+            .map(|l| {
+                let v: Vec<Option<String>> =
+                    ["source_region", "source_zone", "destination_region", "destination_zone"]
+                        .iter()
+                        .map(|k| get(l, k))
+                        .collect();
+                match v.as_slice() {
+                    [Some(a), Some(b), Some(c), Some(d)] => {
+                        Some([a.clone(), b.clone(), c.clone(), d.clone()])
+                    }
+                    [None, None, None, None] => None,
+                    _ => panic!("some locality labels but not all: {l}"),
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn locality_labels_follow_the_known_workloads() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        let (web, db) = (located("web", "eu-west-1", "eu-west-1a"), located("db", "us-east-1", "us-east-1b"));
+        // Only the destination known (outbound to a pod).
+        ConnectionRecord::open(&metrics, info(Reporter::source, &web))
+            .finish(crate::copy::Transferred::default(), None);
+        // Both known (inbound from a pod of the mesh).
+        let mut both = info(Reporter::destination, &db);
+        both.src_workload = Some(web.clone());
+        let r = ConnectionRecord::open(&metrics, both.clone());
+        r.finish(crate::copy::Transferred::default(), None);
+        record_failure(&metrics, &both, Flag::Deny, &"denied");
+        // Neither known (passthrough to an address outside the mesh).
+        let mut none = info(Reporter::destination, &web);
+        none.dst_workload = None;
+        none.dst_addr = "192.0.2.1:80".parse().expect("addr");
+        ConnectionRecord::open(&metrics, none).finish(crate::copy::Transferred::default(), None);
+
+        let text = scrape(&registry);
+        let s = |v: [&str; 4]| Some(v.map(str::to_owned));
+        for family in [
+            "istio_tcp_connections_opened_total",
+            "istio_tcp_connections_closed_total",
+            "istio_tcp_received_bytes_total",
+            "istio_tcp_sent_bytes_total",
+        ] {
+            assert_eq!(
+                locality(&text, family, "reporter=\"source\""),
+                vec![s(["unknown", "unknown", "eu-west-1", "eu-west-1a"])],
+                "{family}: {text}"
+            );
+            assert_eq!(
+                locality(&text, family, "destination_workload=\"db\""),
+                vec![s(["eu-west-1", "eu-west-1a", "us-east-1", "us-east-1b"])],
+                "{family}: {text}"
+            );
+            assert_eq!(
+                locality(&text, family, "destination_workload=\"unknown\""),
+                vec![None],
+                "{family}: {text}"
+            );
+        }
+        assert_eq!(
+            locality(&text, "istio_tcp_connections_failed_total", "response_flags=\"DENY\""),
+            vec![s(["eu-west-1", "eu-west-1a", "us-east-1", "us-east-1b"])],
+            "{text}"
+        );
+        // The labels come last, after connection_security_policy, as in Istio.
+        let line =
+            count(&text, "istio_tcp_connections_opened_total", "destination_workload=\"db\"").remove(0);
+        assert!(
+            line.contains("connection_security_policy=\"unknown\",source_region=\"eu-west-1\",source_zone=\"eu-west-1a\",destination_region=\"us-east-1\",destination_zone=\"us-east-1b\"}"),
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn process_and_runtime_collectors() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let mut registry = Registry::default();
+        register_process_and_runtime(&mut registry, rt.handle().clone());
+        // Keep 40 descriptors open while scraping: other tests only add to the count.
+        let files: Vec<std::fs::File> =
+            (0..40).map(|_| std::fs::File::open("/proc/self/status").expect("open")).collect();
+        rt.block_on(async {
+            let tasks: Vec<_> = (0..3).map(|_| tokio::spawn(std::future::pending::<()>())).collect();
+            tokio::task::yield_now().await;
+            let text = scrape(&registry);
+            let value = |name: &str| -> f64 {
+                let line = text
+                    .lines()
+                    .find(|l| l.starts_with(&format!("{name} ")))
+                    .unwrap_or_else(|| panic!("{name} missing: {text}"));
+                line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{line}"))
+            };
+            let (soft, _) =
+                nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).expect("rlimit");
+            assert_eq!(value("process_max_fds"), soft as f64);
+            let open = value("process_open_fds");
+            assert!(open >= 40.0 && open <= soft as f64, "{open}");
+            assert!(value("process_resident_memory_bytes") > 1e6, "{text}");
+            assert!(value("process_cpu_seconds_total") > 0.0, "{text}");
+            assert_eq!(value("tokio_num_workers"), 2.0);
+            assert!(value("tokio_num_alive_tasks") >= 3.0, "{text}");
+            assert!(value("tokio_global_queue_depth") >= 0.0);
+            for family in [
+                "tokio_worker_total_busy_duration_seconds_total",
+                "tokio_worker_park_count_total",
+                "tokio_worker_park_unpark_count_total",
+            ] {
+                for worker in 0..2 {
+                    let _ = value(&format!("{family}{{worker=\"{worker}\"}}"));
+                }
+                assert!(!text.contains(&format!("{family}{{worker=\"2\"}}")), "{text}");
+            }
+            for (family, kind) in [
+                ("process_open_fds", "gauge"),
+                ("process_max_fds", "gauge"),
+                ("process_resident_memory_bytes", "gauge"),
+                ("process_cpu_seconds", "counter"),
+                ("tokio_num_workers", "gauge"),
+                ("tokio_worker_park_count", "counter"),
+                ("tokio_worker_total_busy_duration_seconds", "counter"),
+            ] {
+                assert!(text.contains(&format!("# TYPE {family} {kind}\n")), "{family}: {text}");
+            }
+            assert!(!text.contains("(unstable)"), "these families are stable: {text}");
+            for t in tasks {
+                t.abort();
+            }
+        });
+        drop(files);
+    }
 }

@@ -21,8 +21,8 @@ type Seen = Arc<Mutex<Vec<(Protocol, u16)>>>;
 
 /// A fake resolver on one 127.0.0.1 port (UDP and TCP). Answers every query with
 /// `A 1.2.3.4`; over UDP, names starting with `big.` get a truncated empty answer instead.
-struct Upstream {
-    addr: SocketAddr,
+pub(super) struct Upstream {
+    pub(super) addr: SocketAddr,
     seen: Seen,
     stop: CancellationToken,
 }
@@ -57,7 +57,7 @@ async fn bind_pair() -> (UdpSocket, TcpListener) {
     panic!("no free UDP+TCP port pair on 127.0.0.1");
 }
 
-async fn upstream() -> Upstream {
+pub(super) async fn upstream() -> Upstream {
     let (udp, tcp) = bind_pair().await;
     let addr = udp.local_addr().unwrap();
     let seen: Seen = Arc::default();
@@ -100,12 +100,12 @@ async fn upstream() -> Upstream {
     Upstream { addr, seen, stop }
 }
 
-fn with_upstreams(upstreams: Vec<SocketAddr>) -> DnsConfig {
+pub(super) fn with_upstreams(upstreams: Vec<SocketAddr>) -> DnsConfig {
     DnsConfig { upstreams, ..config("ns1") }
 }
 
 /// An address where nothing listens (UDP gets ICMP port unreachable, TCP a reset).
-async fn dead_addr() -> SocketAddr {
+pub(super) async fn dead_addr() -> SocketAddr {
     let (udp, tcp) = bind_pair().await;
     let addr = udp.local_addr().unwrap();
     drop((udp, tcp));

@@ -4,6 +4,7 @@
 
 mod forward;
 mod lookup;
+mod metrics;
 mod props;
 mod protocol;
 
