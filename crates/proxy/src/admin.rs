@@ -269,3 +269,6 @@ pub fn bind_std(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     l.set_nonblocking(true)?;
     Ok(l)
 }
+
+#[cfg(test)]
+mod tests;

@@ -183,3 +183,9 @@ fn encode(report: &pprof::Report) -> Vec<u8> {
     }
     .encode_to_vec()
 }
+
+/// Whether a profile is being taken (tests wait on it).
+#[cfg(test)]
+pub(crate) fn running() -> bool {
+    RUNNING.load(Ordering::Acquire)
+}
