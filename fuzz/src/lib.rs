@@ -71,8 +71,14 @@ pub fn dns_proxy() -> &'static Arc<DnsProxy> {
             upstreams: Vec::new(),
             search_domains: DnsConfig::pod_search_domains("default", "cluster.local"),
         };
-        let client = DnsClient { namespace: "default".to_owned(), network: String::new() };
-        DnsProxy::new(StateStore::new(build_mesh()), Arc::new(cfg), client, Arc::new(NoUpstream))
+        let client = DnsClient { namespace: "default".to_owned(), network: String::new(), workload: None };
+        DnsProxy::new(
+            StateStore::new(build_mesh()),
+            Arc::new(cfg),
+            client,
+            Arc::new(NoUpstream),
+            ambit_proxy::metrics::DnsMetrics::default(),
+        )
     })
 }
 

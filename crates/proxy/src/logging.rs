@@ -25,12 +25,19 @@ hint: loglevel:\terror|warn|info|debug|trace|off
 hint: mod_name:\tthe module name, i.e. ambit_proxy::dns
 ";
 
+/// Most directives the filter may hold after a change (each one is checked for every new
+/// callsite; modules added one request at a time could otherwise grow it without end).
+pub const MAX_DIRECTIVES: usize = 128;
+
 /// Why a level change was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum LevelError {
     /// The `level` value is not `<level>` or `<mod>:<level>,…` with a known level.
     #[error("Invalid level provided: {0}")]
     Invalid(String),
+    /// The change would leave more than [`MAX_DIRECTIVES`] directives.
+    #[error("Failed to set new level: more than {MAX_DIRECTIVES} directives; use ?reset first")]
+    TooMany,
     /// The resulting filter does not parse.
     #[error("Failed to set new level: {0}")]
     Filter(String),
@@ -100,6 +107,10 @@ impl LogControl {
             (false, false) => format!("{base},{}", to_directives(level)),
         };
         let filter = EnvFilter::try_new(&directives).map_err(|e| LevelError::Filter(e.to_string()))?;
+        // Count what the filter keeps (a repeated module replaces its earlier directive).
+        if filter.to_string().split(',').count() > MAX_DIRECTIVES {
+            return Err(LevelError::TooMany);
+        }
         self.handle.reload(filter).map_err(|_| LevelError::Gone)?;
         self.current()
     }
@@ -148,6 +159,23 @@ mod tests {
         for bad in ["loud", "dns:", ":debug", "dns:loud", "a:::b:info", "dns=debug", "a b:info", ""] {
             assert!(!valid_level(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn the_number_of_directives_is_bounded() {
+        let (_layer, handle) = reload::Layer::<EnvFilter, Registry>::new(EnvFilter::new("info"));
+        let logs = LogControl::new(handle, "info".into());
+        // The same module again and again replaces its directive.
+        for _ in 0..1000 {
+            assert_eq!(logs.set(false, "probe:debug"), Ok("probe=debug,info".to_owned()));
+        }
+        for i in 2..MAX_DIRECTIVES {
+            assert!(logs.set(false, &format!("m{i}:debug")).is_ok(), "{i}");
+        }
+        assert_eq!(logs.current().map(|c| c.split(',').count()), Ok(MAX_DIRECTIVES));
+        assert_eq!(logs.set(false, "one_more:debug"), Err(LevelError::TooMany));
+        assert_eq!(logs.current().map(|c| c.split(',').count()), Ok(MAX_DIRECTIVES), "unchanged");
+        assert_eq!(logs.set(true, ""), Ok("info".to_owned()));
     }
 
     #[test]
