@@ -476,48 +476,46 @@ struct ProcessCollector;
 
 impl Collector for ProcessCollector {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        use nix::sys::resource::{Resource, UsageWho, getrlimit, getrusage};
+        let e = &mut encoder;
         // Families whose source cannot be read are left out rather than reported as 0.
         if let Ok(dir) = std::fs::read_dir("/proc/self/fd") {
             // The directory handle itself is one of the entries.
             let open = dir.count().saturating_sub(1) as u64;
-            let g = ConstGauge::new(open);
-            g.encode(encoder.encode_descriptor(
-                "process_open_fds",
-                "Number of open file descriptors",
-                None,
-                g.metric_type(),
-            )?)?;
+            single(e, "process_open_fds", "Number of open file descriptors", None, ConstGauge::new(open))?;
         }
-        if let Ok((soft, _)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE) {
-            let g = ConstGauge::new(soft);
-            g.encode(encoder.encode_descriptor(
+        if let Ok((soft, _)) = getrlimit(Resource::RLIMIT_NOFILE) {
+            single(
+                e,
                 "process_max_fds",
                 "Maximum number of open file descriptors",
                 None,
-                g.metric_type(),
-            )?)?;
+                ConstGauge::new(soft),
+            )?;
         }
         if let Some(rss) = resident_bytes() {
-            let g = ConstGauge::new(rss);
-            g.encode(encoder.encode_descriptor(
-                "process_resident_memory",
-                "Resident memory size in bytes",
-                Some(&Unit::Bytes),
-                g.metric_type(),
-            )?)?;
+            let help = "Resident memory size in bytes";
+            single(e, "process_resident_memory", help, Some(Unit::Bytes), ConstGauge::new(rss))?;
         }
-        if let Ok(usage) = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF) {
+        if let Ok(usage) = getrusage(UsageWho::RUSAGE_SELF) {
             let secs = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
-            let c = ConstCounter::new(secs(usage.user_time()) + secs(usage.system_time()));
-            c.encode(encoder.encode_descriptor(
-                "process_cpu",
-                "Total user and system CPU time spent in seconds",
-                Some(&Unit::Seconds),
-                c.metric_type(),
-            )?)?;
+            let cpu = ConstCounter::new(secs(usage.user_time()) + secs(usage.system_time()));
+            let help = "Total user and system CPU time spent in seconds";
+            single(e, "process_cpu", help, Some(Unit::Seconds), cpu)?;
         }
         Ok(())
     }
+}
+
+/// Encodes one family of one unlabelled sample.
+fn single(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    unit: Option<Unit>,
+    metric: impl EncodeMetric,
+) -> Result<(), std::fmt::Error> {
+    metric.encode(encoder.encode_descriptor(name, help, unit.as_ref(), metric.metric_type())?)
 }
 
 /// `VmRSS` of `/proc/self/status`, in bytes.
@@ -551,8 +549,7 @@ impl Collector for RuntimeCollector {
                 m.num_alive_tasks(),
             ),
         ] {
-            let g = ConstGauge::new(value as u64);
-            g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)?;
+            single(&mut encoder, name, help, None, ConstGauge::new(value as u64))?;
         }
         {
             let mut family = encoder.encode_descriptor(

@@ -169,6 +169,9 @@ async fn index_lists_the_endpoints_and_unknown_paths_are_404() {
     assert_eq!(call_text(addr, "GET", "/debug/pprof/heap").await, (404, "not found\n".into()));
 }
 
+/// The profile tests share the process-wide sampler: one at a time.
+static PROFILE_TESTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Burns CPU in a function the profile must show.
 #[inline(never)]
 fn spin_for_profile(until: Instant) -> u64 {
@@ -187,6 +190,7 @@ fn string(p: &ambit_api::pprof::Profile, i: i64) -> &str {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cpu_profile_parameters_concurrency_and_content() {
+    let _one = PROFILE_TESTS.lock().await;
     let addr = start(None).await;
     let bad = |name: &str, value: &str, max: u32| {
         (400, format!("invalid {name} {value:?}: must be an integer from 1 to {max}\n"))
@@ -260,13 +264,30 @@ async fn cpu_profile_parameters_concurrency_and_content() {
         })
         .map(|s| s.value[0])
         .sum();
-    assert!(
-        spin_samples > 100,
-        "1 s of one busy thread at 1000 Hz, got {spin_samples} samples in spin_for_profile"
-    );
+    // One busy thread for 1 s at 1000 Hz is up to 1000 samples; a loaded machine gives it less CPU.
+    assert!(spin_samples > 20, "{spin_samples} samples in spin_for_profile");
 
     // The slot is free again.
     assert!(!crate::profile::running());
     let (status, _) = call(addr, "GET", "/debug/pprof/profile?seconds=1&frequency=10").await;
     assert_eq!(status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_profile_whose_client_goes_away_stops() {
+    let _one = PROFILE_TESTS.lock().await;
+    let addr = start(None).await;
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /debug/pprof/profile?seconds=300 HTTP/1.1\r\nhost: admin\r\n\r\n").await.unwrap();
+    let waited = Instant::now();
+    while !crate::profile::running() {
+        assert!(waited.elapsed() < Duration::from_secs(5), "the profile never started");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    drop(s);
+    let waited = Instant::now();
+    while crate::profile::running() {
+        assert!(waited.elapsed() < Duration::from_secs(3), "the sampler still runs after the client left");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
