@@ -4,7 +4,8 @@
 //! report is encoded as the pprof `profile.proto` with Ambit's own prost types
 //! ([`ambit_api::pprof`]), so no protobuf code generator is needed at build time. The sampler is
 //! process-wide, so one profile runs at a time; a profile whose request goes away (the client
-//! disconnects) stops sampling at once.
+//! disconnects) stops sampling at once. pprof keeps the stacks that overflow its in-memory table
+//! in a temporary file (`$TMPDIR`, else `/tmp`), which must be writable.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -62,11 +63,11 @@ impl Drop for Slot {
 pub async fn cpu(seconds: u64, frequency: u32) -> Result<Vec<u8>, ProfileError> {
     let slot = Slot::take().ok_or(ProfileError::Busy)?;
     let hz = i32::try_from(frequency.clamp(1, 1000)).unwrap_or(100);
-    let guard = pprof::ProfilerGuardBuilder::default()
-        .frequency(hz)
-        .blocklist(&BLOCKLIST)
-        .build()
-        .map_err(|e| ProfileError::Profiler(e.to_string()))?;
+    let guard =
+        pprof::ProfilerGuardBuilder::default().frequency(hz).blocklist(&BLOCKLIST).build().map_err(|e| {
+            // pprof keeps evicted samples in a temporary file it creates when first used.
+            ProfileError::Profiler(format!("{e} (the sampler needs a writable $TMPDIR, else /tmp)"))
+        })?;
     tokio::time::sleep(Duration::from_secs(seconds)).await;
     // Symbolizing walks debug info and can take a while: keep it off the control runtime.
     tokio::task::spawn_blocking(move || {
