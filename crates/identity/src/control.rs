@@ -500,7 +500,10 @@ impl ControlPlane {
                 let plain = Uri::from_parts(parts).unwrap_or_else(|_| inner.uri.clone());
                 Endpoint::from(plain).origin(inner.uri.clone())
             }
-            None => Endpoint::from(inner.uri.clone()).tcp_keepalive(Some(TCP_KEEPALIVE.0)),
+            None => Endpoint::from(inner.uri.clone())
+                .tcp_keepalive(Some(TCP_KEEPALIVE.0))
+                .tcp_keepalive_interval(Some(TCP_KEEPALIVE.1))
+                .tcp_keepalive_retries(Some(TCP_KEEPALIVE.2)),
         };
         endpoint
             .connect_timeout(CONNECT_TIMEOUT)
