@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ambit_identity::control::{ControlPlaneConfig, Service};
+use ambit_identity::control::Service;
 use ambit_identity::{CaClient, CaClientConfig, CertManager, CertSigner, FakeCa};
 use prometheus_client::registry::Registry;
 use tokio::sync::Notify;
@@ -95,15 +95,7 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
             CaSource::Fake { root: Some(dir) } => Arc::new(FakeCa::from_dir(dir)?),
             CaSource::Fake { root: None } => Arc::new(FakeCa::generate()),
             CaSource::Remote(ca) => Arc::new(CaClient::new(CaClientConfig {
-                control: ControlPlaneConfig {
-                    service: Service::Ca,
-                    address: ca.address.clone(),
-                    roots: ca.roots.clone(),
-                    alt_hostname: ca.alt_hostname.clone(),
-                    token: ca.token.clone(),
-                    cluster_id: ca.cluster_id.clone(),
-                    headers: ca.headers.clone(),
-                },
+                control: ca.control_plane_config(Service::Ca),
                 // Shared mode asks for pods' certificates on their behalf (node-scoped).
                 impersonate: shared_mode,
             })?),

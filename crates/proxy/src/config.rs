@@ -677,6 +677,21 @@ fn node_info(a: &ProxyArgs, env: &Env) -> NodeInfo {
     NodeInfo { id: format!("ztunnel~{ip}~{pod}.{ns}~{ns}.svc.cluster.local"), metadata }
 }
 
+impl ControlSettings {
+    /// The settings as `ambit_identity::control` takes them (for the CA client and the xDS client).
+    pub fn control_plane_config(&self, service: Service) -> ControlPlaneConfig {
+        ControlPlaneConfig {
+            service,
+            address: self.address.clone(),
+            roots: self.roots.clone(),
+            alt_hostname: self.alt_hostname.clone(),
+            token: self.token.clone(),
+            cluster_id: self.cluster_id.clone(),
+            headers: self.headers.clone(),
+        }
+    }
+}
+
 impl NodeInfo {
     /// The node as the xDS wire message.
     pub fn to_proto(&self) -> ambit_api::xds::Node {
