@@ -85,7 +85,7 @@ YAML
 start_proxy() {
   local ns=$1 info=$2 log=$3; shift 3
   ip netns exec "$ns" env PROXY_MODE=dedicated PROXY_WORKLOAD_INFO="$info" LOCAL_XDS_PATH="$T/mesh.yaml" \
-    FAKE_CA=true FAKE_CA_ROOT="$T/ca" PACKET_MARK=1337 "$@" "$AMBIT" proxy >"$log" 2>&1 &
+    XDS_ADDRESS= FAKE_CA=true FAKE_CA_ROOT="$T/ca" PACKET_MARK=1337 "$@" "$AMBIT" proxy >"$log" 2>&1 &
   PROXY_PIDS+=($!)
   local _
   for _ in $(seq 200); do

@@ -81,7 +81,10 @@ fn main() -> ExitCode {
         Command::Proxy(args) => {
             ambit_proxy::app::init_logging(&args.rust_log, args.log_format == "json");
             let cfg = match ambit_proxy::config::Config::from_args(&args) {
-                Ok(c) => c,
+                Ok(c) => {
+                    c.warn_unsupported();
+                    c
+                }
                 Err(e) => {
                     eprintln!("ambit proxy: {e}");
                     return ExitCode::from(2);

@@ -88,6 +88,7 @@ fn bench_zds_add_latency_and_memory() {
         .env("PROXY_MODE", "shared")
         .env("INPOD_UDS", &sock)
         .env("LOCAL_XDS_PATH", dir.path().join("mesh.yaml"))
+        .env("XDS_ADDRESS", "")
         .env("FAKE_CA", "true")
         .env("FAKE_CA_ROOT", dir.path().join("ca"))
         .env("RUST_LOG", "warn")

@@ -3,6 +3,7 @@
 
 mod ca;
 mod cert;
+pub mod control;
 mod csr;
 mod identity;
 mod manager;

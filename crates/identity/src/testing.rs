@@ -69,7 +69,12 @@ impl TestCaServer {
 
     /// Starts a TLS (`https://`) CA server whose certificate is valid for 127.0.0.1 and localhost.
     pub async fn start_tls(ca: Arc<FakeCa>) -> Self {
-        let (root_pem, cert_pem, key_pem) = server_tls_cert();
+        Self::start_tls_for(ca, &["localhost", "127.0.0.1"]).await
+    }
+
+    /// Starts a TLS CA server on 127.0.0.1 whose certificate names only `names` (DNS names or IPs).
+    pub async fn start_tls_for(ca: Arc<FakeCa>, names: &[&str]) -> Self {
+        let (root_pem, cert_pem, key_pem) = server_tls_cert(names);
         let identity = tonic::transport::Identity::from_pem(cert_pem, key_pem);
         let tls = ServerTlsConfig::new().identity(identity);
         Self::spawn(ca, Some((tls, root_pem))).await
@@ -186,8 +191,8 @@ fn csr_identity(csr: &str) -> Result<Identity, Status> {
         .ok_or_else(|| Status::invalid_argument("CSR has no SPIFFE URI SAN"))
 }
 
-/// A throwaway root and a server certificate for 127.0.0.1/localhost: (root PEM, cert PEM, key PEM).
-fn server_tls_cert() -> (String, String, String) {
+/// A throwaway root and a server certificate for `names`: (root PEM, cert PEM, key PEM).
+fn server_tls_cert(names: &[&str]) -> (String, String, String) {
     let root_key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).expect("root key");
     let mut root = CertificateParams::default();
     root.distinguished_name.push(DnType::CommonName, "Ambit test CA server root");
@@ -196,8 +201,8 @@ fn server_tls_cert() -> (String, String, String) {
     let issuer = Issuer::new(root, root_key);
 
     let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).expect("server key");
-    let mut params =
-        CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()]).expect("server params");
+    let mut params = CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>())
+        .expect("server params");
     params.distinguished_name.push(DnType::CommonName, "istiod test");
     let cert = params.signed_by(&key, &issuer).expect("server cert");
     (root_cert.pem(), cert.pem(), key.serialize_pem())

@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ambit_identity::control::Service;
 use ambit_identity::{CaClient, CaClientConfig, CertManager, CertSigner, FakeCa};
 use prometheus_client::registry::Registry;
 use tokio::sync::Notify;
@@ -66,12 +67,22 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
         .build()
         .map_err(StartError::Runtime)?;
 
-    let path = cfg.local_xds_path.clone().unwrap_or_default();
     let node = cfg.local_node.clone();
-    let initial =
-        LocalConfig::load(&path).and_then(|c| State::from_config(c, node.as_deref())).map_err(|error| {
-            StartError::LocalConfig { path: path.display().to_string(), error: Box::new(error) }
-        })?;
+    let initial = match &cfg.local_xds_path {
+        Some(path) => {
+            LocalConfig::load(path).and_then(|c| State::from_config(c, node.as_deref())).map_err(|error| {
+                StartError::LocalConfig { path: path.display().to_string(), error: Box::new(error) }
+            })?
+        }
+        None => State::default(),
+    };
+    // Part C of issue 9 parses the xDS settings; the client itself is wired by the lead.
+    if let Some(xds) = &cfg.xds {
+        tracing::warn!(
+            address = %xds.control.address,
+            "XDS_ADDRESS is configured but this build's xDS client is not wired yet: the proxy runs from LOCAL_XDS_PATH only, or with no workloads when it is unset (set XDS_ADDRESS=\"\" to silence this)"
+        );
+    }
     let store = StateStore::new(initial);
     let data_rt = data.handle().clone();
 
@@ -83,12 +94,8 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
         let signer: Arc<dyn CertSigner> = match &cfg.ca {
             CaSource::Fake { root: Some(dir) } => Arc::new(FakeCa::from_dir(dir)?),
             CaSource::Fake { root: None } => Arc::new(FakeCa::generate()),
-            CaSource::Remote { address, root_cert, token } => Arc::new(CaClient::new(CaClientConfig {
-                address: address.clone(),
-                root_cert: root_cert.clone(),
-                token_path: token.clone(),
-                cluster_id: cfg.cluster_id.clone(),
-                headers: prefixed_env("CA_HEADER_"),
+            CaSource::Remote(ca) => Arc::new(CaClient::new(CaClientConfig {
+                control: ca.control_plane_config(Service::Ca),
                 // Shared mode asks for pods' certificates on their behalf (node-scoped).
                 impersonate: shared_mode,
             })?),
@@ -241,12 +248,6 @@ async fn wait_for_stop(quit: &Notify) {
         _ = int => tracing::info!("SIGINT received"),
         _ = quit.notified() => tracing::info!("/quitquitquit received"),
     }
-}
-
-fn prefixed_env(prefix: &str) -> Vec<(String, String)> {
-    std::env::vars()
-        .filter_map(|(k, v)| k.strip_prefix(prefix).map(|h| (h.to_ascii_lowercase(), v)))
-        .collect()
 }
 
 /// Raises the soft open-files limit to the hard one; returns the limit in effect.

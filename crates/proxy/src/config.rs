@@ -7,6 +7,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use ambit_identity::control::{
+    ControlError, ControlPlane, ControlPlaneConfig, RootSource, Service, TokenSource,
+};
 use ambit_zds::WorkloadInfo;
 
 use crate::socket::{Keepalive, SocketOptions};
@@ -31,21 +34,51 @@ pub struct ProxyArgs {
     /// DNS proxy: namespace preferred when several services share a hostname.
     #[arg(long, env = "PREFERED_SERVICE_NAMESPACE")]
     pub prefered_service_namespace: Option<String>,
-    /// Local config file (ztunnel's local-config YAML), reloaded when it changes.
+    /// Local config file (ztunnel's local-config YAML), reloaded when it changes; may be combined
+    /// with xDS.
     #[arg(long, env = "LOCAL_XDS_PATH")]
     pub local_xds_path: Option<PathBuf>,
-    /// xDS server address. Not supported yet: leave empty and use LOCAL_XDS_PATH.
-    #[arg(long, env = "XDS_ADDRESS", default_value = "")]
-    pub xds_address: String,
-    /// Istio CA API address (gRPC); `https://` is assumed when no scheme is given.
-    #[arg(long, env = "CA_ADDRESS", default_value = "https://localhost:15012")]
-    pub ca_address: String,
-    /// Root certificate (PEM file) to verify the CA's TLS certificate.
-    #[arg(long, env = "CA_ROOT_CA", default_value = "./var/run/secrets/istio/root-cert.pem")]
-    pub ca_root_ca: PathBuf,
-    /// Bearer token file sent to the CA (re-read per request); unused when the file is absent.
-    #[arg(long, env = "AUTH_TOKEN", default_value = "./var/run/secrets/tokens/istio-token")]
-    pub auth_token: PathBuf,
+    /// xDS server address; `https://` is assumed when no scheme is given; empty disables xDS.
+    /// Default: `https://istiod.istio-system.svc:15012` when KUBERNETES_SERVICE_HOST is set,
+    /// else `https://localhost:15012`.
+    #[arg(long, env = "XDS_ADDRESS")]
+    pub xds_address: Option<String>,
+    /// Roots that verify the xDS server: a PEM file, `SYSTEM` (the OS trust store) or the PEM itself.
+    #[arg(long, env = "XDS_ROOT_CA", default_value = DEFAULT_ROOT_CA)]
+    pub xds_root_ca: String,
+    /// A name the xDS server's certificate may carry instead of the address's host.
+    #[arg(long, env = "ALT_XDS_HOSTNAME")]
+    pub alt_xds_hostname: Option<String>,
+    /// Fetch addresses on demand (by IP, when a destination is unknown) instead of all of them;
+    /// not with the DNS proxy.
+    #[arg(long, env = "XDS_ON_DEMAND", default_value_t = false, action = clap::ArgAction::Set)]
+    pub xds_on_demand: bool,
+    /// Istio CA API address (gRPC); `https://` is assumed when no scheme is given. Default as
+    /// XDS_ADDRESS's.
+    #[arg(long, env = "CA_ADDRESS")]
+    pub ca_address: Option<String>,
+    /// Roots that verify the CA: a PEM file, `SYSTEM` (the OS trust store) or the PEM itself.
+    #[arg(long, env = "CA_ROOT_CA", default_value = DEFAULT_ROOT_CA)]
+    pub ca_root_ca: String,
+    /// A name the CA's certificate may carry instead of the address's host.
+    #[arg(long, env = "ALT_CA_HOSTNAME")]
+    pub alt_ca_hostname: Option<String>,
+    /// Bearer token for the CA and xDS: a file (re-read per request) or, when no such file
+    /// exists, the token itself. Default: ./var/run/secrets/tokens/istio-token if it exists.
+    #[arg(long, env = "AUTH_TOKEN")]
+    pub auth_token: Option<String>,
+    /// This pod's name (xDS node id and metadata).
+    #[arg(long, env = "POD_NAME")]
+    pub pod_name: Option<String>,
+    /// This pod's namespace (xDS node id and metadata).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub pod_namespace: Option<String>,
+    /// This pod's IP (xDS node id and metadata; default 1.1.1.1).
+    #[arg(long, env = "INSTANCE_IP")]
+    pub instance_ip: Option<String>,
+    /// This pod's service account (accepted for the chart; the proxy has no identity of its own).
+    #[arg(long, env = "SERVICE_ACCOUNT")]
+    pub service_account: Option<String>,
     /// Development: sign workload certificates in-process instead of calling a CA.
     #[arg(long, env = "FAKE_CA", default_value_t = false, action = clap::ArgAction::Set)]
     pub fake_ca: bool,
@@ -178,7 +211,42 @@ pub struct ProxyArgs {
     /// Ambit extension: readiness server address.
     #[arg(long, env = "AMBIT_READINESS_ADDR", default_value = "[::]:15021")]
     pub readiness_addr: SocketAddr,
+    /// Arguments after `proxy` are ignored, as ztunnel ignores them (its chart passes `ztunnel`).
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+    pub extra_args: Vec<String>,
 }
+
+/// Default of `CA_ROOT_CA` and `XDS_ROOT_CA` (relative to the working directory, `/` in a pod).
+pub const DEFAULT_ROOT_CA: &str = "./var/run/secrets/istio/root-cert.pem";
+/// Default control-plane address inside Kubernetes (KUBERNETES_SERVICE_HOST set).
+pub const DEFAULT_ISTIOD_IN_CLUSTER: &str = "https://istiod.istio-system.svc:15012";
+/// Default control-plane address outside Kubernetes.
+pub const DEFAULT_ISTIOD_LOCAL: &str = "https://localhost:15012";
+
+/// Settings ztunnel (or its chart) reads that Ambit does not implement yet: each one set is logged
+/// once at start as unsupported (and listed in ARCHITECTURE.md). `INPOD_ENABLED` is not here:
+/// the chart sets it but ztunnel itself does not read it either.
+pub const UNSUPPORTED_SETTINGS: &[&str] = &[
+    "LOCAL_XDS",
+    "ENABLE_PROXY",
+    "INPOD_PORT_REUSE",
+    "ISTIO_META_DNS_PROXY_ADDR",
+    "ZTUNNEL_RESOURCE_CPU_LIMIT",
+    "ZTUNNEL_RESOURCE_CPU_REQUEST",
+    "UNSTABLE_ENABLE_SOCKS5",
+    "LOCALHOST_APP_TUNNEL",
+    "ENABLE_RESPONSE_BAGGAGE",
+    "CRL_PATH",
+    "TLS12_ENABLED",
+    "COMPLIANCE_POLICY",
+    "AUTHZ_POLICY_INFO_LOGGING",
+];
+
+/// The mesh config file ztunnel reads (`defaultConfig`); not read by Ambit yet.
+pub const MESH_CONFIG_FILE: &str = "./etc/istio/config/mesh";
+
+/// The process environment, as one snapshot (tests pass their own).
+pub type Env = std::collections::BTreeMap<String, String>;
 
 /// Default of `AMBIT_HBONE_PEER_BUFFER_BYTES`: 32 MiB.
 pub const DEFAULT_PEER_BUFFER_BYTES: u64 = 32 << 20;
@@ -201,14 +269,48 @@ pub enum CaSource {
         root: Option<PathBuf>,
     },
     /// Istio CA API over gRPC.
-    Remote {
-        /// `https://` or `http://` URL.
-        address: String,
-        /// Root certificate file for TLS to the CA.
-        root_cert: Option<PathBuf>,
-        /// Bearer token file.
-        token: Option<PathBuf>,
-    },
+    Remote(ControlSettings),
+}
+
+/// How to reach one control-plane service (CA or xDS), as configured.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ControlSettings {
+    /// Address with its scheme (`https://` added when missing).
+    pub address: String,
+    /// Roots for TLS.
+    pub roots: RootSource,
+    /// Alternate TLS name.
+    pub alt_hostname: Option<String>,
+    /// Bearer token (`AUTH_TOKEN`).
+    pub token: Option<TokenSource>,
+    /// Sent as `clusterid` with the token.
+    pub cluster_id: String,
+    /// Extra headers (name without the prefix, lower-case; value). Values are not dumped.
+    #[serde(serialize_with = "header_names")]
+    pub headers: Vec<(String, String)>,
+}
+
+/// The proxy's xDS client settings (`XDS_*`, node id and metadata).
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct XdsSettings {
+    /// Address, roots, token and headers.
+    pub control: ControlSettings,
+    /// `XDS_ON_DEMAND`: addresses are fetched on demand.
+    pub on_demand: bool,
+    /// The `Node` sent in the initial requests.
+    pub node: NodeInfo,
+}
+
+/// The xDS `Node` (node-proxy.md §1.4): only `id` and `metadata` are set.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct NodeInfo {
+    /// `ztunnel~<INSTANCE_IP>~<POD_NAME>.<POD_NAMESPACE>~<POD_NAMESPACE>.svc.cluster.local`.
+    pub id: String,
+    /// `NAME`, `NAMESPACE`, `INSTANCE_IPS`, `NODE_NAME`, `ISTIO_META_*` (prefix stripped, as
+    /// strings) and `ISTIO_METAJSON_*` (parsed JSON).
+    pub metadata: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 /// The resolved configuration, shown by `/config_dump`.
@@ -221,6 +323,8 @@ pub struct Config {
     pub proxy_workload_information: Option<WorkloadInfo>,
     /// Local config file.
     pub local_xds_path: Option<PathBuf>,
+    /// xDS client settings; `None` when `XDS_ADDRESS` is empty.
+    pub xds: Option<XdsSettings>,
     /// Shared mode: ZDS socket.
     pub inpod_uds: PathBuf,
     /// DNS proxy on 15053 per pod (shared mode).
@@ -297,6 +401,8 @@ pub struct Config {
     pub readiness_addr: SocketAddr,
     /// Log format is JSON.
     pub log_json: bool,
+    /// Settings that are set but not supported (logged once at start), and notes on ignored input.
+    pub unsupported: Vec<String>,
 }
 
 /// Keepalive settings as shown in the config dump.
@@ -312,7 +418,7 @@ pub struct KeepaliveDump {
 }
 
 /// A setting that cannot be used, with what to do about it.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// Unknown PROXY_MODE.
     #[error("PROXY_MODE={0:?} is not valid: use `shared` or `dedicated`")]
@@ -323,14 +429,17 @@ pub enum ConfigError {
     /// Malformed PROXY_WORKLOAD_INFO.
     #[error("PROXY_WORKLOAD_INFO={0:?} is not <namespace>/<name>/<service account>")]
     WorkloadInfo(String),
-    /// xDS requested.
+    /// On-demand xDS with the DNS proxy.
     #[error(
-        "XDS_ADDRESS={0:?}: the xDS client is not available yet; unset XDS_ADDRESS and use LOCAL_XDS_PATH"
+        "XDS_ON_DEMAND=true cannot be used with the DNS proxy (ISTIO_META_DNS_CAPTURE=true): the DNS proxy needs every address; turn one of them off"
     )]
-    XdsUnsupported(String),
-    /// No source of state at all.
-    #[error("no configuration source: set LOCAL_XDS_PATH to a local config file")]
-    NoStateSource,
+    OnDemandWithDns,
+    /// No CA address and no in-process CA.
+    #[error("CA_ADDRESS is empty: set it to the Istio CA (istiod), or FAKE_CA=true for development")]
+    NoCa,
+    /// A control-plane setting cannot be used.
+    #[error(transparent)]
+    Control(#[from] ControlError),
     /// Bad worker thread setting.
     #[error("ZTUNNEL_WORKER_THREADS={0:?} is not N, N% or 0")]
     WorkerThreads(String),
@@ -340,8 +449,16 @@ pub enum ConfigError {
 }
 
 impl Config {
-    /// Resolves the arguments into a configuration, or says what is wrong.
+    /// Resolves the arguments (and the process environment's prefixed variables) into a
+    /// configuration, or says what is wrong.
     pub fn from_args(a: &ProxyArgs) -> Result<Config, ConfigError> {
+        Config::from_args_env(a, &std::env::vars().collect())
+    }
+
+    /// As [`Config::from_args`], with the environment given (`ISTIO_META_*`, `ISTIO_METAJSON_*`,
+    /// `CA_HEADER_*`, `XDS_HEADER_*`, `KUBERNETES_SERVICE_HOST` and the unsupported settings are
+    /// read from it).
+    pub fn from_args_env(a: &ProxyArgs, env: &Env) -> Result<Config, ConfigError> {
         let proxy_mode = match a.proxy_mode.to_ascii_lowercase().as_str() {
             "shared" => ProxyMode::Shared,
             "dedicated" => ProxyMode::Dedicated,
@@ -354,26 +471,74 @@ impl Config {
         if proxy_mode == ProxyMode::Dedicated && info.is_none() {
             return Err(ConfigError::MissingWorkloadInfo);
         }
-        if !a.xds_address.is_empty() {
-            return Err(ConfigError::XdsUnsupported(a.xds_address.clone()));
-        }
-        if a.local_xds_path.is_none() {
-            return Err(ConfigError::NoStateSource);
-        }
+        let cluster_id = env.get("ISTIO_META_CLUSTER_ID").cloned().unwrap_or_else(|| a.cluster_id.clone());
+        let dns_proxy = a.dns_capture.eq_ignore_ascii_case("true");
+        let default_address = if env.contains_key("KUBERNETES_SERVICE_HOST") {
+            DEFAULT_ISTIOD_IN_CLUSTER
+        } else {
+            DEFAULT_ISTIOD_LOCAL
+        };
+        let token = TokenSource::from_setting(a.auth_token.as_deref());
+        let control = |service: Service, address: &str, roots: &str, alt: &Option<String>| {
+            let cfg = ControlPlaneConfig {
+                service,
+                address: address.to_owned(),
+                roots: roots_setting(service, address, roots)?,
+                alt_hostname: alt.clone().filter(|a| !a.is_empty()),
+                token: token.clone(),
+                cluster_id: cluster_id.clone(),
+                headers: prefixed(env, service.header_prefix()),
+            };
+            // Validate now (address, roots, headers, token): a bad setting stops the start.
+            let checked = ControlPlane::new(cfg.clone())?;
+            Ok::<_, ConfigError>(ControlSettings {
+                address: checked.address().to_owned(),
+                roots: cfg.roots,
+                alt_hostname: cfg.alt_hostname,
+                token: cfg.token,
+                cluster_id: cfg.cluster_id,
+                headers: cfg.headers,
+            })
+        };
+        let xds_address = a.xds_address.as_deref().unwrap_or(default_address);
+        let xds = if xds_address.is_empty() {
+            None
+        } else {
+            if a.xds_on_demand && dns_proxy {
+                return Err(ConfigError::OnDemandWithDns);
+            }
+            Some(XdsSettings {
+                control: control(Service::Xds, xds_address, &a.xds_root_ca, &a.alt_xds_hostname)?,
+                on_demand: a.xds_on_demand,
+                node: node_info(a, env),
+            })
+        };
         let ca = if a.fake_ca {
             CaSource::Fake { root: a.fake_ca_root.clone() }
         } else {
-            let address = if a.ca_address.contains("://") {
-                a.ca_address.clone()
-            } else {
-                format!("https://{}", a.ca_address)
-            };
-            CaSource::Remote {
-                address,
-                root_cert: a.ca_root_ca.exists().then(|| a.ca_root_ca.clone()),
-                token: a.auth_token.exists().then(|| a.auth_token.clone()),
+            match a.ca_address.as_deref().unwrap_or(default_address) {
+                "" => return Err(ConfigError::NoCa),
+                address => {
+                    CaSource::Remote(control(Service::Ca, address, &a.ca_root_ca, &a.alt_ca_hostname)?)
+                }
             }
         };
+        let mut unsupported: Vec<String> = UNSUPPORTED_SETTINGS
+            .iter()
+            .filter(|name| env.contains_key(**name))
+            .map(|name| format!("{name} is set but not supported by Ambit yet; it has no effect"))
+            .collect();
+        if env.contains_key("PROXY_CONFIG") || std::path::Path::new(MESH_CONFIG_FILE).exists() {
+            unsupported.push(format!(
+                "the mesh config ({MESH_CONFIG_FILE}, PROXY_CONFIG) is not read by Ambit yet: discoveryAddress, proxyMetadata and concurrency there have no effect; use XDS_ADDRESS, ISTIO_META_* and ZTUNNEL_WORKER_THREADS"
+            ));
+        }
+        if !a.extra_args.is_empty() {
+            unsupported.push(format!(
+                "arguments after `proxy` are ignored, as ztunnel ignores them: {:?}",
+                a.extra_args
+            ));
+        }
         let log_json = match a.log_format.as_str() {
             "json" => true,
             "plain" | "" => false,
@@ -382,7 +547,6 @@ impl Config {
         let cores =
             a.cpu_limit.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
         let num_worker_threads = worker_threads(a.worker_threads.as_deref(), cores)?;
-        let cluster_id = std::env::var("ISTIO_META_CLUSTER_ID").unwrap_or_else(|_| a.cluster_id.clone());
         let any = crate::socket::unspecified(a.ipv6_enabled);
         let packet_mark = match (a.packet_mark, proxy_mode) {
             (Some(m), _) => Some(m),
@@ -393,8 +557,9 @@ impl Config {
             proxy_mode,
             proxy_workload_information: info,
             local_xds_path: a.local_xds_path.clone(),
+            xds,
             inpod_uds: a.inpod_uds.clone(),
-            dns_proxy: a.dns_capture.eq_ignore_ascii_case("true"),
+            dns_proxy,
             prefered_service_namespace: a.prefered_service_namespace.clone().filter(|n| !n.is_empty()),
             ca,
             secret_ttl: a.secret_ttl,
@@ -438,7 +603,15 @@ impl Config {
             stats_addr: a.stats_addr,
             readiness_addr: a.readiness_addr,
             log_json,
+            unsupported,
         })
+    }
+
+    /// Logs, once, every setting that is set but not supported, and ignored arguments.
+    pub fn warn_unsupported(&self) {
+        for line in &self.unsupported {
+            tracing::warn!("unsupported setting: {line}");
+        }
     }
 
     /// Socket options for every proxy socket.
@@ -454,6 +627,104 @@ impl Config {
             user_timeout: self.user_timeout_enabled,
         }
     }
+}
+
+/// The roots setting: an unusable value is an error only when TLS is used (https://, or no
+/// scheme); plaintext has no use for roots, and a bad scheme is reported by the address check.
+fn roots_setting(service: Service, address: &str, value: &str) -> Result<RootSource, ControlError> {
+    let tls = address.starts_with("https://") || !address.contains("://");
+    match RootSource::parse(service, value) {
+        Ok(roots) => Ok(roots),
+        Err(_) if !tls => Ok(RootSource::System),
+        Err(e) => Err(e),
+    }
+}
+
+/// `PREFIX<K>=<V>` variables as (lower-case K, V), sorted by K.
+fn prefixed(env: &Env, prefix: &str) -> Vec<(String, String)> {
+    env.iter()
+        .filter_map(|(k, v)| k.strip_prefix(prefix).map(|h| (h.to_ascii_lowercase(), v.clone())))
+        .filter(|(k, _)| !k.is_empty())
+        .collect()
+}
+
+/// The xDS node as ztunnel builds it (node-proxy.md §1.4).
+fn node_info(a: &ProxyArgs, env: &Env) -> NodeInfo {
+    use serde_json::Value;
+    let get = |v: &Option<String>| v.clone().unwrap_or_default();
+    let (pod, ns) = (get(&a.pod_name), get(&a.pod_namespace));
+    let ip = a.instance_ip.clone().filter(|ip| !ip.is_empty()).unwrap_or_else(|| "1.1.1.1".to_owned());
+    let mut metadata = std::collections::BTreeMap::new();
+    for (k, v) in env {
+        if let Some(key) = k.strip_prefix("ISTIO_META_").filter(|k| !k.is_empty()) {
+            metadata.insert(key.to_owned(), Value::String(v.clone()));
+        }
+    }
+    for (k, v) in env {
+        if let Some(key) = k.strip_prefix("ISTIO_METAJSON_").filter(|k| !k.is_empty()) {
+            match serde_json::from_str::<Value>(v) {
+                Ok(value) => {
+                    metadata.insert(key.to_owned(), value);
+                }
+                Err(e) => tracing::warn!("{k} is not JSON ({e}); not sent in the xDS node metadata"),
+            }
+        }
+    }
+    metadata.insert("NAME".to_owned(), Value::String(pod.clone()));
+    metadata.insert("NAMESPACE".to_owned(), Value::String(ns.clone()));
+    metadata.insert("INSTANCE_IPS".to_owned(), Value::String(ip.clone()));
+    metadata.insert("NODE_NAME".to_owned(), Value::String(get(&a.node_name)));
+    NodeInfo { id: format!("ztunnel~{ip}~{pod}.{ns}~{ns}.svc.cluster.local"), metadata }
+}
+
+impl ControlSettings {
+    /// The settings as `ambit_identity::control` takes them (for the CA client and the xDS client).
+    pub fn control_plane_config(&self, service: Service) -> ControlPlaneConfig {
+        ControlPlaneConfig {
+            service,
+            address: self.address.clone(),
+            roots: self.roots.clone(),
+            alt_hostname: self.alt_hostname.clone(),
+            token: self.token.clone(),
+            cluster_id: self.cluster_id.clone(),
+            headers: self.headers.clone(),
+        }
+    }
+}
+
+impl NodeInfo {
+    /// The node as the xDS wire message.
+    pub fn to_proto(&self) -> ambit_api::xds::Node {
+        ambit_api::xds::Node {
+            id: self.id.clone(),
+            metadata: Some(prost_types::Struct {
+                fields: self.metadata.iter().map(|(k, v)| (k.clone(), json_to_value(v))).collect(),
+            }),
+            ..Default::default()
+        }
+    }
+}
+
+fn json_to_value(v: &serde_json::Value) -> prost_types::Value {
+    use prost_types::value::Kind;
+    use serde_json::Value;
+    let kind = match v {
+        Value::Null => Kind::NullValue(0),
+        Value::Bool(b) => Kind::BoolValue(*b),
+        Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or_default()),
+        Value::String(s) => Kind::StringValue(s.clone()),
+        Value::Array(items) => {
+            Kind::ListValue(prost_types::ListValue { values: items.iter().map(json_to_value).collect() })
+        }
+        Value::Object(map) => Kind::StructValue(prost_types::Struct {
+            fields: map.iter().map(|(k, v)| (k.clone(), json_to_value(v))).collect(),
+        }),
+    };
+    prost_types::Value { kind: Some(kind) }
+}
+
+fn header_names<S: serde::Serializer>(headers: &[(String, String)], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(headers.iter().map(|(k, _)| k))
 }
 
 fn parse_workload_info(s: &str) -> Result<WorkloadInfo, ConfigError> {
@@ -548,92 +819,4 @@ fn parse_u32(s: &str) -> Result<u32, String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        args: ProxyArgs,
-    }
-
-    fn args(extra: &[&str]) -> ProxyArgs {
-        let mut v = vec!["proxy"];
-        v.extend_from_slice(extra);
-        Cli::try_parse_from(v).expect("parse").args
-    }
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
-        assert_eq!(parse_duration("24h"), Ok(Duration::from_secs(86400)));
-        assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
-        for bad in ["", "h", "10x", "-1s", "1e999s"] {
-            assert!(parse_duration(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn worker_thread_rules() {
-        assert_eq!(worker_threads(None, 2), Ok(2));
-        assert_eq!(worker_threads(None, 16), Ok(4));
-        assert_eq!(worker_threads(Some("0"), 8), Ok(8));
-        assert_eq!(worker_threads(Some("3"), 8), Ok(3));
-        assert_eq!(worker_threads(Some("50%"), 3), Ok(2));
-        assert!(worker_threads(Some("x"), 3).is_err());
-        assert!(worker_threads(Some("0%"), 3).is_err());
-    }
-
-    #[test]
-    fn drain_deadlines() {
-        assert_eq!(drain_deadline(None, None), Duration::from_secs(5));
-        assert_eq!(drain_deadline(None, Some(30)), Duration::from_secs(25));
-        assert_eq!(drain_deadline(None, Some(5)), Duration::from_secs(4));
-        assert_eq!(drain_deadline(None, Some(0)), Duration::from_secs(1));
-        assert_eq!(drain_deadline(Some(Duration::from_secs(2)), Some(30)), Duration::from_secs(2));
-    }
-
-    /// The limits' defaults are the ones documented in `--help`, README and ARCHITECTURE.md.
-    #[test]
-    fn limit_defaults() {
-        let base = ["--local-xds-path", "/x.yaml", "--xds-address", ""];
-        let c = Config::from_args(&args(&base)).expect("valid");
-        assert_eq!(c.hbone_handshake_timeout, Duration::from_secs(10));
-        assert_eq!(c.hbone_preface_timeout, Duration::from_secs(10));
-        assert_eq!(c.hbone_first_stream_timeout, Duration::from_secs(10));
-        assert_eq!(c.hbone_idle_timeout, Duration::from_secs(600));
-        assert_eq!(c.hbone_max_connections_per_peer, 256);
-        assert_eq!(c.hbone_max_streams_per_peer, 1024);
-        assert_eq!(c.hbone_peer_buffer_bytes, 32 << 20);
-        assert_eq!(c.fd_reserve, None);
-        assert_eq!(c.pod_fd_headroom, 64);
-        let c = Config::from_args(&args(
-            &[&base[..], &["--hbone-preface-timeout", "2s", "--fd-reserve", "300"]].concat(),
-        ))
-        .expect("valid");
-        assert_eq!((c.hbone_preface_timeout, c.fd_reserve), (Duration::from_secs(2), Some(300)));
-    }
-
-    #[test]
-    fn modes_and_errors() {
-        let base = ["--local-xds-path", "/x.yaml", "--xds-address", ""];
-        let mut a = args(&base);
-        a.proxy_mode = "dedicated".into();
-        assert_eq!(Config::from_args(&a).err(), Some(ConfigError::MissingWorkloadInfo));
-        a.proxy_workload_info = Some("ns/name".into());
-        assert!(matches!(Config::from_args(&a), Err(ConfigError::WorkloadInfo(_))));
-        a.proxy_workload_info = Some("ns/name/sa".into());
-        let c = Config::from_args(&a).expect("valid");
-        assert_eq!(c.packet_mark, None);
-        a.packet_mark = Some(0x539);
-        assert_eq!(Config::from_args(&a).expect("valid").packet_mark, Some(1337));
-        a.proxy_mode = "bogus".into();
-        assert!(matches!(Config::from_args(&a), Err(ConfigError::Mode(_))));
-        a.proxy_mode = "shared".into();
-        a.packet_mark = None;
-        assert_eq!(Config::from_args(&a).expect("shared").packet_mark, Some(1337));
-        assert_eq!(parse_u32("0x539"), Ok(1337));
-    }
-}
+mod tests;

@@ -22,9 +22,18 @@ pub fn config() -> crate::config::Config {
         #[command(flatten)]
         args: crate::config::ProxyArgs,
     }
-    let cli = Cli::try_parse_from(["proxy", "--local-xds-path", "/dev/null", "--xds-address", ""])
-        .expect("default arguments parse");
-    crate::config::Config::from_args(&cli.args).expect("default configuration is valid")
+    let cli = Cli::try_parse_from([
+        "proxy",
+        "--local-xds-path",
+        "/dev/null",
+        "--xds-address",
+        "",
+        "--fake-ca",
+        "true",
+    ])
+    .expect("default arguments parse");
+    crate::config::Config::from_args_env(&cli.args, &crate::config::Env::new())
+        .expect("default configuration is valid")
 }
 
 /// ztunnel's default HTTP/2 settings.

@@ -166,6 +166,8 @@ impl Mesh {
             .env("PROXY_MODE", "dedicated")
             .env("PROXY_WORKLOAD_INFO", format!("default/{}/{}", p.pod.name, p.sa))
             .env("LOCAL_XDS_PATH", self.config_path())
+            // The local file only: the default XDS_ADDRESS would point at istiod.
+            .env("XDS_ADDRESS", "")
             .env("FAKE_CA", "true")
             .env("FAKE_CA_ROOT", self.dir.path().join("ca"))
             .env("PACKET_MARK", "1337")
@@ -416,6 +418,8 @@ impl Mesh {
             .env("PROXY_MODE", "shared")
             .env("INPOD_UDS", uds)
             .env("LOCAL_XDS_PATH", self.config_path())
+            // The local file only: the default XDS_ADDRESS would point at istiod.
+            .env("XDS_ADDRESS", "")
             .env("FAKE_CA", "true")
             .env("FAKE_CA_ROOT", self.dir.path().join("ca"))
             .env("RUST_LOG", "info")

@@ -71,27 +71,9 @@ pub enum CaError {
         /// What is wrong with it.
         reason: String,
     },
-    /// The CA address is not a usable URI.
-    #[error("invalid CA address {address:?} (CA_ADDRESS): {reason}")]
-    InvalidAddress {
-        /// The address as configured.
-        address: String,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// An `https://` CA address was configured without roots to verify it.
-    #[error(
-        "CA address {0} uses TLS but no root certificate is configured; set CA_ROOT_CA to the CA's root PEM file"
-    )]
-    MissingRootCert(String),
-    /// The gRPC channel to the CA could not be set up.
-    #[error("cannot set up the connection to the CA at {address}: {source}")]
-    Transport {
-        /// The CA address.
-        address: String,
-        /// The cause.
-        source: tonic::transport::Error,
-    },
+    /// The CA cannot be reached as configured (address, roots, token, headers, TLS).
+    #[error(transparent)]
+    Control(#[from] crate::control::ControlError),
     /// The CA answered with a gRPC error (or could not be reached).
     #[error("certificate request to the CA at {address} failed: {code:?}: {message}")]
     Status {
@@ -99,28 +81,9 @@ pub enum CaError {
         address: String,
         /// gRPC status code.
         code: tonic::Code,
-        /// gRPC status message.
+        /// gRPC status message (or why the connection failed).
         message: String,
     },
-    /// The token file could not be read.
-    #[error(
-        "cannot read the CA token {path}: {source}; is the projected service account token mounted (AUTH_TOKEN)?"
-    )]
-    Token {
-        /// The token file.
-        path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
-    },
-    /// The token file is empty.
-    #[error("the CA token file {0} is empty")]
-    EmptyToken(PathBuf),
-    /// The token cannot be sent as an HTTP header.
-    #[error("the CA token in {0} contains characters that are not allowed in an HTTP header")]
-    InvalidToken(PathBuf),
-    /// A configured extra header is not valid gRPC metadata.
-    #[error("CA header {0:?} (CA_HEADER_*) is not a valid gRPC metadata name and ASCII value")]
-    InvalidHeader(String),
     /// In shared mode the CA issued a certificate for another identity than the requested one.
     #[error("did not find expected SAN {expected} in the certificate issued by the CA (got {got})")]
     SanMismatch {

@@ -9,6 +9,7 @@ use rcgen::{
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::*;
+use crate::control::{ControlError, ControlPlaneConfig, RootSource, Service, TokenSource};
 use crate::testing::{Behavior, TestCaServer};
 use crate::{CertificateError, WorkloadCertificate, csr, peer_identity};
 
@@ -148,17 +149,24 @@ fn issued_certificate_fields_and_dump() {
 fn client_config(server: &TestCaServer, dir: &Path, impersonate: bool) -> CaClientConfig {
     let token = dir.join("token");
     std::fs::write(&token, "secret-token\n").expect("token");
-    let root_cert = server.tls_root_pem.as_ref().map(|pem| {
-        let path = dir.join("ca-root.pem");
-        std::fs::write(&path, pem).expect("root");
-        path
-    });
+    let roots = match &server.tls_root_pem {
+        Some(pem) => {
+            let path = dir.join("ca-root.pem");
+            std::fs::write(&path, pem).expect("root");
+            RootSource::File(path)
+        }
+        None => RootSource::System,
+    };
     CaClientConfig {
-        address: server.address(),
-        root_cert,
-        token_path: Some(token),
-        cluster_id: "Kubernetes".to_owned(),
-        headers: vec![("X-Extra".to_owned(), "extra-value".to_owned())],
+        control: ControlPlaneConfig {
+            service: Service::Ca,
+            address: server.address(),
+            roots,
+            alt_hostname: None,
+            token: Some(TokenSource::File(token)),
+            cluster_id: "Kubernetes".to_owned(),
+            headers: vec![("X-Extra".to_owned(), "extra-value".to_owned())],
+        },
         impersonate,
     }
 }
@@ -217,10 +225,17 @@ async fn ca_client_tls_rejects_unknown_server_root() {
     let mut cfg = client_config(&server, dir.path(), true);
     let other = tempfile::NamedTempFile::new().expect("file");
     std::fs::write(other.path(), FakeCa::generate().root_pem()).expect("write");
-    cfg.root_cert = Some(other.path().to_owned());
+    cfg.control.roots = RootSource::File(other.path().to_owned());
     let client = CaClient::new(cfg).expect("client");
     let err = fetch(&client, &id("web")).await.expect_err("untrusted CA");
-    assert!(matches!(err, CaError::Status { .. }), "{err}");
+    assert!(matches!(err, CaError::Status { code: tonic::Code::Unavailable, .. }), "{err}");
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "certificate request to the CA at {0} failed: Unavailable: TLS handshake with the CA at {0} failed: invalid peer certificate: UnknownIssuer; is CA_ROOT_CA the root that signed the CA's certificate?",
+            server.address()
+        )
+    );
     assert!(server.requests().is_empty());
 }
 
@@ -229,7 +244,7 @@ async fn ca_client_dedicated_mode_sends_no_impersonation() {
     let server = TestCaServer::start(Arc::new(FakeCa::generate())).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let mut cfg = client_config(&server, dir.path(), false);
-    cfg.token_path = None;
+    cfg.control.token = None;
     let client = CaClient::new(cfg).expect("client");
     fetch(&client, &id("web")).await.expect("certificate");
     let req = &server.requests()[0];
@@ -279,48 +294,91 @@ async fn ca_client_token_errors() {
     let server = TestCaServer::start(Arc::new(FakeCa::generate())).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let cfg = client_config(&server, dir.path(), true);
-    std::fs::write(cfg.token_path.as_ref().expect("token"), "  \n").expect("write");
+    let token = dir.path().join("token");
+    std::fs::write(&token, "  \n").expect("write");
     let client = CaClient::new(cfg).expect("client");
     let err = fetch(&client, &id("web")).await.expect_err("empty token");
-    assert!(matches!(err, CaError::EmptyToken(_)), "{err}");
-    std::fs::remove_file(dir.path().join("token")).expect("rm");
+    assert!(matches!(err, CaError::Control(ControlError::EmptyToken(_))), "{err}");
+    assert_eq!(err.to_string(), format!("the token file {} (AUTH_TOKEN) is empty", token.display()));
+    std::fs::remove_file(&token).expect("rm");
     let err = fetch(&client, &id("web")).await.expect_err("missing token");
-    assert!(matches!(err, CaError::Token { .. }), "{err}");
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "cannot read the token file {} (AUTH_TOKEN): No such file or directory (os error 2); is the projected service account token mounted?",
+            token.display()
+        )
+    );
     assert!(server.requests().is_empty());
+}
+
+/// A literal AUTH_TOKEN (not a file) is sent as the bearer token, with the cluster id.
+#[tokio::test]
+async fn ca_client_sends_a_literal_token() {
+    let server = TestCaServer::start_tls(Arc::new(FakeCa::generate())).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = client_config(&server, dir.path(), true);
+    cfg.control.token = TokenSource::from_setting(Some("literal-token"));
+    assert_eq!(cfg.control.token, Some(TokenSource::Literal("literal-token".to_owned())));
+    let client = CaClient::new(cfg).expect("client");
+    fetch(&client, &id("web")).await.expect("certificate");
+    let req = &server.requests()[0];
+    assert_eq!(header(&req.headers, "authorization"), Some("Bearer literal-token"));
+    assert_eq!(header(&req.headers, "clusterid"), Some("Kubernetes"));
+}
+
+/// CA_ROOT_CA given inline (the PEM itself) works; ALT_CA_HOSTNAME is honoured.
+#[tokio::test]
+async fn ca_client_inline_roots_and_alternate_hostname() {
+    let server =
+        TestCaServer::start_tls_for(Arc::new(FakeCa::generate()), &["istiod.istio-system.svc"]).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = client_config(&server, dir.path(), true);
+    let pem = server.tls_root_pem.clone().expect("tls");
+    cfg.control.roots = RootSource::parse(Service::Ca, &pem).expect("inline");
+    assert!(matches!(cfg.control.roots, RootSource::Inline(_)));
+    let client = CaClient::new(cfg.clone()).expect("client");
+    let err = fetch(&client, &id("web")).await.expect_err("name mismatch");
+    assert!(err.to_string().contains("set ALT_CA_HOSTNAME"), "{err}");
+    cfg.control.alt_hostname = Some("istiod.istio-system.svc".to_owned());
+    let client = CaClient::new(cfg).expect("client");
+    fetch(&client, &id("web")).await.expect("certificate via the alternate name");
+    assert_eq!(server.requests().len(), 1);
 }
 
 #[test]
 fn ca_client_config_errors() {
-    let err = CaClient::new(CaClientConfig {
-        address: "https://istiod:15012".to_owned(),
-        ..CaClientConfig::default()
-    })
-    .err()
-    .expect("no root");
-    assert!(matches!(err, CaError::MissingRootCert(_)), "{err}");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let missing = dir.path().join("missing.pem");
+    let err = RootSource::parse(Service::Ca, &missing.display().to_string()).expect_err("no root");
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "CA_ROOT_CA={:?} is not an existing file, `SYSTEM`, or inline PEM certificates; set it to the file with the CA's root certificate (istiod's root-cert.pem)",
+            missing.display().to_string()
+        )
+    );
 
-    let err = CaClient::new(CaClientConfig {
-        address: "http://istiod:15012".to_owned(),
-        headers: vec![("bad header".to_owned(), "v".to_owned())],
-        ..CaClientConfig::default()
-    })
-    .err()
-    .expect("bad header");
-    assert!(matches!(err, CaError::InvalidHeader(_)), "{err}");
+    let mut cfg = CaClientConfig::plain("http://istiod:15012");
+    cfg.control.headers = vec![("bad header".to_owned(), "v".to_owned())];
+    let err = CaClient::new(cfg).err().expect("bad header");
+    assert_eq!(
+        err.to_string(),
+        "CA_HEADER_bad header is not a valid gRPC metadata name with a visible ASCII value"
+    );
 
-    let err =
-        CaClient::new(CaClientConfig { address: "ftp://istiod".to_owned(), ..CaClientConfig::default() })
-            .err()
-            .expect("bad scheme");
-    assert!(matches!(err, CaError::InvalidAddress { .. }), "{err}");
+    let err = CaClient::new(CaClientConfig::plain("ftp://istiod")).err().expect("bad scheme");
+    assert_eq!(
+        err.to_string(),
+        "CA_ADDRESS=\"ftp://istiod\" is not a usable CA address: use https:// (or http:// for local development)"
+    );
 
     let file = tempfile::NamedTempFile::new().expect("file");
-    let err = CaClient::new(CaClientConfig {
-        address: "istiod.istio-system.svc:15012".to_owned(),
-        root_cert: Some(file.path().to_owned()),
-        ..CaClientConfig::default()
-    })
-    .err()
-    .expect("empty root file");
-    assert!(matches!(err, CaError::InvalidRoot { .. }), "{err}");
+    let mut cfg = CaClientConfig::plain("istiod.istio-system.svc:15012");
+    cfg.control.roots = RootSource::File(file.path().to_owned());
+    let err = CaClient::new(cfg).err().expect("empty root file");
+    assert_eq!(
+        err.to_string(),
+        format!("CA_ROOT_CA ({}) holds no usable PEM certificate", file.path().display())
+    );
 }

@@ -317,12 +317,9 @@ async fn end_to_end_with_grpc_ca() {
     use crate::testing::TestCaServer;
     use crate::{CaClient, CaClientConfig};
     let server = TestCaServer::start(Arc::new(FakeCa::generate())).await;
-    let client = CaClient::new(CaClientConfig {
-        address: server.address(),
-        impersonate: true,
-        ..CaClientConfig::default()
-    })
-    .expect("client");
+    let mut cfg = CaClientConfig::plain(server.address());
+    cfg.impersonate = true;
+    let client = CaClient::new(cfg).expect("client");
     let manager = CertManager::new(Arc::new(client), Duration::from_secs(3600));
     let cert = manager.fetch(&id("web")).await.expect("cert");
     assert_eq!(cert.identity(), &id("web"));
