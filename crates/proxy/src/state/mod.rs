@@ -219,8 +219,8 @@ impl State {
 
     /// Whether anything authorization decisions read differs between two snapshots built
     /// independently (a whole local file replaced): the policy set, or a node-local workload's
-    /// namespace, identity or policy list ([`delta::authorization_inputs_differ`], the rule
-    /// [`Applied::authorization_changed`] follows). O(n); an incremental update knows the answer
+    /// namespace, identity or policy list (the rule [`Applied::authorization_changed`]
+    /// follows). O(n); an incremental update knows the answer
     /// from [`State::apply`] instead.
     pub fn authorization_differs(&self, other: &State) -> bool {
         let policies_differ = self.policies.len() != other.policies.len()
