@@ -3,8 +3,9 @@
 
 use proptest::prelude::*;
 
+use super::index::policy;
 use super::*;
-use crate::authz::{Action, Authorization, Scope};
+use crate::authz::{Authorization, Scope};
 use ambit_api::workload as pb;
 
 const SVC: &str = "default/svc.example";
@@ -287,17 +288,6 @@ fn a_bad_resource_is_rejected_with_its_reason_and_the_rest_applies() {
         ["u2: workload \"u2\": services key \"nokey\" is not of the form \"<namespace>/<hostname>\""]
     );
     assert!(st2.workload_by_uid("u2").is_none() && st2.workload_by_uid("u3").is_some());
-}
-
-fn policy(ns: &str, name: &str, scope: Scope) -> Authorization {
-    Authorization {
-        name: name.into(),
-        namespace: ns.into(),
-        scope,
-        action: Action::Deny,
-        rules: vec![],
-        dry_run: false,
-    }
 }
 
 #[test]
