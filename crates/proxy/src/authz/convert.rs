@@ -168,5 +168,91 @@ fn ports(ports: &[u32]) -> Result<Vec<u16>, ConvertError> {
     ports.iter().map(|&p| u16::try_from(p).map_err(|_| ConvertError::PortOutOfRange(p))).collect()
 }
 
+/// The policy model back into an xDS resource (for xDS servers built on this model); converting
+/// the result again gives the same policy.
+impl From<&Authorization> for proto::Authorization {
+    fn from(p: &Authorization) -> Self {
+        proto::Authorization {
+            name: p.name.clone(),
+            namespace: p.namespace.clone(),
+            scope: match p.scope {
+                Scope::Global => proto::Scope::Global,
+                Scope::Namespace => proto::Scope::Namespace,
+                Scope::WorkloadSelector => proto::Scope::WorkloadSelector,
+            } as i32,
+            action: match p.action {
+                Action::Allow => proto::Action::Allow,
+                Action::Deny => proto::Action::Deny,
+            } as i32,
+            rules: p
+                .rules
+                .iter()
+                .map(|rule| proto::Rule {
+                    clauses: rule
+                        .iter()
+                        .map(|clause| proto::Clause { matches: clause.iter().map(Into::into).collect() })
+                        .collect(),
+                })
+                .collect(),
+            dry_run: p.dry_run,
+            extensions: Vec::new(),
+        }
+    }
+}
+
+impl From<&Match> for proto::Match {
+    fn from(m: &Match) -> Self {
+        let strings = |v: &[StringMatch]| v.iter().map(Into::into).collect();
+        let accounts = |v: &[ServiceAccountMatch]| {
+            v.iter()
+                .map(|a| proto::ServiceAccountMatch {
+                    namespace: a.namespace.clone(),
+                    service_account: a.service_account.clone(),
+                })
+                .collect()
+        };
+        let nets = |v: &[IpNet]| {
+            v.iter()
+                .map(|n| proto::Address {
+                    address: match n.addr() {
+                        IpAddr::V4(a) => a.octets().to_vec(),
+                        IpAddr::V6(a) => a.octets().to_vec(),
+                    },
+                    length: u32::from(n.prefix_len()),
+                })
+                .collect()
+        };
+        let ports = |v: &[u16]| v.iter().map(|p| u32::from(*p)).collect();
+        proto::Match {
+            namespaces: strings(&m.namespaces),
+            not_namespaces: strings(&m.not_namespaces),
+            service_accounts: accounts(&m.service_accounts),
+            not_service_accounts: accounts(&m.not_service_accounts),
+            principals: strings(&m.principals),
+            not_principals: strings(&m.not_principals),
+            source_ips: nets(&m.source_ips),
+            not_source_ips: nets(&m.not_source_ips),
+            destination_ips: nets(&m.destination_ips),
+            not_destination_ips: nets(&m.not_destination_ips),
+            destination_ports: ports(&m.destination_ports),
+            not_destination_ports: ports(&m.not_destination_ports),
+            extensions: Vec::new(),
+        }
+    }
+}
+
+impl From<&StringMatch> for proto::StringMatch {
+    fn from(m: &StringMatch) -> Self {
+        use proto::string_match::MatchType;
+        let match_type = match m {
+            StringMatch::Exact(s) => MatchType::Exact(s.clone()),
+            StringMatch::Prefix(s) => MatchType::Prefix(s.clone()),
+            StringMatch::Suffix(s) => MatchType::Suffix(s.clone()),
+            StringMatch::Presence() => MatchType::Presence(()),
+        };
+        proto::StringMatch { match_type: Some(match_type) }
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -165,6 +165,9 @@ pub enum LocalConfigError {
         /// Service name.
         name: String,
     },
+    /// Another resource the state refused.
+    #[error(transparent)]
+    Rejected(super::Rejected),
 }
 
 impl LocalConfigError {

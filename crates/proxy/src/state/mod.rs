@@ -1,144 +1,108 @@
 //! Workloads, services and policies: the model, its sources (local YAML, xDS protos), an
 //! indexed immutable snapshot, outbound/inbound routing decisions and the snapshot publisher.
 //!
-//! A [`State`] is built once per configuration change and never mutated; per-connection
-//! lookups go through its hash indices without locks or allocation. [`StateStore`] swaps
-//! snapshots atomically.
+//! A [`State`] is never mutated once published; per-connection lookups go through its hash
+//! indices without locks or allocation. Its maps are persistent (`imbl`): cloning a snapshot is
+//! O(1) and [`State::apply`] makes the next one from a [`Delta`] in O(log n) per changed resource,
+//! sharing everything else, so one xDS update never rebuilds the state. Every source goes through
+//! `apply`, the local file too ([`State::from_config`]). [`StateStore`] swaps snapshots atomically.
 //!
 //! Not yet supported: double HBONE (cross-network through an east-west gateway) returns
 //! [`RouteError::DoubleHboneUnsupported`], and workloads reachable only by DNS hostname return
 //! [`RouteError::HostnameOnlyWorkload`].
 
 mod config;
+mod delta;
 mod inbound;
 mod model;
 mod proto;
 mod route;
 mod store;
+mod to_proto;
 
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use imbl::HashMap;
 use ipnet::IpNet;
 
-use crate::authz::{Authorization, Scope};
+use crate::authz::Authorization;
 
 pub use config::{
     LocalConfig, LocalConfigError, MAX_FILE_BYTES, MAX_POLICIES, MAX_SERVICES, MAX_WORKLOADS, Position,
 };
+pub use delta::{Applied, Delta, RejectReason, Rejected};
 pub use inbound::{Authority, AuthorityError, InboundError};
 pub use model::{
     AddressParseError, AppTunnelProtocol, ApplicationTunnel, CidrVip, DEFAULT_CLUSTER_ID,
-    DEFAULT_SERVICE_ACCOUNT, DEFAULT_TRUST_DOMAIN, Destination, Endpoint, GatewayAddress, HBONE_PORT,
-    HealthPolicy, HealthStatus, IpFamily, LoadBalancer, LoadBalancerMode, LoadBalancerScope, Locality,
-    NamespacedHostname, NetworkAddress, NetworkMode, Protocol, Service, Visibility, WeightedWaypoint,
-    Workload,
+    DEFAULT_SERVICE_ACCOUNT, DEFAULT_TRUST_DOMAIN, Destination, Endpoint, EndpointSet, GatewayAddress,
+    HBONE_PORT, HealthPolicy, HealthStatus, IpFamily, LoadBalancer, LoadBalancerMode, LoadBalancerScope,
+    Locality, NamespacedHostname, NetworkAddress, NetworkMode, Protocol, Service, Visibility,
+    WeightedWaypoint, Workload,
 };
 pub use proto::{Address, ProtoError};
 pub use route::{Route, RouteError, RouteKind};
 pub use store::{StateStore, watch_local_file};
 
-/// Immutable snapshot with indices (uid; (network, ip) with the rank rule of §1.6; service VIP
-/// exact + CIDR; hostname; policies by key and by namespace/global; node-local identity index).
-#[derive(Debug, Default)]
+/// An index key (shared with the values it names, so a copied index node copies no string).
+type Key = Arc<str>;
+
+/// The items under one index key, sorted by the index's order; copied on change (an index key
+/// holds a handful of items: the workloads at one address, the services with one VIP).
+type List<T> = Arc<[Arc<T>]>;
+
+/// Snapshot with indices (uid; (network, ip) with the rank rule of §1.6; service VIP exact +
+/// CIDR; hostname; policies by key and by namespace/global; node-local index). Every map is
+/// persistent: see the module docs.
+#[derive(Clone, Debug, Default)]
 pub struct State {
-    workloads: HashMap<String, Arc<Workload>>,
-    /// network → ip → best workload by rank.
-    workloads_by_addr: HashMap<String, HashMap<IpAddr, Arc<Workload>>>,
-    /// hostname → workloads (for hostname gateways without a service).
-    workloads_by_hostname: HashMap<String, Vec<Arc<Workload>>>,
-    /// Node-local workloads: namespace → service account → workloads (sorted by uid).
-    local_identities: HashMap<String, HashMap<String, Vec<Arc<Workload>>>>,
-    /// All services sorted by (hostname, namespace).
-    services: Vec<Arc<Service>>,
-    /// hostname → services (one per namespace).
-    services_by_hostname: HashMap<String, Vec<Arc<Service>>>,
-    /// network → VIP → services (one per namespace).
-    services_by_vip: HashMap<String, HashMap<IpAddr, Vec<Arc<Service>>>>,
-    services_by_cidr: Vec<(String, IpNet, Arc<Service>)>,
-    /// Endpoints whose service is unknown: `ns/hostname` → uid → endpoint.
-    staged: BTreeMap<String, BTreeMap<String, Endpoint>>,
-    policies: HashMap<String, Arc<Authorization>>,
-    /// Namespace-scoped policies by namespace; global ones under "".
-    policies_by_namespace: HashMap<String, Vec<Arc<Authorization>>>,
+    /// Workloads on this node are node-local; `None` makes every workload node-local.
+    node_name: Option<Key>,
+    workloads: HashMap<Key, Arc<Workload>>,
+    /// network → ip → every workload there, best by rank first (ties: lowest uid).
+    workloads_by_addr: HashMap<Key, HashMap<IpAddr, List<Workload>>>,
+    /// hostname → uid → workload (for hostname gateways without a service).
+    workloads_by_hostname: HashMap<Key, HashMap<Key, Arc<Workload>>>,
+    /// Node-local workloads: namespace → name → uid → workload.
+    local_workloads: HashMap<Key, HashMap<Key, HashMap<Key, Arc<Workload>>>>,
+    /// `ns/hostname` → service.
+    services: HashMap<Key, Arc<Service>>,
+    /// hostname → services (one per namespace), by namespace.
+    services_by_hostname: HashMap<Key, List<Service>>,
+    /// network → VIP → services, by `ns/hostname`.
+    services_by_vip: HashMap<Key, HashMap<IpAddr, List<Service>>>,
+    /// (network, range, service) for every CIDR VIP, by service key.
+    services_by_cidr: Arc<Vec<(Key, IpNet, Arc<Service>)>>,
+    /// Endpoints whose service is unknown: `ns/hostname` → uid → endpoint (any health).
+    staged: HashMap<Key, EndpointSet>,
+    /// Unhealthy endpoints of known services that keep only healthy ones, kept so that a
+    /// service that starts allowing unhealthy endpoints gets them back.
+    held: HashMap<Key, EndpointSet>,
+    policies: HashMap<Key, Arc<Authorization>>,
+    /// Namespace-scoped policies by namespace, global ones under ""; by key.
+    policies_by_namespace: HashMap<Key, List<Authorization>>,
 }
 
 impl State {
-    /// Builds a snapshot from a configuration; `node_name` restricts the node-local index
-    /// (`None` = every workload is node-local).
+    /// An empty snapshot; `node_name` restricts the node-local index (`None` = every workload
+    /// is node-local).
+    pub fn new(node_name: Option<&str>) -> State {
+        State { node_name: node_name.map(Key::from), ..State::default() }
+    }
+
+    /// Builds a snapshot from a configuration (through [`State::apply`]); `node_name` restricts
+    /// the node-local index (`None` = every workload is node-local). A configuration is taken
+    /// whole or not at all: the first resource [`State::apply`] rejects is the error.
     pub fn from_config(cfg: LocalConfig, node_name: Option<&str>) -> Result<State, LocalConfigError> {
-        let mut state = State::default();
-
-        // Services first, keyed by ns/hostname; a later duplicate replaces an earlier one.
-        let mut services: BTreeMap<String, Service> = BTreeMap::new();
-        for mut svc in cfg.services {
-            if svc.hostname.is_empty() {
-                return Err(LocalConfigError::EmptyHostname { namespace: svc.namespace, name: svc.name });
-            }
-            let allow_unhealthy = svc.allows_unhealthy();
-            svc.endpoints.retain(|_, ep| allow_unhealthy || ep.status == HealthStatus::Healthy);
-            services.insert(svc.key(), svc);
+        let (state, applied) = State::new(node_name).apply(Delta::from(cfg));
+        match applied.rejected.into_iter().next() {
+            None => Ok(state),
+            Some(r) => Err(r.into_config_error()),
         }
-
-        // Workloads: a later duplicate uid replaces an earlier one.
-        let mut workloads: BTreeMap<String, Workload> = BTreeMap::new();
-        for w in cfg.workloads {
-            for key in w.services.keys() {
-                if !key.contains('/') {
-                    return Err(LocalConfigError::ServiceKey { uid: w.uid.clone(), key: key.clone() });
-                }
-            }
-            workloads.insert(w.uid.clone(), w);
-        }
-
-        // Endpoints from workloads' service port maps (health-filtered), or staged.
-        for w in workloads.values() {
-            for (key, ports) in &w.services {
-                let ep = Endpoint { workload_uid: w.uid.clone(), port: ports.clone(), status: w.status };
-                match services.get_mut(key) {
-                    Some(svc) => {
-                        if ep.status == HealthStatus::Healthy || svc.allows_unhealthy() {
-                            svc.endpoints.insert(w.uid.clone(), ep);
-                        }
-                    }
-                    None => {
-                        state.staged.entry(key.clone()).or_default().insert(w.uid.clone(), ep);
-                    }
-                }
-            }
-        }
-
-        for (_, w) in workloads {
-            state.insert_workload(Arc::new(w), node_name);
-        }
-        for (_, svc) in services {
-            state.insert_service(Arc::new(svc));
-        }
-        state.services.sort_by(|a, b| (&a.hostname, &a.namespace).cmp(&(&b.hostname, &b.namespace)));
-        for list in state.local_identities.values_mut().flat_map(|m| m.values_mut()) {
-            list.sort_by(|a, b| a.uid.cmp(&b.uid));
-        }
-
-        for p in cfg.policies {
-            let p = Arc::new(p);
-            state.policies.insert(p.key(), p);
-        }
-        let mut keys: Vec<&String> = state.policies.keys().collect();
-        keys.sort();
-        for key in keys {
-            let p = &state.policies[key];
-            let ns = match p.scope {
-                Scope::Global => "",
-                Scope::Namespace => p.namespace.as_str(),
-                Scope::WorkloadSelector => continue,
-            };
-            state.policies_by_namespace.entry(ns.to_owned()).or_default().push(p.clone());
-        }
-        Ok(state)
     }
 
     /// Workload by uid.
@@ -148,14 +112,21 @@ impl State {
 
     /// Best workload (by the §1.6 rank) at `(network, ip)`; host-network workloads are not indexed.
     pub fn workload_by_addr(&self, network: &str, ip: IpAddr) -> Option<Arc<Workload>> {
-        self.workloads_by_addr.get(network)?.get(&ip).cloned()
+        self.workloads_by_addr.get(network)?.get(&ip)?.first().cloned()
     }
 
-    /// The proxy's own workload by (namespace, name, service account) among node-local workloads.
+    /// The proxy's own workload by (namespace, name, service account) among node-local workloads
+    /// (the lowest uid if several match).
     pub fn find_local(&self, namespace: &str, name: &str, service_account: &str) -> Option<Arc<Workload>> {
         let service_account =
             if service_account.is_empty() { DEFAULT_SERVICE_ACCOUNT } else { service_account };
-        self.local_identities.get(namespace)?.get(service_account)?.iter().find(|w| w.name == name).cloned()
+        lowest_uid(
+            self.local_workloads
+                .get(namespace)?
+                .get(name)?
+                .values()
+                .filter(|w| w.effective_service_account() == service_account),
+        )
     }
 
     /// Policies that apply to a workload (namespace + global + its listed keys; unknown keys skipped).
@@ -164,7 +135,7 @@ impl State {
         let scoped = [w.namespace.as_str(), ""]
             .into_iter()
             .filter_map(|ns| self.policies_by_namespace.get(ns))
-            .flatten();
+            .flat_map(|list| list.iter());
         let listed = w.authorization_policies.iter().filter_map(|k| self.policies.get(k.as_str()));
         for p in scoped.chain(listed) {
             if !out.iter().any(|q| Arc::ptr_eq(p, q)) {
@@ -176,23 +147,28 @@ impl State {
 
     /// Every service named `hostname`, one per namespace, in namespace order.
     pub fn services_with_hostname(&self, hostname: &str) -> &[Arc<Service>] {
-        self.services_by_hostname.get(hostname).map_or(&[], Vec::as_slice)
+        self.services_by_hostname.get(hostname).map_or(&[], |l| &l[..])
     }
 
     /// Service by namespace and hostname.
     pub fn service_by_name(&self, namespace: &str, hostname: &str) -> Option<Arc<Service>> {
-        self.services_by_hostname.get(hostname)?.iter().find(|s| s.namespace == namespace).cloned()
+        self.services_with_hostname(hostname).iter().find(|s| s.namespace == namespace).cloned()
+    }
+
+    /// Service by its key `"<namespace>/<hostname>"` (its xDS resource name).
+    pub fn service_by_key(&self, key: &str) -> Option<Arc<Service>> {
+        self.services.get(key).cloned()
     }
 
     /// Best service with `hostname`, preferring `namespace`, then canonical, then the first.
     pub fn service_by_hostname(&self, hostname: &str, namespace: &str) -> Option<Arc<Service>> {
-        best(self.services_by_hostname.get(hostname)?.iter(), |s| (s.namespace == namespace, s.canonical))
+        best(self.services_with_hostname(hostname).iter(), |s| (s.namespace == namespace, s.canonical))
             .cloned()
     }
 
     /// Service whose VIP is `(network, ip)` as seen by a client in `client_namespace`: exact VIPs
-    /// first (visible ones; same namespace, then canonical, then first), then CIDR VIPs (same
-    /// namespace, longest prefix, canonical).
+    /// first (visible ones; same namespace, then canonical, then the lowest `ns/hostname`), then
+    /// CIDR VIPs (same namespace, longest prefix, canonical).
     pub fn service_by_vip(&self, network: &str, ip: IpAddr, client_namespace: &str) -> Option<Arc<Service>> {
         self.lookup_vip(network, ip, Some(client_namespace))
     }
@@ -213,7 +189,7 @@ impl State {
         best(
             self.services_by_cidr
                 .iter()
-                .filter(|(n, cidr, s)| n == network && cidr.contains(&ip) && visible(s)),
+                .filter(|(n, cidr, s)| **n == *network && cidr.contains(&ip) && visible(s)),
             |(_, cidr, s)| (same_ns(s), cidr.prefix_len(), s.canonical),
         )
         .map(|(_, _, s)| s.clone())
@@ -221,7 +197,9 @@ impl State {
 
     /// All services, sorted by hostname then namespace.
     pub fn services(&self) -> impl Iterator<Item = &Arc<Service>> {
-        self.services.iter()
+        let mut all: Vec<&Arc<Service>> = self.services.values().collect();
+        all.sort_by(|a, b| (&a.hostname, &a.namespace).cmp(&(&b.hostname, &b.namespace)));
+        all.into_iter()
     }
 
     /// All workloads (unordered).
@@ -234,77 +212,54 @@ impl State {
         self.policies.values()
     }
 
-    /// Whether two snapshots hold the same policy set (by key and content).
-    pub fn same_policies(&self, other: &State) -> bool {
-        self.policies.len() == other.policies.len()
-            && self.policies.iter().all(|(k, p)| other.policies.get(k).is_some_and(|q| q == p))
+    /// Number of workloads, services and policies.
+    pub fn counts(&self) -> (usize, usize, usize) {
+        (self.workloads.len(), self.services.len(), self.policies.len())
+    }
+
+    /// Whether anything authorization decisions read differs between two snapshots built
+    /// independently (a whole local file replaced): the policy set, or a node-local workload's
+    /// namespace, identity or policy list (the rule [`Applied::authorization_changed`]
+    /// follows). O(n); an incremental update knows the answer
+    /// from [`State::apply`] instead.
+    pub fn authorization_differs(&self, other: &State) -> bool {
+        let policies_differ = self.policies.len() != other.policies.len()
+            || self.policies.iter().any(|(k, p)| other.policies.get(k).is_none_or(|q| q != p));
+        policies_differ
+            || self.workloads.iter().any(|(uid, w)| {
+                delta::authorization_inputs_differ(
+                    &self.node_name,
+                    Some(w),
+                    other.workloads.get(uid).map(|w| &**w),
+                )
+            })
+            || other.workloads.iter().any(|(uid, w)| {
+                !self.workloads.contains_key(uid)
+                    && delta::authorization_inputs_differ(&other.node_name, None, Some(w))
+            })
     }
 
     /// JSON for /config_dump: workloads sorted by uid, services sorted by hostname, policies sorted by key (camelCase, as §7.3).
     pub fn dump(&self) -> serde_json::Value {
         let mut workloads: Vec<&Workload> = self.workloads.values().map(|w| &**w).collect();
         workloads.sort_by(|a, b| a.uid.cmp(&b.uid));
-        let services: Vec<&Service> = self.services.iter().map(|s| &**s).collect();
-        let mut policies: Vec<(String, &Authorization)> =
-            self.policies.iter().map(|(k, p)| (k.clone(), &**p)).collect();
-        policies.sort_by(|a, b| a.0.cmp(&b.0));
+        let services: Vec<&Service> = self.services().map(|s| &**s).collect();
+        let mut policies: Vec<(&Key, &Authorization)> =
+            self.policies.iter().map(|(k, p)| (k, &**p)).collect();
+        policies.sort_by(|a, b| a.0.cmp(b.0));
         let policies: Vec<&Authorization> = policies.into_iter().map(|(_, p)| p).collect();
+        let staged: BTreeMap<&str, &EndpointSet> = self.staged.iter().map(|(k, e)| (&**k, e)).collect();
         serde_json::json!({
             "workloads": workloads,
             "services": services,
             "policies": policies,
-            "stagedServices": self.staged,
+            "stagedServices": staged,
         })
-    }
-
-    fn insert_workload(&mut self, w: Arc<Workload>, node_name: Option<&str>) {
-        if w.network_mode != NetworkMode::HostNetwork {
-            let by_ip = self.workloads_by_addr.entry(w.network.clone()).or_default();
-            for ip in &w.workload_ips {
-                match by_ip.get(ip) {
-                    // Equal rank: the first inserted (lowest uid) stays, for determinism.
-                    Some(existing) if address_rank(existing) >= address_rank(&w) => {}
-                    _ => {
-                        by_ip.insert(*ip, w.clone());
-                    }
-                }
-            }
-        }
-        if !w.hostname.is_empty() {
-            self.workloads_by_hostname.entry(w.hostname.clone()).or_default().push(w.clone());
-        }
-        if node_name.is_none_or(|n| n == w.node) {
-            self.local_identities
-                .entry(w.namespace.clone())
-                .or_default()
-                .entry(w.effective_service_account().to_owned())
-                .or_default()
-                .push(w.clone());
-        }
-        self.workloads.insert(w.uid.clone(), w);
-    }
-
-    fn insert_service(&mut self, svc: Arc<Service>) {
-        let same_ns = |list: &mut Vec<Arc<Service>>, svc: &Arc<Service>| {
-            list.retain(|s| s.namespace != svc.namespace);
-            list.push(svc.clone());
-        };
-        same_ns(self.services_by_hostname.entry(svc.hostname.clone()).or_default(), &svc);
-        for vip in &svc.vips {
-            same_ns(
-                self.services_by_vip.entry(vip.network.clone()).or_default().entry(vip.address).or_default(),
-                &svc,
-            );
-        }
-        for c in &svc.cidr_vips {
-            self.services_by_cidr.push((c.network.clone(), c.cidr, svc.clone()));
-        }
-        self.services.push(svc);
     }
 
     /// A workload whose hostname and namespace match (for hostname gateways without a service).
     fn workload_by_hostname(&self, namespace: &str, hostname: &str) -> Option<Arc<Workload>> {
-        self.workloads_by_hostname.get(hostname)?.iter().find(|w| w.namespace == namespace).cloned()
+        lowest_uid(self.workloads_by_hostname.get(hostname)?.values().filter(|w| w.namespace == namespace))
     }
 }
 
@@ -316,6 +271,11 @@ fn address_rank(w: &Workload) -> u8 {
         (false, true) => 1,
         (false, false) => 0,
     }
+}
+
+/// The workload with the lowest uid (a deterministic choice among several that match).
+fn lowest_uid<'a>(ws: impl Iterator<Item = &'a Arc<Workload>>) -> Option<Arc<Workload>> {
+    ws.min_by(|a, b| a.uid.cmp(&b.uid)).cloned()
 }
 
 /// The first item with the greatest key.

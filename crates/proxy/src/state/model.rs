@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use ambit_identity::Identity;
 use ipnet::IpNet;
@@ -225,7 +226,7 @@ pub struct Service {
     pub ports: BTreeMap<u16, u16>,
     /// Endpoints by workload uid (normally built from workloads' `services`).
     #[serde(default)]
-    pub endpoints: BTreeMap<String, Endpoint>,
+    pub endpoints: EndpointSet,
     /// Extra SPIFFE ids accepted for the server certificate.
     #[serde(default)]
     pub subject_alt_names: Vec<String>,
@@ -271,6 +272,116 @@ pub struct Endpoint {
     /// Health.
     #[serde(default)]
     pub status: HealthStatus,
+}
+
+/// A service's endpoints by workload uid.
+///
+/// A persistent map: a copy of a service with one endpoint changed shares every other endpoint
+/// with the original (O(log n) time and memory, never a copy of the set), so one workload update
+/// does not copy a service of 10 000 endpoints. Serialised as a map sorted by uid.
+#[derive(Clone, Default)]
+pub struct EndpointSet(imbl::HashMap<Arc<str>, Arc<Endpoint>>);
+
+impl EndpointSet {
+    /// The endpoint of workload `uid`.
+    pub fn get(&self, uid: &str) -> Option<&Endpoint> {
+        self.0.get(uid).map(|e| &**e)
+    }
+
+    /// Whether workload `uid` is an endpoint.
+    pub fn contains_key(&self, uid: &str) -> bool {
+        self.0.contains_key(uid)
+    }
+
+    /// Adds or replaces the endpoint of workload `uid`; returns the one replaced.
+    pub fn insert(
+        &mut self,
+        uid: impl Into<Arc<str>>,
+        endpoint: impl Into<Arc<Endpoint>>,
+    ) -> Option<Arc<Endpoint>> {
+        self.0.insert(uid.into(), endpoint.into())
+    }
+
+    /// Removes the endpoint of workload `uid`.
+    pub fn remove(&mut self, uid: &str) -> Option<Arc<Endpoint>> {
+        self.0.remove(uid)
+    }
+
+    /// Number of endpoints.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether there is no endpoint.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The endpoints' workload uids (unordered).
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.0.keys().map(|k| &**k)
+    }
+
+    /// The endpoints (unordered).
+    pub fn values(&self) -> impl Iterator<Item = &Endpoint> {
+        self.0.values().map(|e| &**e)
+    }
+
+    /// `(uid, endpoint)` pairs (unordered).
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Endpoint)> {
+        self.0.iter().map(|(k, e)| (&**k, &**e))
+    }
+
+    /// Keeps the endpoints for which `keep` holds.
+    pub fn retain(&mut self, mut keep: impl FnMut(&str, &Endpoint) -> bool) {
+        self.0.retain(|k, e| keep(k, e));
+    }
+
+    /// Whether both hold the same storage (then they are equal without looking further).
+    pub(crate) fn ptr_eq(&self, other: &Self) -> bool {
+        self.0.ptr_eq(&other.0)
+    }
+
+    pub(crate) fn entries(&self) -> impl Iterator<Item = (&Arc<str>, &Arc<Endpoint>)> {
+        self.0.iter()
+    }
+
+    fn sorted(&self) -> BTreeMap<&str, &Endpoint> {
+        self.iter().collect()
+    }
+}
+
+impl PartialEq for EndpointSet {
+    fn eq(&self, other: &Self) -> bool {
+        self.ptr_eq(other) || self.0 == other.0
+    }
+}
+
+impl Eq for EndpointSet {}
+
+impl fmt::Debug for EndpointSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map().entries(self.sorted()).finish()
+    }
+}
+
+impl Serialize for EndpointSet {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.sorted().serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for EndpointSet {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let map = BTreeMap::<String, Endpoint>::deserialize(d)?;
+        Ok(map.into_iter().collect())
+    }
+}
+
+impl<K: Into<Arc<str>>, E: Into<Arc<Endpoint>>> FromIterator<(K, E)> for EndpointSet {
+    fn from_iter<I: IntoIterator<Item = (K, E)>>(iter: I) -> Self {
+        EndpointSet(iter.into_iter().map(|(k, e)| (k.into(), e.into())).collect())
+    }
 }
 
 /// A waypoint with a sampling weight.

@@ -241,7 +241,7 @@ impl TryFrom<pb::Service> for Service {
             hostname: s.hostname,
             vips,
             cidr_vips,
-            endpoints: BTreeMap::new(),
+            endpoints: Default::default(),
             subject_alt_names: s.subject_alt_names,
             weighted_waypoints,
             load_balancer,

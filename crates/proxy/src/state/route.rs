@@ -235,7 +235,7 @@ impl State {
         let mut best_rank = 0usize;
         let mut candidates: Vec<(Arc<Workload>, u16)> = Vec::new();
         for ep in svc.endpoints.values() {
-            let Some(w) = self.workloads.get(&ep.workload_uid) else {
+            let Some(w) = self.workloads.get(ep.workload_uid.as_str()) else {
                 continue;
             };
             if w.capacity == 0 || !reachable(w, source, svc) {

@@ -1,14 +1,15 @@
 //! Lock-free publication of state snapshots, change notification and the local-file watcher.
 
+use std::convert::Infallible;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
 use arc_swap::ArcSwap;
 use tokio::sync::watch;
 
-use super::{LocalConfig, LocalConfigError, State};
+use super::{Applied, Delta, LocalConfig, LocalConfigError, State};
 
 /// Lock-free publisher of snapshots (arc-swap), with change notification.
 #[derive(Clone)]
@@ -20,6 +21,9 @@ struct Inner {
     current: ArcSwap<State>,
     changes: watch::Sender<u64>,
     policy_changes: watch::Sender<u64>,
+    /// Serialises writers (each reads the current snapshot and publishes the next); readers
+    /// never take it.
+    writer: Mutex<()>,
 }
 
 impl StateStore {
@@ -30,6 +34,7 @@ impl StateStore {
                 current: ArcSwap::from_pointee(initial),
                 changes: watch::Sender::new(0),
                 policy_changes: watch::Sender::new(0),
+                writer: Mutex::new(()),
             }),
         }
     }
@@ -39,13 +44,43 @@ impl StateStore {
         self.inner.current.load_full()
     }
 
-    /// Replaces the snapshot; bumps watchers, and the policy watcher only if the policy set changed.
+    /// Replaces the snapshot wholesale (a local file rebuilt); bumps watchers, and the policy
+    /// watcher only if something authorization reads differs ([`State::authorization_differs`],
+    /// O(n), as the rebuild is). Incremental changes go through [`StateStore::update`].
     pub fn publish(&self, s: State) {
+        let _writer = self.inner.writer.lock().unwrap_or_else(PoisonError::into_inner);
         let new = Arc::new(s);
         let old = self.inner.current.swap(new.clone());
-        let policies_changed = !old.same_policies(&new);
+        self.notify(old.authorization_differs(&new));
+    }
+
+    /// Makes the next snapshot from the current one with `f` (typically [`State::apply`]) and
+    /// publishes it if `f` says something changed; bumps the policy watcher only when
+    /// [`Applied::authorization_changed`]. Writers are serialised, so no update is lost; readers
+    /// never wait. `f`'s error publishes nothing and is returned.
+    pub fn update<E>(&self, f: impl FnOnce(&State) -> Result<(State, Applied), E>) -> Result<Applied, E> {
+        let _writer = self.inner.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        let current = self.inner.current.load_full();
+        let (next, applied) = f(&current)?;
+        if applied.changed {
+            self.inner.current.store(Arc::new(next));
+            self.notify(applied.authorization_changed);
+        }
+        Ok(applied)
+    }
+
+    /// Applies `delta` to the current snapshot and publishes the result ([`StateStore::update`]):
+    /// the good resources apply, the rejected ones are returned in [`Applied::rejected`].
+    pub fn apply(&self, delta: Delta) -> Applied {
+        match self.update(|s| Ok::<_, Infallible>(s.apply(delta))) {
+            Ok(applied) => applied,
+            Err(never) => match never {},
+        }
+    }
+
+    fn notify(&self, authorization_changed: bool) {
         self.inner.changes.send_modify(|v| *v = v.wrapping_add(1));
-        if policies_changed {
+        if authorization_changed {
             self.inner.policy_changes.send_modify(|v| *v = v.wrapping_add(1));
         }
     }
@@ -55,7 +90,8 @@ impl StateStore {
         self.inner.changes.subscribe()
     }
 
-    /// Notified when the policy set changes.
+    /// Notified when something authorization decisions read changes (see
+    /// [`Applied::authorization_changed`]).
     pub fn subscribe_policies(&self) -> watch::Receiver<u64> {
         self.inner.policy_changes.subscribe()
     }

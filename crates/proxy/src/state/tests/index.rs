@@ -56,7 +56,8 @@ fn find_local_by_node_and_identity() {
     assert!(st.workload_by_uid("c//Pod/ns/b").is_some());
 }
 
-fn policy(ns: &str, name: &str, scope: Scope) -> Authorization {
+/// A DENY policy with no rules.
+pub(super) fn policy(ns: &str, name: &str, scope: Scope) -> Authorization {
     Authorization {
         name: name.into(),
         namespace: ns.into(),

@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod config;
+mod delta;
 mod inbound;
 mod index;
 mod outbound;
@@ -55,7 +56,7 @@ fn svc(hostname: &str, vips: &[&str], ports: &[(u16, u16)]) -> Service {
         vips: vips.iter().map(|v| NetworkAddress { network: String::new(), address: ip(v) }).collect(),
         cidr_vips: vec![],
         ports: ports.iter().copied().collect(),
-        endpoints: BTreeMap::new(),
+        endpoints: EndpointSet::default(),
         subject_alt_names: vec![],
         waypoint: None,
         weighted_waypoints: vec![],

@@ -111,6 +111,123 @@ fn service() -> impl Strategy<Value = pb::Service> {
         })
 }
 
+/// A workload with every field the model keeps set to something.
+fn rich_workload() -> impl Strategy<Value = pb::Workload> {
+    (
+        workload(),
+        ("[a-z]{0,6}", "[a-z]{0,6}", "[a-z]{0,6}", "[a-z.]{0,6}", "[a-z]{0,4}", "[a-z]{0,4}"),
+        prop::collection::vec("[a-z/]{1,8}", 0..3),
+        prop::option::of(("[a-z]{0,3}", "[a-z]{0,3}", "[a-z]{0,3}")),
+        (any::<bool>(), "[a-z]{0,4}", "[a-z]{0,4}", "[a-z]{0,4}", "[a-z.]{0,8}", gateway()),
+    )
+        .prop_map(
+            |(mut w, (name, ns, sa, td, node, net), pols, loc, (native, cn, cr, wn, host, ngw))| {
+                w.name = name;
+                w.namespace = ns;
+                w.service_account = sa;
+                w.trust_domain = td;
+                w.node = node;
+                w.network = net;
+                w.authorization_policies = pols;
+                w.locality = loc.map(|(region, zone, subzone)| pb::Locality { region, zone, subzone });
+                w.native_tunnel = native;
+                w.canonical_name = cn;
+                w.canonical_revision = cr;
+                w.workload_name = wn;
+                w.hostname = host;
+                w.network_gateway = ngw;
+                w
+            },
+        )
+}
+
+fn rich_service() -> impl Strategy<Value = pb::Service> {
+    (
+        service(),
+        "[a-z]{0,6}",
+        "[a-z]{0,6}",
+        "[a-z.]{1,10}",
+        prop::collection::vec("[a-z:/]{0,12}", 0..2),
+        any::<bool>(),
+    )
+        .prop_map(|(mut s, name, ns, host, sans, canonical)| {
+            s.name = name;
+            s.namespace = ns;
+            s.hostname = host;
+            s.subject_alt_names = sans;
+            s.canonical = canonical;
+            s
+        })
+}
+
+fn string_match() -> impl Strategy<Value = ambit_api::security::StringMatch> {
+    use ambit_api::security::string_match::MatchType;
+    prop::option::of(prop_oneof![
+        "[a-z/]{0,6}".prop_map(MatchType::Exact),
+        "[a-z/]{0,6}".prop_map(MatchType::Prefix),
+        "[a-z/]{0,6}".prop_map(MatchType::Suffix),
+        Just(MatchType::Presence(())),
+    ])
+    .prop_map(|match_type| ambit_api::security::StringMatch { match_type })
+}
+
+fn authorization() -> impl Strategy<Value = ambit_api::security::Authorization> {
+    use ambit_api::security as sec;
+    let addr = || {
+        (bytes(), prop_oneof![0..=128u32, any::<u32>()])
+            .prop_map(|(address, length)| sec::Address { address, length })
+    };
+    let ports = || prop::collection::vec(prop_oneof![0..=65535u32, any::<u32>()], 0..2);
+    let accounts = prop::collection::vec(
+        ("[a-z]{0,4}", "[a-z]{0,4}")
+            .prop_map(|(namespace, service_account)| sec::ServiceAccountMatch { namespace, service_account }),
+        0..2,
+    );
+    let strings = || prop::collection::vec(string_match(), 0..3);
+    let nets = || prop::collection::vec(addr(), 0..3);
+    let m = (strings(), strings(), strings(), accounts, nets(), nets(), ports(), ports()).prop_map(
+        |(
+            namespaces,
+            not_principals,
+            principals,
+            service_accounts,
+            source_ips,
+            not_destination_ips,
+            destination_ports,
+            not_destination_ports,
+        )| sec::Match {
+            namespaces,
+            not_principals,
+            principals,
+            service_accounts,
+            source_ips,
+            not_destination_ips,
+            destination_ports,
+            not_destination_ports,
+            ..Default::default()
+        },
+    );
+    let rules = prop::collection::vec(
+        prop::collection::vec(
+            prop::collection::vec(m, 0..3).prop_map(|matches| sec::Clause { matches }),
+            0..3,
+        )
+        .prop_map(|clauses| sec::Rule { clauses }),
+        0..3,
+    );
+    ("[a-z]{0,6}", "[a-z]{0,6}", small_enum(), small_enum(), rules, any::<bool>()).prop_map(
+        |(name, namespace, scope, action, rules, dry_run)| sec::Authorization {
+            name,
+            namespace,
+            scope,
+            action,
+            rules,
+            dry_run,
+            extensions: vec![],
+        },
+    )
+}
+
 /// YAML-ish noise built from the tokens the format uses.
 fn yamlish() -> impl Strategy<Value = String> {
     let token = prop_oneof![
@@ -164,6 +281,27 @@ proptest! {
                     let _ = st.route_outbound(&w, "", SocketAddr::new(*ip_, 80));
                 }
             }
+        }
+    }
+
+    /// proto → model → proto → model is the identity (for what converts at all).
+    #[test]
+    fn model_to_proto_round_trips(w in rich_workload(), s in rich_service(), p in authorization()) {
+        if let Ok(model) = Workload::try_from(w) {
+            let back = pb::Workload::from(&model);
+            prop_assert_eq!(Workload::try_from(back), Ok(model.clone()));
+            let addr = Address::Workload(model);
+            prop_assert_eq!(Address::try_from(pb::Address::from(&addr)), Ok(addr));
+        }
+        if let Ok(model) = Service::try_from(s) {
+            let back = pb::Service::from(&model);
+            prop_assert_eq!(Service::try_from(back), Ok(model.clone()));
+            let addr = Address::Service(model);
+            prop_assert_eq!(Address::try_from(pb::Address::from(&addr)), Ok(addr));
+        }
+        if let Ok(model) = crate::authz::Authorization::try_from(&p) {
+            let back = ambit_api::security::Authorization::from(&model);
+            prop_assert_eq!(crate::authz::Authorization::try_from(&back), Ok(model));
         }
     }
 
