@@ -91,8 +91,9 @@ struct Entry {
     version: String,
 }
 
-/// Changed names per type index, merged until they are pushed.
-type Dirty = Vec<HashSet<String>>;
+/// Changed names per type index, each with the version of its latest change, merged until
+/// they are pushed.
+type Dirty = Vec<HashMap<String, u64>>;
 
 struct Inbox {
     dirty: Mutex<Dirty>,
@@ -122,8 +123,9 @@ impl Resources {
             let i = self.index(&c.type_url).ok_or_else(|| PublishError::UnknownType(c.type_url.clone()))?;
             indexed.push((i, c));
         }
-        let mut dirty: Dirty = vec![HashSet::new(); self.inner.types.len()];
+        let mut dirty: Dirty = vec![HashMap::new(); self.inner.types.len()];
         let mut state = self.inner.state.write().unwrap_or_else(PoisonError::into_inner);
+        let next = state.version + 1;
         for (i, c) in indexed {
             let set = &mut state.sets[i];
             for res in c.upserts {
@@ -139,7 +141,7 @@ impl Resources {
                 for a in &res.aliases {
                     set.by_alias.insert(a.clone(), res.name.clone());
                 }
-                dirty[i].insert(res.name.clone());
+                dirty[i].insert(res.name.clone(), next);
                 set.by_name.insert(res.name.clone(), Entry { res, version });
             }
             for name in c.removals {
@@ -149,15 +151,15 @@ impl Resources {
                             set.by_alias.remove(a);
                         }
                     }
-                    dirty[i].insert(name);
+                    dirty[i].insert(name, next);
                 }
             }
         }
-        if dirty.iter().all(HashSet::is_empty) {
+        if dirty.iter().all(HashMap::is_empty) {
             return Ok(state.version);
         }
-        state.version += 1;
-        let version = state.version;
+        state.version = next;
+        let version = next;
         drop(state);
         let mut inboxes = lock(&self.inner.inboxes);
         inboxes.retain(|w| w.strong_count() > 0);
@@ -305,7 +307,10 @@ struct StreamState {
 
 struct Sub {
     wildcard: bool,
-    names: HashSet<String>,
+    /// The snapshot version of the last response that sent everything (wildcard).
+    base: u64,
+    /// Subscribed names (not wildcard), each with the snapshot version it was last resolved at.
+    names: HashMap<String, u64>,
     responses: u64,
     last_nonce: String,
     acked: Vec<String>,
@@ -316,7 +321,7 @@ impl AdsServer {
     /// Serves `resources`; `authenticator` (if any) is asked once per stream.
     pub fn new(resources: Resources, cfg: ServerConfig, authenticator: Option<Arc<dyn Authenticate>>) -> Self {
         let width = resources.inner.types.len();
-        let inbox = Arc::new(Inbox { dirty: Mutex::new(vec![HashSet::new(); width]), wake: Notify::new() });
+        let inbox = Arc::new(Inbox { dirty: Mutex::new(vec![HashMap::new(); width]), wake: Notify::new() });
         lock(&resources.inner.inboxes).push(Arc::downgrade(&inbox));
         let slots = Arc::new(Semaphore::new(cfg.max_streams));
         Self {
@@ -340,7 +345,7 @@ impl AdsServer {
         let mut out: Vec<StreamStatus> = streams
             .iter()
             .map(|s| {
-                let pending_names = lock(&s.dirty).iter().map(HashSet::len).sum();
+                let pending_names = lock(&s.dirty).iter().map(HashMap::len).sum();
                 let st = lock(&s.state);
                 StreamStatus {
                     id: st.id,
@@ -353,7 +358,7 @@ impl AdsServer {
                         .zip(types)
                         .filter_map(|(sub, url)| {
                             let sub = sub.as_ref()?;
-                            let mut subscriptions: Vec<String> = sub.names.iter().cloned().collect();
+                            let mut subscriptions: Vec<String> = sub.names.keys().cloned().collect();
                             subscriptions.sort();
                             Some(StreamTypeStatus {
                                 type_url: url.clone(),
@@ -410,7 +415,7 @@ impl AggregatedDiscoveryService for AdsServer {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let width = self.inner.resources.inner.types.len();
         let shared = Arc::new(StreamShared {
-            dirty: Mutex::new(vec![HashSet::new(); width]),
+            dirty: Mutex::new(vec![HashMap::new(); width]),
             wake: Notify::new(),
             state: Mutex::new(StreamState {
                 id,
@@ -454,9 +459,11 @@ async fn serve_stream(server: &ServerInner, shared: &StreamShared, mut incoming:
                 }
             },
             () = shared.wake.notified() => {
-                let dirty = std::mem::take(&mut *lock(&shared.dirty));
-                let width = dirty.len();
-                *lock(&shared.dirty) = vec![HashSet::new(); width];
+                let dirty = {
+                    let mut d = lock(&shared.dirty);
+                    let width = d.len();
+                    std::mem::replace(&mut *d, vec![HashMap::new(); width])
+                };
                 push(resources, shared, &dirty)
             },
             () = tx.closed() => return,
@@ -503,7 +510,8 @@ fn on_request(resources: &Resources, shared: &StreamShared, req: DeltaDiscoveryR
         let wildcard = names.remove("*") || req.resource_names_subscribe.is_empty();
         let mut sub = Sub {
             wildcard,
-            names: HashSet::new(),
+            base: snap.version,
+            names: HashMap::new(),
             responses: 0,
             last_nonce: String::new(),
             acked: Vec::new(),
@@ -513,7 +521,7 @@ fn on_request(resources: &Resources, shared: &StreamShared, req: DeltaDiscoveryR
             everything(set, &req.initial_resource_versions)
         } else {
             let names: Vec<String> = names.into_iter().collect();
-            resolve(set, &mut sub, &names, &req.initial_resource_versions)
+            resolve(set, snap.version, &mut sub, &names, &req.initial_resource_versions)
         };
         let resp = response(type_url, snap.version, &mut sub, counter, resources_out, removed);
         subs[ti] = Some(sub);
@@ -532,7 +540,7 @@ fn on_request(resources: &Resources, shared: &StreamShared, req: DeltaDiscoveryR
         if n == "*" {
             resend_all |= !sub.wildcard;
             sub.wildcard = true;
-        } else if sub.wildcard || sub.names.insert(n.clone()) {
+        } else if sub.wildcard || !sub.names.contains_key(n) {
             new_names.push(n.clone());
         }
     }
@@ -545,9 +553,10 @@ fn on_request(resources: &Resources, shared: &StreamShared, req: DeltaDiscoveryR
     }
     let none = HashMap::new();
     let (out, removed) = if resend_all {
+        sub.base = snap.version;
         everything(set, &none)
     } else if !new_names.is_empty() {
-        resolve(set, sub, &new_names, &none)
+        resolve(set, snap.version, sub, &new_names, &none)
     } else {
         if req.response_nonce.is_empty() && req.resource_names_unsubscribe.is_empty() {
             debug!(stream = *id, %type_url, "request without nonce changes nothing; ignored");
@@ -574,10 +583,19 @@ fn everything(set: &TypeSet, initial: &HashMap<String, String>) -> (Vec<Resource
 /// Looks `names` up by name or alias for a named/on-demand subscriber: what is found is sent
 /// with its aliases and its `also` names, and joins the subscription; what is not is echoed as
 /// removed.
-fn resolve(set: &TypeSet, sub: &mut Sub, names: &[String], initial: &HashMap<String, String>) -> (Vec<Resource>, Vec<String>) {
+fn resolve(
+    set: &TypeSet,
+    version: u64,
+    sub: &mut Sub,
+    names: &[String],
+    initial: &HashMap<String, String>,
+) -> (Vec<Resource>, Vec<String>) {
     let mut send: Vec<&str> = Vec::new();
     let mut removed = Vec::new();
     for name in names {
+        if !sub.wildcard {
+            sub.names.insert(name.clone(), version);
+        }
         let real = if set.by_name.contains_key(name) { Some(name.as_str()) } else { set.by_alias.get(name).map(String::as_str) };
         match real {
             Some(real) => {
@@ -596,7 +614,9 @@ fn resolve(set: &TypeSet, sub: &mut Sub, names: &[String], initial: &HashMap<Str
         if !seen.insert(name) {
             continue;
         }
-        sub.names.insert(name.to_owned());
+        if !sub.wildcard {
+            sub.names.insert(name.to_owned(), version);
+        }
         if initial.get(name) != Some(&e.version) {
             out.push(wire(e, true));
         }
@@ -619,7 +639,7 @@ fn push(resources: &Resources, shared: &StreamShared, dirty: &Dirty) -> Vec<Delt
         let (resources_out, removed) = if sub.wildcard {
             let mut removed = Vec::new();
             let mut res = Vec::new();
-            for name in changed {
+            for (name, _) in changed.iter().filter(|(_, v)| **v > sub.base) {
                 match set.by_name.get(name) {
                     Some(e) => res.push(wire(e, false)),
                     None => removed.push(name.clone()),
@@ -627,8 +647,13 @@ fn push(resources: &Resources, shared: &StreamShared, dirty: &Dirty) -> Vec<Delt
             }
             (res, removed)
         } else {
-            let covered: Vec<String> = changed.iter().filter(|n| sub.names.contains(*n)).cloned().collect();
-            let (res, mut removed) = resolve(set, sub, &covered, &HashMap::new());
+            // Only names whose change is newer than what this stream was last sent.
+            let covered: Vec<String> = changed
+                .iter()
+                .filter(|(n, v)| sub.names.get(*n).is_some_and(|sent| *v > sent))
+                .map(|(n, _)| n.clone())
+                .collect();
+            let (res, mut removed) = resolve(set, snap.version, sub, &covered, &HashMap::new());
             removed.retain(|n| !set.by_alias.contains_key(n));
             (res, removed)
         };
@@ -684,7 +709,7 @@ async fn debounce(server: Weak<ServerInner>, inbox: Arc<Inbox>) {
         let batch = {
             let mut d = lock(&inbox.dirty);
             let width = d.len();
-            std::mem::replace(&mut *d, vec![HashSet::new(); width])
+            std::mem::replace(&mut *d, vec![HashMap::new(); width])
         };
         let Some(server) = server.upgrade() else { return };
         let streams: Vec<_> = lock(&server.streams).values().cloned().collect();
@@ -696,8 +721,11 @@ async fn debounce(server: Weak<ServerInner>, inbox: Arc<Inbox>) {
 }
 
 fn merge(into: &mut Dirty, from: &Dirty) {
-    for (a, b) in into.iter_mut().zip(from) {
-        a.extend(b.iter().cloned());
+    for (into, from) in into.iter_mut().zip(from) {
+        for (name, v) in from {
+            let e = into.entry(name.clone()).or_insert(*v);
+            *e = (*e).max(*v);
+        }
     }
 }
 
