@@ -47,11 +47,7 @@ impl XdsMetrics {
             "The total number of completed connections to xds server (unstable)",
             m.terminations.clone(),
         );
-        registry.register(
-            "xds_message",
-            "Total number of messages received (unstable)",
-            m.messages.clone(),
-        );
+        registry.register("xds_message", "Total number of messages received (unstable)", m.messages.clone());
         registry.register(
             "xds_message_bytes",
             "Total number of bytes received (unstable)",

@@ -319,7 +319,11 @@ struct Sub {
 
 impl AdsServer {
     /// Serves `resources`; `authenticator` (if any) is asked once per stream.
-    pub fn new(resources: Resources, cfg: ServerConfig, authenticator: Option<Arc<dyn Authenticate>>) -> Self {
+    pub fn new(
+        resources: Resources,
+        cfg: ServerConfig,
+        authenticator: Option<Arc<dyn Authenticate>>,
+    ) -> Self {
         let width = resources.inner.types.len();
         let inbox = Arc::new(Inbox { dirty: Mutex::new(vec![HashMap::new(); width]), wake: Notify::new() });
         lock(&resources.inner.inboxes).push(Arc::downgrade(&inbox));
@@ -440,7 +444,12 @@ impl AggregatedDiscoveryService for AdsServer {
 
 type Tx = mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>;
 
-async fn serve_stream(server: &ServerInner, shared: &StreamShared, mut incoming: Streaming<DeltaDiscoveryRequest>, tx: Tx) {
+async fn serve_stream(
+    server: &ServerInner,
+    shared: &StreamShared,
+    mut incoming: Streaming<DeltaDiscoveryRequest>,
+    tx: Tx,
+) {
     let resources = &server.resources;
     loop {
         let responses = tokio::select! {
@@ -477,7 +486,11 @@ async fn serve_stream(server: &ServerInner, shared: &StreamShared, mut incoming:
     }
 }
 
-fn on_request(resources: &Resources, shared: &StreamShared, req: DeltaDiscoveryRequest) -> Result<Vec<DeltaDiscoveryResponse>, Status> {
+fn on_request(
+    resources: &Resources,
+    shared: &StreamShared,
+    req: DeltaDiscoveryRequest,
+) -> Result<Vec<DeltaDiscoveryResponse>, Status> {
     let mut st = lock(&shared.state);
     if st.node_id.is_none() {
         match &req.node {
@@ -493,7 +506,10 @@ fn on_request(resources: &Resources, shared: &StreamShared, req: DeltaDiscoveryR
     if let Some(err) = &req.error_detail {
         warn!(stream = *id, type_url = %req.type_url, nonce = %req.response_nonce, "xDS NACK: {}", err.message);
         if let Some(sub) = subs[ti].as_mut() {
-            keep_last(&mut sub.nacks, ServerNack { nonce: req.response_nonce.clone(), message: err.message.clone() });
+            keep_last(
+                &mut sub.nacks,
+                ServerNack { nonce: req.response_nonce.clone(), message: err.message.clone() },
+            );
         }
         // Recorded only: the rejected version is not sent again, the next change is.
         return Ok(Vec::new());
@@ -575,7 +591,8 @@ fn everything(set: &TypeSet, initial: &HashMap<String, String>) -> (Vec<Resource
         .filter(|(name, e)| initial.get(*name) != Some(&e.version))
         .map(|(_, e)| wire(e, false))
         .collect();
-    let mut removed: Vec<String> = initial.keys().filter(|n| !set.by_name.contains_key(*n)).cloned().collect();
+    let mut removed: Vec<String> =
+        initial.keys().filter(|n| !set.by_name.contains_key(*n)).cloned().collect();
     removed.sort();
     (out, removed)
 }
@@ -596,7 +613,11 @@ fn resolve(
         if !sub.wildcard {
             sub.names.insert(name.clone(), version);
         }
-        let real = if set.by_name.contains_key(name) { Some(name.as_str()) } else { set.by_alias.get(name).map(String::as_str) };
+        let real = if set.by_name.contains_key(name) {
+            Some(name.as_str())
+        } else {
+            set.by_alias.get(name).map(String::as_str)
+        };
         match real {
             Some(real) => {
                 send.push(real);
@@ -677,7 +698,14 @@ fn wire(e: &Entry, aliases: bool) -> Resource {
     }
 }
 
-fn response(type_url: &str, version: u64, sub: &mut Sub, counter: &mut u64, resources: Vec<Resource>, removed: Vec<String>) -> DeltaDiscoveryResponse {
+fn response(
+    type_url: &str,
+    version: u64,
+    sub: &mut Sub,
+    counter: &mut u64,
+    resources: Vec<Resource>,
+    removed: Vec<String>,
+) -> DeltaDiscoveryResponse {
     *counter += 1;
     let nonce = format!("{version}-{counter}-{:016x}", rand::random::<u64>());
     sub.last_nonce = nonce.clone();
@@ -696,7 +724,9 @@ fn response(type_url: &str, version: u64, sub: &mut Sub, counter: &mut u64, reso
 async fn debounce(server: Weak<ServerInner>, inbox: Arc<Inbox>) {
     loop {
         inbox.wake.notified().await;
-        let Some((after, max)) = server.upgrade().map(|s| (s.cfg.debounce_after, s.cfg.debounce_max)) else { return };
+        let Some((after, max)) = server.upgrade().map(|s| (s.cfg.debounce_after, s.cfg.debounce_max)) else {
+            return;
+        };
         let first = Instant::now();
         let mut last = first;
         loop {

@@ -1,6 +1,8 @@
 //! Conformance of the xDS client against a scripted server: a tonic server in the test hands
 //! every stream to the test, which asserts each request and drives each response.
 
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -10,8 +12,8 @@ use std::time::Duration;
 use ambit_api::xds::aggregated_discovery_service_server::AggregatedDiscoveryService;
 use ambit_api::xds::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource};
 use ambit_xds::client::{
-    ClientConfig, ClientHandle, ConnectionState, Connector, DemandError, Handler, MetadataSource,
-    Rejection, Subscription, Typed, TypedHandler, TypedUpdate, Update, XdsClient,
+    ClientConfig, ClientHandle, ConnectionState, Connector, DemandError, Handler, MetadataSource, Rejection,
+    Subscription, Typed, TypedHandler, TypedUpdate, Update, XdsClient,
 };
 use ambit_xds::{BoxFuture, TerminationReason, XdsMetrics};
 use common::*;
@@ -72,11 +74,16 @@ impl AggregatedDiscoveryService for Script {
     }
 }
 
+/// One `apply` call: updated names, removed names.
+type Call = (Vec<String>, Vec<String>);
+type Subs = Vec<(String, Subscription)>;
+type Handlers = Vec<(String, Arc<dyn Handler>)>;
+
 /// What the test handler holds: name → payload. Payload `bad` is rejected.
 #[derive(Clone, Default)]
 struct Store {
     held: Arc<Mutex<BTreeMap<String, String>>>,
-    calls: Arc<Mutex<Vec<(Vec<String>, Vec<String>)>>>,
+    calls: Arc<Mutex<Vec<Call>>>,
 }
 
 impl Handler for Store {
@@ -118,7 +125,10 @@ struct Harness {
 }
 
 impl Harness {
-    async fn start(subscriptions: Vec<(String, Subscription)>, handlers: Vec<(String, Arc<dyn Handler>)>) -> Self {
+    async fn start(
+        subscriptions: Vec<(String, Subscription)>,
+        handlers: Vec<(String, Arc<dyn Handler>)>,
+    ) -> Self {
         Self::start_with(subscriptions, handlers, |_| {}).await
     }
 
@@ -146,7 +156,11 @@ impl Harness {
             m.insert("authorization", format!("Bearer {}", t.lock().unwrap()).parse()?);
             Ok(m)
         });
-        let mut cfg = ClientConfig::new(node("ztunnel~10.0.0.1~p.ns~ns.svc.cluster.local"), format!("http://{addr}"), subscriptions);
+        let mut cfg = ClientConfig::new(
+            node("ztunnel~10.0.0.1~p.ns~ns.svc.cluster.local"),
+            format!("http://{addr}"),
+            subscriptions,
+        );
         cfg.backoff.initial = Duration::from_millis(10);
         cfg.backoff.max = Duration::from_millis(100);
         tweak(&mut cfg);
@@ -187,7 +201,12 @@ impl Drop for Harness {
 }
 
 fn res(name: &str, version: &str, payload: &str) -> Resource {
-    Resource { name: name.into(), version: version.into(), resource: Some(any(A, payload.as_bytes())), ..Default::default() }
+    Resource {
+        name: name.into(),
+        version: version.into(),
+        resource: Some(any(A, payload.as_bytes())),
+        ..Default::default()
+    }
 }
 
 fn resp(type_url: &str, nonce: &str, resources: Vec<Resource>, removed: &[&str]) -> DeltaDiscoveryResponse {
@@ -200,10 +219,13 @@ fn resp(type_url: &str, nonce: &str, resources: Vec<Resource>, removed: &[&str])
     }
 }
 
-fn wildcard2(store_a: &Store, store_b: &Store) -> (Vec<(String, Subscription)>, Vec<(String, Arc<dyn Handler>)>) {
+fn wildcard2(store_a: &Store, store_b: &Store) -> (Subs, Handlers) {
     (
         vec![(A.into(), Subscription::Wildcard), (B.into(), Subscription::Wildcard)],
-        vec![(A.into(), Arc::new(store_a.clone()) as Arc<dyn Handler>), (B.into(), Arc::new(store_b.clone()) as Arc<dyn Handler>)],
+        vec![
+            (A.into(), Arc::new(store_a.clone()) as Arc<dyn Handler>),
+            (B.into(), Arc::new(store_b.clone()) as Arc<dyn Handler>),
+        ],
     )
 }
 
@@ -233,7 +255,8 @@ async fn wildcard_subscribe_ack_nack_partial_apply_removal_sync_status_metrics()
     assert!(!h.client.is_synced());
 
     // One good and one bad resource: the good one applies, the NACK names the bad one.
-    s.send(resp(A, "n1", vec![res("r1", "v1", "one"), res("r2", "v2", "bad"), res("r3", "v3", "bad")], &[])).await;
+    s.send(resp(A, "n1", vec![res("r1", "v1", "one"), res("r2", "v2", "bad"), res("r3", "v3", "bad")], &[]))
+        .await;
     let r = s.req().await;
     assert_eq!(r.response_nonce, "n1");
     assert_eq!(r.error_detail.as_ref().unwrap().message, "r2: payload is bad; r3: payload is bad");
@@ -345,7 +368,10 @@ async fn token_refused_is_a_clear_connection_error() {
     let h = Harness::start(subs, handlers).await;
     *h.script.refuse.lock().unwrap() = Some(Status::unauthenticated("authentication failure"));
     h.wait_status("a refused stream", |st| {
-        matches!(st.connection.state, ConnectionState::Backoff { reason: TerminationReason::ConnectionError, .. })
+        matches!(
+            st.connection.state,
+            ConnectionState::Backoff { reason: TerminationReason::ConnectionError, .. }
+        )
     })
     .await;
     let st = h.client.status();
@@ -382,7 +408,10 @@ async fn on_demand_by_name_alias_and_removal_and_pending_names_on_reconnect() {
     let mut h = Harness::start(subs, handlers).await;
     let mut s = h.stream().await;
     let r = s.req().await;
-    assert_eq!((r.type_url.as_str(), r.resource_names_subscribe.clone(), r.resource_names_unsubscribe.clone()), (A, strings(&["*"]), strings(&["*"])));
+    assert_eq!(
+        (r.type_url.as_str(), r.resource_names_subscribe.clone(), r.resource_names_unsubscribe.clone()),
+        (A, strings(&["*"]), strings(&["*"]))
+    );
     let r = s.req().await;
     assert!(r.resource_names_subscribe.is_empty());
     s.send(resp(B, "m1", vec![], &[])).await;
@@ -416,14 +445,21 @@ async fn on_demand_by_name_alias_and_removal_and_pending_names_on_reconnect() {
 
     // A demand while the stream is down goes out with the next connect, as an empty version.
     s.end(Status::internal("down")).await;
-    h.wait_status("backoff", |st| matches!(st.connection.state, ConnectionState::Backoff { .. } | ConnectionState::Connecting)).await;
+    h.wait_status("backoff", |st| {
+        matches!(st.connection.state, ConnectionState::Backoff { .. } | ConnectionState::Connecting)
+    })
+    .await;
     let later = tokio::spawn(h.client.demand(A, "late"));
     let mut s = h.stream().await;
     let r = s.req().await;
     assert_eq!(r.type_url, A);
     assert_eq!(
         r.initial_resource_versions.into_iter().collect::<BTreeMap<_, _>>(),
-        BTreeMap::from([("late".into(), "".into()), ("n1".into(), "v1".into()), ("uid-9".into(), "v9".into())])
+        BTreeMap::from([
+            ("late".into(), "".into()),
+            ("n1".into(), "v1".into()),
+            ("uid-9".into(), "v9".into())
+        ])
     );
     s.req().await;
     s.send(resp(A, "e1", vec![res("late", "vl", "l")], &[])).await;
@@ -453,7 +489,11 @@ async fn named_subscription_and_unknown_type_acked() {
 struct Nodes(Arc<Mutex<Vec<String>>>);
 
 impl TypedHandler<ambit_api::xds::Node> for Nodes {
-    fn apply(&self, updates: Vec<TypedUpdate<ambit_api::xds::Node>>, _: Vec<String>) -> BoxFuture<'_, Vec<Rejection>> {
+    fn apply(
+        &self,
+        updates: Vec<TypedUpdate<ambit_api::xds::Node>>,
+        _: Vec<String>,
+    ) -> BoxFuture<'_, Vec<Rejection>> {
         self.0.lock().unwrap().extend(updates.into_iter().map(|u| u.resource.id));
         Box::pin(async { Vec::new() })
     }
@@ -472,13 +512,19 @@ async fn typed_adapter_decodes_and_rejects() {
         resource: prost_types::Any { type_url: url.into(), value },
     };
     let rejected = typed
-        .apply(vec![u("good", A, good), u("garbage", A, vec![0xff, 0xff, 0xff]), u("wrong", B, vec![])], vec![])
+        .apply(
+            vec![u("good", A, good), u("garbage", A, vec![0xff, 0xff, 0xff]), u("wrong", B, vec![])],
+            vec![],
+        )
         .await;
     assert_eq!(*nodes.0.lock().unwrap(), vec!["n-1".to_owned()]);
     assert_eq!(rejected.len(), 2);
     assert_eq!(rejected[0].name, "garbage");
     assert!(rejected[0].reason.starts_with(&format!("cannot decode {A}: ")), "{}", rejected[0].reason);
-    assert_eq!(rejected[1], Rejection { name: "wrong".into(), reason: format!("payload has type URL {B:?}, expected {A:?}") });
+    assert_eq!(
+        rejected[1],
+        Rejection { name: "wrong".into(), reason: format!("payload has type URL {B:?}, expected {A:?}") }
+    );
 }
 
 /// With paused time and a connector that always fails, the waits double from the initial
@@ -505,13 +551,26 @@ async fn connect_failures_back_off_exponentially_with_jitter() {
     let mut expected = Duration::from_millis(10);
     for (i, gap) in gaps.iter().enumerate() {
         expected = (expected * 2).min(Duration::from_secs(15));
-        assert!(*gap >= expected / 2 && *gap <= expected, "wait {i} was {gap:?}, expected within [{:?}, {expected:?}]", expected / 2);
+        assert!(
+            *gap >= expected / 2 && *gap <= expected,
+            "wait {i} was {gap:?}, expected within [{:?}, {expected:?}]",
+            expected / 2
+        );
     }
     assert!(gaps.len() >= 10, "{gaps:?}");
     let st = handle.status();
-    assert_eq!(st.connection.last_error.as_deref(), Some("cannot connect to the xDS server http://x: no route to host"));
+    assert_eq!(
+        st.connection.last_error.as_deref(),
+        Some("cannot connect to the xDS server http://x: no route to host")
+    );
     let mut out = String::new();
     prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
-    assert!(out.contains(&format!("xds_connection_terminations_total{{reason=\"ConnectionError\"}} {}", calls.len())), "{out}");
+    assert!(
+        out.contains(&format!(
+            "xds_connection_terminations_total{{reason=\"ConnectionError\"}} {}",
+            calls.len()
+        )),
+        "{out}"
+    );
     assert_eq!(handle.demand(A, "x").await, Err(DemandError::Stopped));
 }

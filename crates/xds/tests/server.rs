@@ -1,6 +1,8 @@
 //! Conformance of the xDS server against a scripted client: the raw tonic client stub sends
 //! each request and the test asserts each response.
 
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::collections::{BTreeMap, HashMap};
@@ -10,7 +12,9 @@ use std::time::Duration;
 use ambit_api::xds::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use ambit_api::xds::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Status as WireStatus};
 use ambit_xds::resource_version;
-use ambit_xds::server::{AdsServer, Authenticate, Changes, Principal, Resources, ServerConfig, ServerResource};
+use ambit_xds::server::{
+    AdsServer, Authenticate, Changes, Principal, Resources, ServerConfig, ServerResource,
+};
 use common::*;
 use tokio::sync::mpsc;
 use tokio::time::timeout;
@@ -32,7 +36,11 @@ async fn start(cfg: ServerConfig, auth: Option<Arc<dyn Authenticate>>) -> Server
 }
 
 fn fast() -> ServerConfig {
-    ServerConfig { debounce_after: Duration::from_millis(20), debounce_max: Duration::from_secs(1), ..Default::default() }
+    ServerConfig {
+        debounce_after: Duration::from_millis(20),
+        debounce_max: Duration::from_secs(1),
+        ..Default::default()
+    }
 }
 
 fn r(name: &str, payload: &str) -> ServerResource {
@@ -104,7 +112,10 @@ impl Client {
     async fn wildcard(&self, type_url: &str, initial: &[(&str, &str)]) {
         self.send(DeltaDiscoveryRequest {
             node: Some(node("ztunnel~10.0.0.1~p.ns~ns.svc.cluster.local")),
-            initial_resource_versions: initial.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+            initial_resource_versions: initial
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
             ..req(type_url)
         })
         .await;
@@ -139,7 +150,9 @@ async fn first_request_without_node_is_invalid_argument() {
 #[tokio::test]
 async fn wildcard_subscribe_ack_pushes_only_changes_and_removals_in_type_order() {
     let s = start(fast(), None).await;
-    s.resources.publish([upsert(A, vec![r("a1", "one"), r("a2", "two")]), upsert(B, vec![r("b1", "bee")])]).unwrap();
+    s.resources
+        .publish([upsert(A, vec![r("a1", "one"), r("a2", "two")]), upsert(B, vec![r("b1", "bee")])])
+        .unwrap();
     let mut c = Client::open(&s.url, None).await.unwrap();
     c.wildcard(A, &[]).await;
     let first = c.recv().await;
@@ -308,7 +321,10 @@ async fn on_demand_by_name_alias_also_not_found_and_unsubscribe() {
 
     let st = s.ads.status();
     assert!(!st[0].types[0].wildcard);
-    assert_eq!(st[0].types[0].subscriptions, strings(&["net/10.0.0.1", "net/10.9.9.9", "ns/svc", "uid-1", "uid-2"]));
+    assert_eq!(
+        st[0].types[0].subscriptions,
+        strings(&["net/10.0.0.1", "net/10.9.9.9", "ns/svc", "uid-1", "uid-2"])
+    );
 
     // Unsubscribe: no answer, and later changes are not pushed.
     c.send(DeltaDiscoveryRequest { resource_names_unsubscribe: strings(&["uid-2"]), ..req(A) }).await;
@@ -378,7 +394,8 @@ async fn max_streams_is_enforced() {
 /// Pushes received (with their content) until `quiet_ms` pass without one.
 async fn drain(c: &mut Client, quiet_ms: u64) -> Vec<DeltaDiscoveryResponse> {
     let mut out = Vec::new();
-    while let Ok(Some(Ok(Some(p)))) = timeout(Duration::from_millis(quiet_ms), c.rx.message()).await.map(Some) {
+    while let Ok(Some(Ok(Some(p)))) = timeout(Duration::from_millis(quiet_ms), c.rx.message()).await.map(Some)
+    {
         c.ack(&p).await;
         out.push(p);
     }
@@ -387,7 +404,8 @@ async fn drain(c: &mut Client, quiet_ms: u64) -> Vec<DeltaDiscoveryResponse> {
 
 #[tokio::test]
 async fn debounce_merges_a_burst_and_last_state_wins() {
-    let s = start(ServerConfig { debounce_after: Duration::from_millis(100), ..Default::default() }, None).await;
+    let s =
+        start(ServerConfig { debounce_after: Duration::from_millis(100), ..Default::default() }, None).await;
     s.resources.publish([upsert(A, vec![r("a1", "v-start")])]).unwrap();
     let mut c = Client::open(&s.url, None).await.unwrap();
     c.wildcard(A, &[]).await;
@@ -396,7 +414,12 @@ async fn debounce_merges_a_burst_and_last_state_wins() {
 
     let started = std::time::Instant::now();
     for i in 0..10_000 {
-        s.resources.publish([upsert(A, vec![r("a1", &format!("v-{i}")), r(&format!("n-{}", i % 50), &format!("{i}"))])]).unwrap();
+        s.resources
+            .publish([upsert(
+                A,
+                vec![r("a1", &format!("v-{i}")), r(&format!("n-{}", i % 50), &format!("{i}"))],
+            )])
+            .unwrap();
         if i % 100 == 0 {
             tokio::task::yield_now().await;
         }
@@ -406,13 +429,17 @@ async fn debounce_merges_a_burst_and_last_state_wins() {
     eprintln!("10000 publishes in {burst:?} → {} pushes", pushes.len());
     assert!(burst < Duration::from_secs(1), "the burst took {burst:?}");
     assert!((1..=3).contains(&pushes.len()), "{} pushes", pushes.len());
-    let last = pushes.iter().flat_map(contents).filter(|(n, _)| n == "a1").last().unwrap();
+    let last = pushes.iter().flat_map(contents).rfind(|(n, _)| n == "a1").unwrap();
     assert_eq!(last.1.1, "v-9999");
 }
 
 #[tokio::test]
 async fn debounce_max_bounds_the_delay_under_constant_churn() {
-    let cfg = ServerConfig { debounce_after: Duration::from_millis(100), debounce_max: Duration::from_millis(300), ..Default::default() };
+    let cfg = ServerConfig {
+        debounce_after: Duration::from_millis(100),
+        debounce_max: Duration::from_millis(300),
+        ..Default::default()
+    };
     let s = start(cfg, None).await;
     let mut c = Client::open(&s.url, None).await.unwrap();
     c.wildcard(A, &[]).await;
@@ -445,7 +472,15 @@ fn rss_bytes() -> u64 {
 
 #[tokio::test]
 async fn a_client_that_never_reads_holds_only_a_set_of_names() {
-    let s = start(ServerConfig { debounce_after: Duration::from_millis(1), debounce_max: Duration::from_millis(5), ..Default::default() }, None).await;
+    let s = start(
+        ServerConfig {
+            debounce_after: Duration::from_millis(1),
+            debounce_max: Duration::from_millis(5),
+            ..Default::default()
+        },
+        None,
+    )
+    .await;
     let big = |name: &str, round: usize| ServerResource {
         name: name.into(),
         aliases: vec![],
@@ -465,7 +500,11 @@ async fn a_client_that_never_reads_holds_only_a_set_of_names() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     let after = rss_bytes();
     let st = s.ads.status();
-    eprintln!("pending names {}, RSS growth {} MiB", st[0].pending_names, (after.saturating_sub(before)) >> 20);
+    eprintln!(
+        "pending names {}, RSS growth {} MiB",
+        st[0].pending_names,
+        (after.saturating_sub(before)) >> 20
+    );
     assert!(st[0].pending_names <= 100, "{}", st[0].pending_names);
     assert!(after.saturating_sub(before) < 200 << 20, "RSS grew by {} MiB", (after - before) >> 20);
 

@@ -174,12 +174,9 @@ where
                 continue;
             }
             match M::decode(u.resource.value.as_slice()) {
-                Ok(resource) => good.push(TypedUpdate {
-                    name: u.name,
-                    version: u.version,
-                    aliases: u.aliases,
-                    resource,
-                }),
+                Ok(resource) => {
+                    good.push(TypedUpdate { name: u.name, version: u.version, aliases: u.aliases, resource })
+                }
                 Err(e) => rejected.push(Rejection {
                     name: u.name,
                     reason: format!("cannot decode {}: {e}", self.type_url),
@@ -284,6 +281,7 @@ pub struct XdsClient;
 impl XdsClient {
     /// Builds the client: the handle, and the task the owner spawns. `handlers` maps type URLs to
     /// their handler; a type without one is logged once and ACKed.
+    #[allow(clippy::new_ret_no_self, reason = "the client is its handle plus its task")]
     pub fn new(
         cfg: ClientConfig,
         connector: Connector,

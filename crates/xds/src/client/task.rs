@@ -11,8 +11,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tracing::{debug, info, warn};
 
 use super::{
-    ClientConfig, ConnectionState, Connector, Handler, MetadataSource, Nack, Rejection, Shared,
-    Subscription, Update,
+    ClientConfig, ConnectionState, Connector, Handler, MetadataSource, Nack, Rejection, Shared, Subscription,
+    Update,
 };
 use crate::{TerminationReason, XdsMetrics};
 
@@ -156,8 +156,8 @@ impl Task {
             // The queue was sized for these, and the receiver is alive.
             let _ = tx.try_send(initial_request(&self.cfg, ts));
         }
-        let mut client =
-            AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(self.cfg.max_message_bytes);
+        let mut client = AggregatedDiscoveryServiceClient::new(channel)
+            .max_decoding_message_size(self.cfg.max_message_bytes);
         let mut request = tonic::Request::new(ReceiverStream::new(rx));
         *request.metadata_mut() = metadata;
         let mut responses = match client.delta_aggregated_resources(request).await {
@@ -239,7 +239,8 @@ impl Task {
     }
 
     async fn on_response(&mut self, resp: DeltaDiscoveryResponse, tx: &mpsc::Sender<DeltaDiscoveryRequest>) {
-        let DeltaDiscoveryResponse { system_version_info, resources, type_url, removed_resources, nonce } = resp;
+        let DeltaDiscoveryResponse { system_version_info, resources, type_url, removed_resources, nonce } =
+            resp;
         let bytes = resources.iter().filter_map(|r| r.resource.as_ref()).map(|a| a.value.len() as u64).sum();
         self.metrics.message(&type_url, bytes);
         debug!(%type_url, %nonce, resources = resources.len(), removed = removed_resources.len(), "xDS response");
@@ -323,8 +324,11 @@ impl Task {
             match nack {
                 Some(message) => {
                     t.nacks += 1;
-                    t.last_nack =
-                        Some(Nack { nonce: nonce.to_owned(), message: message.to_owned(), at: SystemTime::now() });
+                    t.last_nack = Some(Nack {
+                        nonce: nonce.to_owned(),
+                        message: message.to_owned(),
+                        at: SystemTime::now(),
+                    });
                 }
                 None => t.acks += 1,
             }
@@ -392,7 +396,9 @@ fn nack_message(rejections: &[Rejection]) -> String {
 
 fn open_refused(server: &str, status: &tonic::Status) -> String {
     let hint = match status.code() {
-        tonic::Code::Unauthenticated => "; the server refused our credentials (check the token the proxy sends)",
+        tonic::Code::Unauthenticated => {
+            "; the server refused our credentials (check the token the proxy sends)"
+        }
         tonic::Code::PermissionDenied => "; the server does not let this identity read its configuration",
         _ => "",
     };

@@ -1,6 +1,6 @@
 //! Helpers shared by the conformance tests: a local tonic listener and small builders.
 
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used)]
 
 use std::net::SocketAddr;
 use std::time::Duration;
