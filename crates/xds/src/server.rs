@@ -216,6 +216,10 @@ pub struct ServerConfig {
     pub debounce_max: Duration,
     /// Streams served at once; more are refused with `ResourceExhausted`.
     pub max_streams: usize,
+    /// Names one stream may subscribe to (all types together); a request that goes past it
+    /// ends the stream with `ResourceExhausted`. (The size of one request is bounded by the
+    /// tonic server's decoding limit, which the owner sets.)
+    pub max_subscribed_names: usize,
 }
 
 impl Default for ServerConfig {
@@ -224,6 +228,7 @@ impl Default for ServerConfig {
             debounce_after: Duration::from_millis(100),
             debounce_max: Duration::from_secs(10),
             max_streams: 100_000,
+            max_subscribed_names: 1_000_000,
         }
     }
 }
@@ -454,7 +459,7 @@ async fn serve_stream(
     loop {
         let responses = tokio::select! {
             req = incoming.message() => match req {
-                Ok(Some(req)) => match on_request(resources, shared, req) {
+                Ok(Some(req)) => match on_request(resources, shared, req, server.cfg.max_subscribed_names) {
                     Ok(r) => r,
                     Err(status) => {
                         let _ = tx.send(Err(status)).await;
@@ -487,6 +492,22 @@ async fn serve_stream(
 }
 
 fn on_request(
+    resources: &Resources,
+    shared: &StreamShared,
+    req: DeltaDiscoveryRequest,
+    max_names: usize,
+) -> Result<Vec<DeltaDiscoveryResponse>, Status> {
+    let out = handle_request(resources, shared, req)?;
+    let subscribed: usize = lock(&shared.state).subs.iter().flatten().map(|s| s.names.len()).sum();
+    if subscribed > max_names {
+        return Err(Status::resource_exhausted(format!(
+            "this stream subscribes to {subscribed} names, more than the server's limit of {max_names}"
+        )));
+    }
+    Ok(out)
+}
+
+fn handle_request(
     resources: &Resources,
     shared: &StreamShared,
     req: DeltaDiscoveryRequest,

@@ -391,6 +391,24 @@ async fn max_streams_is_enforced() {
     assert_eq!(err.message(), "this xDS server already serves 1 streams; retry later");
 }
 
+#[tokio::test]
+async fn subscribed_names_are_capped() {
+    let s = start(ServerConfig { max_subscribed_names: 3, ..fast() }, None).await;
+    let mut c = Client::open(&s.url, None).await.unwrap();
+    c.send(DeltaDiscoveryRequest {
+        node: Some(node("n")),
+        resource_names_subscribe: strings(&["a", "b"]),
+        ..req(A)
+    })
+    .await;
+    let p = c.recv().await;
+    assert_eq!(p.removed_resources, strings(&["a", "b"]));
+    c.send(DeltaDiscoveryRequest { resource_names_subscribe: strings(&["c", "d"]), ..req(A) }).await;
+    let err = c.recv_err().await;
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted);
+    assert_eq!(err.message(), "this stream subscribes to 4 names, more than the server's limit of 3");
+}
+
 /// Pushes received (with their content) until `quiet_ms` pass without one.
 async fn drain(c: &mut Client, quiet_ms: u64) -> Vec<DeltaDiscoveryResponse> {
     let mut out = Vec::new();

@@ -393,7 +393,10 @@ impl ClientHandle {
         let (tx, rx) = oneshot::channel();
         let by_name = d.waiters.entry(type_url.to_owned()).or_default();
         let fresh = !by_name.contains_key(name);
-        by_name.entry(name.to_owned()).or_default().push(tx);
+        let senders = by_name.entry(name.to_owned()).or_default();
+        // Callers that timed out on this name leave closed senders; drop them as we go.
+        senders.retain(|s| !s.is_closed());
+        senders.push(tx);
         if fresh {
             d.waiting += 1;
         }

@@ -11,8 +11,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tracing::{debug, info, warn};
 
 use super::{
-    ClientConfig, ConnectionState, Connector, Handler, MetadataSource, Nack, Rejection, Shared, Subscription,
-    Update,
+    ClientConfig, ConnectionState, Connector, Handler, MAX_PENDING_DEMANDS, MetadataSource, Nack, Rejection,
+    Shared, Subscription, Update,
 };
 use crate::{TerminationReason, XdsMetrics};
 
@@ -217,7 +217,11 @@ impl Task {
                 already.push((url, name));
                 continue;
             }
-            ts.pending.insert(name.clone());
+            // Unanswered names are re-requested on every reconnect; past the cap a demand is
+            // still sent on the live stream but not remembered for the next one.
+            if ts.pending.len() < MAX_PENDING_DEMANDS {
+                ts.pending.insert(name.clone());
+            }
             by_type[i].push(name);
         }
         if !already.is_empty() {
