@@ -38,3 +38,20 @@ pub type BoxFuture<'a, T> = futures::future::BoxFuture<'a, T>;
 pub fn resource_version(any: &prost_types::Any) -> String {
     format!("{:x}", xxhash_rust::xxh64::xxh64(&any.value, 0))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::resource_version;
+
+    #[test]
+    fn version_is_unpadded_lowercase_xxh64_of_the_payload() {
+        let any = |v: &[u8]| prost_types::Any { type_url: "ignored".into(), value: v.to_vec() };
+        // XXH64 of the empty input with seed 0 is 0xEF46DB3751D8E999.
+        assert_eq!(resource_version(&any(b"")), "ef46db3751d8e999");
+        // The type URL is not part of it.
+        let other = prost_types::Any { type_url: "other".into(), value: b"x".to_vec() };
+        assert_eq!(resource_version(&any(b"x")), resource_version(&other));
+        let v = resource_version(&any(b"x"));
+        assert!(!v.starts_with('0') && v.chars().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
+    }
+}

@@ -574,3 +574,36 @@ async fn connect_failures_back_off_exponentially_with_jitter() {
     );
     assert_eq!(handle.demand(A, "x").await, Err(DemandError::Stopped));
 }
+
+#[tokio::test]
+async fn subscribed_type_without_handler_is_acked_and_counts_for_sync() {
+    let subs = vec![(A.into(), Subscription::Wildcard)];
+    let mut h = Harness::start(subs, Vec::new()).await;
+    let mut s = h.stream().await;
+    s.req().await;
+    s.send(resp(A, "n1", vec![res("x", "v", "bad")], &[])).await;
+    assert_ack(&s.req().await, A, "n1");
+    timeout(WAIT, h.client.synced()).await.expect("synced");
+    assert_eq!(h.client.status().types[0].acks, 1);
+}
+
+#[tokio::test]
+async fn waiting_demands_are_capped_and_abandoned_ones_are_pruned() {
+    use ambit_xds::client::MAX_PENDING_DEMANDS;
+    let connector: Connector = Arc::new(|| Box::pin(async { Err("down".into()) }));
+    let metadata: MetadataSource = Arc::new(|| Ok(MetadataMap::new()));
+    let cfg = ClientConfig::new(node("n"), "http://x", vec![(A.into(), Subscription::OnDemand)]);
+    let (handle, run) = XdsClient::new(cfg, connector, metadata, Vec::new(), XdsMetrics::default());
+    let task = tokio::spawn(run);
+    let waiting: Vec<_> = (0..MAX_PENDING_DEMANDS).map(|i| handle.demand(A, &format!("n{i}"))).collect();
+    // Another caller for a name already waited on is fine; a new name is refused.
+    let again = handle.demand(A, "n0");
+    assert_eq!(handle.demand(A, "one-too-many").await, Err(DemandError::TooMany));
+    drop(again);
+    // Callers that gave up (timed out) free their places.
+    drop(waiting);
+    let ok = handle.demand(A, "fresh");
+    task.abort();
+    let _ = task.await;
+    assert_eq!(ok.await, Err(DemandError::Stopped));
+}

@@ -349,13 +349,13 @@ impl ClientHandle {
         &self,
         type_url: &str,
         name: &str,
-    ) -> impl Future<Output = Result<(), DemandError>> + Send + 'static {
+    ) -> impl Future<Output = Result<(), DemandError>> + Send + 'static + use<> {
         let rx = self.register_demand(type_url, name);
         async move { rx?.await.map_err(|_| DemandError::Stopped) }
     }
 
     /// Resolves once an ACK (not a NACK) has been sent for every type that is not on demand.
-    pub fn synced(&self) -> impl Future<Output = ()> + Send + 'static {
+    pub fn synced(&self) -> impl Future<Output = ()> + Send + 'static + use<> {
         let mut rx = self.shared.synced.subscribe();
         async move {
             // The sender lives as long as the handle's shared state, so this only ends on sync.

@@ -49,6 +49,8 @@ pub(super) struct Task {
     shared: Arc<Shared>,
     types: Vec<TypeState>,
     warned: HashSet<String>,
+    /// Held by the task itself, so even a task dropped before its first poll stops the handle.
+    _stop: StopGuard,
 }
 
 /// Wakes waiting demand callers with `Stopped` when the task ends or is dropped.
@@ -83,11 +85,11 @@ impl Task {
                 acked: false,
             })
             .collect();
-        Self { cfg, connector, metadata, handlers, metrics, shared, types, warned: HashSet::new() }
+        let _stop = StopGuard(shared.clone());
+        Self { cfg, connector, metadata, handlers, metrics, shared, types, warned: HashSet::new(), _stop }
     }
 
     pub(super) async fn run(mut self) {
-        let _guard = StopGuard(self.shared.clone());
         let initial = self.cfg.backoff.initial;
         let mut backoff = initial;
         loop {
