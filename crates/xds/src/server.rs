@@ -1,0 +1,792 @@
+//! The delta ADS server: the owner publishes resources, every stream gets what it subscribed to.
+//!
+//! [`Resources`] is the owner's published set, per type URL, in the order the types were
+//! registered (responses follow that order: Address before Authorization). [`AdsServer`]
+//! implements the generated `AggregatedDiscoveryService` trait, so the owner mounts it on its own
+//! tonic `Server` (with TLS or not). Per stream it follows istiod (`control-plane.md` §5.1–§5.3)
+//! for a generic type.
+//!
+//! Bounded: a publish only marks names dirty. A debouncer merges those marks and, after
+//! `debounce_after` of quiet (or `debounce_max` after the first), hands each stream the set of
+//! changed names; the stream builds its push from the current state when it can send. At most
+//! one response per stream is queued (the next waits until the client reads), so a client that
+//! never reads makes the server hold one response and a set of distinct names, never a queue of
+//! copies. Streams are capped at [`ServerConfig::max_streams`].
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock, Weak};
+use std::time::Duration;
+
+use ambit_api::xds::aggregated_discovery_service_server::AggregatedDiscoveryService;
+use ambit_api::xds::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource};
+use serde::Serialize;
+use tokio::sync::{Notify, Semaphore, mpsc};
+use tokio::time::Instant;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::{debug, info, warn};
+
+use crate::resource_version;
+
+/// One resource the owner publishes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServerResource {
+    /// Its name (unique within its type).
+    pub name: String,
+    /// Other names it answers to for named/on-demand subscribers (e.g. `<network>/<ip>`).
+    pub aliases: Vec<String>,
+    /// The payload.
+    pub resource: prost_types::Any,
+    /// Names sent along when this resource is sent to a named/on-demand subscriber (a Service
+    /// brings its workloads); they join that subscription.
+    pub also: Vec<String>,
+}
+
+/// Changes to one type.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Changes {
+    /// The type URL (registered with [`Resources::new`]).
+    pub type_url: String,
+    /// Added or replaced resources.
+    pub upserts: Vec<ServerResource>,
+    /// Names removed.
+    pub removals: Vec<String>,
+}
+
+/// Why a publish was refused (nothing of it was applied).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PublishError {
+    /// The type was not registered.
+    #[error("type {0} was not registered with Resources::new")]
+    UnknownType(String),
+}
+
+/// The owner's published set (cheap to clone; clones share it).
+#[derive(Clone)]
+pub struct Resources {
+    inner: Arc<ResourcesInner>,
+}
+
+struct ResourcesInner {
+    types: Vec<String>,
+    state: RwLock<Snapshot>,
+    /// Debouncers of the servers serving this set.
+    inboxes: Mutex<Vec<Weak<Inbox>>>,
+}
+
+struct Snapshot {
+    version: u64,
+    sets: Vec<TypeSet>,
+}
+
+#[derive(Default)]
+struct TypeSet {
+    by_name: HashMap<String, Entry>,
+    by_alias: HashMap<String, String>,
+}
+
+struct Entry {
+    res: ServerResource,
+    version: String,
+}
+
+/// Changed names per type index, each with the version of its latest change, merged until
+/// they are pushed.
+type Dirty = Vec<HashMap<String, u64>>;
+
+struct Inbox {
+    dirty: Mutex<Dirty>,
+    wake: Notify,
+}
+
+impl Resources {
+    /// An empty set serving `type_urls`, in this order.
+    pub fn new<S: Into<String>>(type_urls: impl IntoIterator<Item = S>) -> Self {
+        let types: Vec<String> = type_urls.into_iter().map(Into::into).collect();
+        let sets = types.iter().map(|_| TypeSet::default()).collect();
+        Self {
+            inner: Arc::new(ResourcesInner {
+                types,
+                state: RwLock::new(Snapshot { version: 0, sets }),
+                inboxes: Mutex::new(Vec::new()),
+            }),
+        }
+    }
+
+    /// Applies `changes` (all or none), bumps the version if anything changed and wakes the
+    /// servers' debouncers. A resource whose payload, aliases and `also` are unchanged is not a
+    /// change. Returns the version after the publish.
+    pub fn publish(&self, changes: impl IntoIterator<Item = Changes>) -> Result<u64, PublishError> {
+        let mut indexed = Vec::new();
+        for c in changes {
+            let i = self.index(&c.type_url).ok_or_else(|| PublishError::UnknownType(c.type_url.clone()))?;
+            indexed.push((i, c));
+        }
+        let mut dirty: Dirty = vec![HashMap::new(); self.inner.types.len()];
+        let mut state = self.inner.state.write().unwrap_or_else(PoisonError::into_inner);
+        let next = state.version + 1;
+        for (i, c) in indexed {
+            let set = &mut state.sets[i];
+            for res in c.upserts {
+                let version = resource_version(&res.resource);
+                if let Some(old) = set.by_name.get(&res.name) {
+                    if old.version == version && old.res.aliases == res.aliases && old.res.also == res.also {
+                        continue;
+                    }
+                    for a in &old.res.aliases {
+                        set.by_alias.remove(a);
+                    }
+                }
+                for a in &res.aliases {
+                    set.by_alias.insert(a.clone(), res.name.clone());
+                }
+                dirty[i].insert(res.name.clone(), next);
+                set.by_name.insert(res.name.clone(), Entry { res, version });
+            }
+            for name in c.removals {
+                if let Some(old) = set.by_name.remove(&name) {
+                    for a in &old.res.aliases {
+                        if set.by_alias.get(a) == Some(&name) {
+                            set.by_alias.remove(a);
+                        }
+                    }
+                    dirty[i].insert(name, next);
+                }
+            }
+        }
+        if dirty.iter().all(HashMap::is_empty) {
+            return Ok(state.version);
+        }
+        state.version = next;
+        let version = next;
+        drop(state);
+        let mut inboxes = lock(&self.inner.inboxes);
+        inboxes.retain(|w| w.strong_count() > 0);
+        for inbox in inboxes.iter().filter_map(Weak::upgrade) {
+            merge(&mut lock(&inbox.dirty), &dirty);
+            inbox.wake.notify_one();
+        }
+        Ok(version)
+    }
+
+    /// The current version (bumped by every publish that changed something).
+    pub fn version(&self) -> u64 {
+        self.read().version
+    }
+
+    /// Number of resources of `type_url`.
+    pub fn len(&self, type_url: &str) -> usize {
+        self.index(type_url).map_or(0, |i| self.read().sets[i].by_name.len())
+    }
+
+    /// Whether no resource of `type_url` is published.
+    pub fn is_empty(&self, type_url: &str) -> bool {
+        self.len(type_url) == 0
+    }
+
+    fn index(&self, type_url: &str) -> Option<usize> {
+        self.inner.types.iter().position(|t| t == type_url)
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Snapshot> {
+        self.inner.state.read().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Who the authenticator says the peer is (a SPIFFE id, a token's subject).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Principal {
+    /// The peer's identity as the authenticator names it.
+    pub name: String,
+}
+
+/// Authenticates a stream from its metadata and peer certificates (in the request's extensions).
+pub trait Authenticate: Send + Sync {
+    /// `Err` ends the stream with that status (e.g. `Unauthenticated`).
+    fn authenticate(&self, req: &Request<()>) -> Result<Principal, Status>;
+}
+
+/// Server settings.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Push once no change arrived for this long...
+    pub debounce_after: Duration,
+    /// ...or this long after the first change of a burst.
+    pub debounce_max: Duration,
+    /// Streams served at once; more are refused with `ResourceExhausted`.
+    pub max_streams: usize,
+    /// Names one stream may subscribe to (all types together); a request that goes past it
+    /// ends the stream with `ResourceExhausted`. (The size of one request is bounded by the
+    /// tonic server's decoding limit, which the owner sets.)
+    pub max_subscribed_names: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            debounce_after: Duration::from_millis(100),
+            debounce_max: Duration::from_secs(10),
+            max_streams: 100_000,
+            max_subscribed_names: 1_000_000,
+        }
+    }
+}
+
+/// One stream's state, for tests and debug endpoints.
+#[derive(Clone, Debug, Serialize)]
+pub struct StreamStatus {
+    /// The server's id of the stream.
+    pub id: u64,
+    /// `node.id` of its first request (empty until then).
+    pub node_id: String,
+    /// What the authenticator returned.
+    pub principal: Option<Principal>,
+    /// Changed names waiting to be pushed (bounded by the distinct names changed).
+    pub pending_names: usize,
+    /// One entry per type the client subscribed to, in registration order.
+    pub types: Vec<StreamTypeStatus>,
+}
+
+/// One type's subscription on a stream.
+#[derive(Clone, Debug, Serialize)]
+pub struct StreamTypeStatus {
+    /// The type URL.
+    pub type_url: String,
+    /// Whether the client subscribed to everything.
+    pub wildcard: bool,
+    /// Names subscribed (sorted; empty for wildcard).
+    pub subscriptions: Vec<String>,
+    /// Responses sent.
+    pub responses: u64,
+    /// Nonce of the last response sent.
+    pub last_nonce: String,
+    /// The last ACKed nonces, oldest first (at most [`STATUS_HISTORY`]).
+    pub acked_nonces: Vec<String>,
+    /// The last NACKs, oldest first (at most [`STATUS_HISTORY`]).
+    pub nacks: Vec<ServerNack>,
+}
+
+/// A NACK a client sent.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ServerNack {
+    /// The nonce it rejected.
+    pub nonce: String,
+    /// Its `error_detail.message`.
+    pub message: String,
+}
+
+/// ACKed nonces and NACKs kept per stream and type.
+pub const STATUS_HISTORY: usize = 16;
+
+/// The delta ADS service (cheap to clone; clones share streams and status).
+#[derive(Clone)]
+pub struct AdsServer {
+    inner: Arc<ServerInner>,
+}
+
+struct ServerInner {
+    resources: Resources,
+    cfg: ServerConfig,
+    auth: Option<Arc<dyn Authenticate>>,
+    inbox: Arc<Inbox>,
+    streams: Mutex<HashMap<u64, Arc<StreamShared>>>,
+    slots: Arc<Semaphore>,
+    next_id: AtomicU64,
+    debouncer: OnceLock<()>,
+}
+
+struct StreamShared {
+    dirty: Mutex<Dirty>,
+    wake: Notify,
+    state: Mutex<StreamState>,
+}
+
+struct StreamState {
+    id: u64,
+    node_id: Option<String>,
+    principal: Option<Principal>,
+    subs: Vec<Option<Sub>>,
+    counter: u64,
+}
+
+struct Sub {
+    wildcard: bool,
+    /// The snapshot version of the last response that sent everything (wildcard).
+    base: u64,
+    /// Subscribed names (not wildcard), each with the snapshot version it was last resolved at.
+    names: HashMap<String, u64>,
+    responses: u64,
+    last_nonce: String,
+    acked: Vec<String>,
+    nacks: Vec<ServerNack>,
+}
+
+impl AdsServer {
+    /// Serves `resources`; `authenticator` (if any) is asked once per stream.
+    pub fn new(
+        resources: Resources,
+        cfg: ServerConfig,
+        authenticator: Option<Arc<dyn Authenticate>>,
+    ) -> Self {
+        let width = resources.inner.types.len();
+        let inbox = Arc::new(Inbox { dirty: Mutex::new(vec![HashMap::new(); width]), wake: Notify::new() });
+        lock(&resources.inner.inboxes).push(Arc::downgrade(&inbox));
+        let slots = Arc::new(Semaphore::new(cfg.max_streams));
+        Self {
+            inner: Arc::new(ServerInner {
+                resources,
+                cfg,
+                auth: authenticator,
+                inbox,
+                streams: Mutex::new(HashMap::new()),
+                slots,
+                next_id: AtomicU64::new(1),
+                debouncer: OnceLock::new(),
+            }),
+        }
+    }
+
+    /// Every open stream's state, by stream id.
+    pub fn status(&self) -> Vec<StreamStatus> {
+        let streams: Vec<_> = lock(&self.inner.streams).values().cloned().collect();
+        let types = &self.inner.resources.inner.types;
+        let mut out: Vec<StreamStatus> = streams
+            .iter()
+            .map(|s| {
+                let pending_names = lock(&s.dirty).iter().map(HashMap::len).sum();
+                let st = lock(&s.state);
+                StreamStatus {
+                    id: st.id,
+                    node_id: st.node_id.clone().unwrap_or_default(),
+                    principal: st.principal.clone(),
+                    pending_names,
+                    types: st
+                        .subs
+                        .iter()
+                        .zip(types)
+                        .filter_map(|(sub, url)| {
+                            let sub = sub.as_ref()?;
+                            let mut subscriptions: Vec<String> = sub.names.keys().cloned().collect();
+                            subscriptions.sort();
+                            Some(StreamTypeStatus {
+                                type_url: url.clone(),
+                                wildcard: sub.wildcard,
+                                subscriptions,
+                                responses: sub.responses,
+                                last_nonce: sub.last_nonce.clone(),
+                                acked_nonces: sub.acked.clone(),
+                                nacks: sub.nacks.clone(),
+                            })
+                        })
+                        .collect(),
+                }
+            })
+            .collect();
+        out.sort_by_key(|s| s.id);
+        out
+    }
+
+    fn start_debouncer(&self) {
+        self.inner.debouncer.get_or_init(|| {
+            tokio::spawn(debounce(Arc::downgrade(&self.inner), self.inner.inbox.clone()));
+        });
+    }
+}
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for AdsServer {
+    type DeltaAggregatedResourcesStream = ReceiverStream<Result<DeltaDiscoveryResponse, Status>>;
+
+    async fn delta_aggregated_resources(
+        &self,
+        request: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+        let Ok(slot) = self.inner.slots.clone().try_acquire_owned() else {
+            return Err(Status::resource_exhausted(format!(
+                "this xDS server already serves {} streams; retry later",
+                self.inner.cfg.max_streams
+            )));
+        };
+        let (metadata, extensions, incoming) = request.into_parts();
+        let probe = Request::from_parts(metadata, extensions, ());
+        let principal = match &self.inner.auth {
+            Some(auth) => match auth.authenticate(&probe) {
+                Ok(p) => Some(p),
+                Err(status) => {
+                    info!(peer = ?probe.remote_addr(), "xDS stream refused: {status}");
+                    return Err(status);
+                }
+            },
+            None => None,
+        };
+        self.start_debouncer();
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let width = self.inner.resources.inner.types.len();
+        let shared = Arc::new(StreamShared {
+            dirty: Mutex::new(vec![HashMap::new(); width]),
+            wake: Notify::new(),
+            state: Mutex::new(StreamState {
+                id,
+                node_id: None,
+                principal,
+                subs: (0..width).map(|_| None).collect(),
+                counter: 0,
+            }),
+        });
+        lock(&self.inner.streams).insert(id, shared.clone());
+        let (tx, rx) = mpsc::channel(1);
+        let server = self.inner.clone();
+        tokio::spawn(async move {
+            let _slot = slot;
+            serve_stream(&server, &shared, incoming, tx).await;
+            lock(&server.streams).remove(&id);
+            debug!(stream = id, "xDS stream closed");
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+type Tx = mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>;
+
+async fn serve_stream(
+    server: &ServerInner,
+    shared: &StreamShared,
+    mut incoming: Streaming<DeltaDiscoveryRequest>,
+    tx: Tx,
+) {
+    let resources = &server.resources;
+    loop {
+        let responses = tokio::select! {
+            req = incoming.message() => match req {
+                Ok(Some(req)) => match on_request(resources, shared, req, server.cfg.max_subscribed_names) {
+                    Ok(r) => r,
+                    Err(status) => {
+                        let _ = tx.send(Err(status)).await;
+                        return;
+                    }
+                },
+                Ok(None) => return,
+                Err(status) => {
+                    debug!("xDS stream read failed: {status}");
+                    return;
+                }
+            },
+            () = shared.wake.notified() => {
+                let dirty = {
+                    let mut d = lock(&shared.dirty);
+                    let width = d.len();
+                    std::mem::replace(&mut *d, vec![HashMap::new(); width])
+                };
+                push(resources, shared, &dirty)
+            },
+            () = tx.closed() => return,
+        };
+        for r in responses {
+            // One response queued at a time: a client that does not read stalls only itself.
+            if tx.send(Ok(r)).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+fn on_request(
+    resources: &Resources,
+    shared: &StreamShared,
+    req: DeltaDiscoveryRequest,
+    max_names: usize,
+) -> Result<Vec<DeltaDiscoveryResponse>, Status> {
+    let out = handle_request(resources, shared, req)?;
+    let subscribed: usize = lock(&shared.state).subs.iter().flatten().map(|s| s.names.len()).sum();
+    if subscribed > max_names {
+        return Err(Status::resource_exhausted(format!(
+            "this stream subscribes to {subscribed} names, more than the server's limit of {max_names}"
+        )));
+    }
+    Ok(out)
+}
+
+fn handle_request(
+    resources: &Resources,
+    shared: &StreamShared,
+    req: DeltaDiscoveryRequest,
+) -> Result<Vec<DeltaDiscoveryResponse>, Status> {
+    let mut st = lock(&shared.state);
+    if st.node_id.is_none() {
+        match &req.node {
+            Some(node) if !node.id.is_empty() => st.node_id = Some(node.id.clone()),
+            _ => return Err(Status::invalid_argument("missing node information")),
+        }
+    }
+    let Some(ti) = resources.index(&req.type_url) else {
+        warn!(stream = st.id, type_url = %req.type_url, "xDS request for a type this server does not serve; ignored");
+        return Ok(Vec::new());
+    };
+    let StreamState { subs, counter, id, .. } = &mut *st;
+    if let Some(err) = &req.error_detail {
+        warn!(stream = *id, type_url = %req.type_url, nonce = %req.response_nonce, "xDS NACK: {}", err.message);
+        if let Some(sub) = subs[ti].as_mut() {
+            keep_last(
+                &mut sub.nacks,
+                ServerNack { nonce: req.response_nonce.clone(), message: err.message.clone() },
+            );
+        }
+        // Recorded only: the rejected version is not sent again, the next change is.
+        return Ok(Vec::new());
+    }
+    let snap = resources.read();
+    let set = &snap.sets[ti];
+    let type_url = &resources.inner.types[ti];
+    let Some(sub) = subs[ti].as_mut() else {
+        let mut names: HashSet<String> = req.resource_names_subscribe.iter().cloned().collect();
+        names.extend(req.initial_resource_versions.keys().cloned());
+        for u in &req.resource_names_unsubscribe {
+            names.remove(u);
+        }
+        let wildcard = names.remove("*") || req.resource_names_subscribe.is_empty();
+        let mut sub = Sub {
+            wildcard,
+            base: snap.version,
+            names: HashMap::new(),
+            responses: 0,
+            last_nonce: String::new(),
+            acked: Vec::new(),
+            nacks: Vec::new(),
+        };
+        let (resources_out, removed) = if wildcard {
+            everything(set, &req.initial_resource_versions)
+        } else {
+            let names: Vec<String> = names.into_iter().collect();
+            resolve(set, snap.version, &mut sub, &names, &req.initial_resource_versions)
+        };
+        let resp = response(type_url, snap.version, &mut sub, counter, resources_out, removed);
+        subs[ti] = Some(sub);
+        return Ok(vec![resp]);
+    };
+    if !req.response_nonce.is_empty() && req.response_nonce != sub.last_nonce {
+        debug!(stream = *id, %type_url, nonce = %req.response_nonce, "stale nonce; request ignored");
+        return Ok(Vec::new());
+    }
+    if !req.response_nonce.is_empty() {
+        keep_last(&mut sub.acked, req.response_nonce.clone());
+    }
+    let mut resend_all = false;
+    let mut new_names = Vec::new();
+    for n in &req.resource_names_subscribe {
+        if n == "*" {
+            resend_all |= !sub.wildcard;
+            sub.wildcard = true;
+        } else if sub.wildcard || !sub.names.contains_key(n) {
+            new_names.push(n.clone());
+        }
+    }
+    for n in &req.resource_names_unsubscribe {
+        if n == "*" {
+            sub.wildcard = false;
+        } else {
+            sub.names.remove(n);
+        }
+    }
+    let none = HashMap::new();
+    let (out, removed) = if resend_all {
+        sub.base = snap.version;
+        everything(set, &none)
+    } else if !new_names.is_empty() {
+        resolve(set, snap.version, sub, &new_names, &none)
+    } else {
+        if req.response_nonce.is_empty() && req.resource_names_unsubscribe.is_empty() {
+            debug!(stream = *id, %type_url, "request without nonce changes nothing; ignored");
+        }
+        return Ok(Vec::new());
+    };
+    Ok(vec![response(type_url, snap.version, sub, counter, out, removed)])
+}
+
+/// Every resource of the type except those the client already holds at the same version, and
+/// the names the client reported that no longer exist.
+fn everything(set: &TypeSet, initial: &HashMap<String, String>) -> (Vec<Resource>, Vec<String>) {
+    let out = set
+        .by_name
+        .iter()
+        .filter(|(name, e)| initial.get(*name) != Some(&e.version))
+        .map(|(_, e)| wire(e, false))
+        .collect();
+    let mut removed: Vec<String> =
+        initial.keys().filter(|n| !set.by_name.contains_key(*n)).cloned().collect();
+    removed.sort();
+    (out, removed)
+}
+
+/// Looks `names` up by name or alias for a named/on-demand subscriber: what is found is sent
+/// with its aliases and its `also` names, and joins the subscription; what is not is echoed as
+/// removed.
+fn resolve(
+    set: &TypeSet,
+    version: u64,
+    sub: &mut Sub,
+    names: &[String],
+    initial: &HashMap<String, String>,
+) -> (Vec<Resource>, Vec<String>) {
+    let mut send: Vec<&str> = Vec::new();
+    let mut removed = Vec::new();
+    for name in names {
+        if !sub.wildcard {
+            sub.names.insert(name.clone(), version);
+        }
+        let real = if set.by_name.contains_key(name) {
+            Some(name.as_str())
+        } else {
+            set.by_alias.get(name).map(String::as_str)
+        };
+        match real {
+            Some(real) => {
+                send.push(real);
+                if let Some(e) = set.by_name.get(real) {
+                    send.extend(e.res.also.iter().map(String::as_str));
+                }
+            }
+            None => removed.push(name.clone()),
+        }
+    }
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    for name in send {
+        let Some(e) = set.by_name.get(name) else { continue };
+        if !seen.insert(name) {
+            continue;
+        }
+        if !sub.wildcard {
+            sub.names.insert(name.to_owned(), version);
+        }
+        if initial.get(name) != Some(&e.version) {
+            out.push(wire(e, true));
+        }
+    }
+    (out, removed)
+}
+
+/// The changed names a stream's subscription covers, one response per type that has any.
+fn push(resources: &Resources, shared: &StreamShared, dirty: &Dirty) -> Vec<DeltaDiscoveryResponse> {
+    let snap = resources.read();
+    let mut st = lock(&shared.state);
+    let StreamState { subs, counter, .. } = &mut *st;
+    let mut out = Vec::new();
+    for (ti, changed) in dirty.iter().enumerate() {
+        let Some(Some(sub)) = subs.get_mut(ti) else { continue };
+        if changed.is_empty() {
+            continue;
+        }
+        let set = &snap.sets[ti];
+        let (resources_out, removed) = if sub.wildcard {
+            let mut removed = Vec::new();
+            let mut res = Vec::new();
+            for (name, _) in changed.iter().filter(|(_, v)| **v > sub.base) {
+                match set.by_name.get(name) {
+                    Some(e) => res.push(wire(e, false)),
+                    None => removed.push(name.clone()),
+                }
+            }
+            (res, removed)
+        } else {
+            // Only names whose change is newer than what this stream was last sent.
+            let covered: Vec<String> = changed
+                .iter()
+                .filter(|(n, v)| sub.names.get(*n).is_some_and(|sent| *v > sent))
+                .map(|(n, _)| n.clone())
+                .collect();
+            let (res, mut removed) = resolve(set, snap.version, sub, &covered, &HashMap::new());
+            removed.retain(|n| !set.by_alias.contains_key(n));
+            (res, removed)
+        };
+        if resources_out.is_empty() && removed.is_empty() {
+            continue;
+        }
+        let mut removed = removed;
+        removed.sort();
+        out.push(response(&resources.inner.types[ti], snap.version, sub, counter, resources_out, removed));
+    }
+    out
+}
+
+fn wire(e: &Entry, aliases: bool) -> Resource {
+    Resource {
+        name: e.res.name.clone(),
+        aliases: if aliases { e.res.aliases.clone() } else { Vec::new() },
+        version: e.version.clone(),
+        resource: Some(e.res.resource.clone()),
+        ..Default::default()
+    }
+}
+
+fn response(
+    type_url: &str,
+    version: u64,
+    sub: &mut Sub,
+    counter: &mut u64,
+    resources: Vec<Resource>,
+    removed: Vec<String>,
+) -> DeltaDiscoveryResponse {
+    *counter += 1;
+    let nonce = format!("{version}-{counter}-{:016x}", rand::random::<u64>());
+    sub.last_nonce = nonce.clone();
+    sub.responses += 1;
+    DeltaDiscoveryResponse {
+        system_version_info: version.to_string(),
+        resources,
+        type_url: type_url.to_owned(),
+        removed_resources: removed,
+        nonce,
+    }
+}
+
+/// Merges publishes: waits for a first change, then for `debounce_after` of quiet or
+/// `debounce_max` after the first, and hands the merged names to every stream.
+async fn debounce(server: Weak<ServerInner>, inbox: Arc<Inbox>) {
+    loop {
+        inbox.wake.notified().await;
+        let Some((after, max)) = server.upgrade().map(|s| (s.cfg.debounce_after, s.cfg.debounce_max)) else {
+            return;
+        };
+        let first = Instant::now();
+        let mut last = first;
+        loop {
+            let deadline = (last + after).min(first + max);
+            tokio::select! {
+                () = inbox.wake.notified() => last = Instant::now(),
+                () = tokio::time::sleep_until(deadline) => break,
+            }
+        }
+        let batch = {
+            let mut d = lock(&inbox.dirty);
+            let width = d.len();
+            std::mem::replace(&mut *d, vec![HashMap::new(); width])
+        };
+        let Some(server) = server.upgrade() else { return };
+        let streams: Vec<_> = lock(&server.streams).values().cloned().collect();
+        for s in streams {
+            merge(&mut lock(&s.dirty), &batch);
+            s.wake.notify_one();
+        }
+    }
+}
+
+fn merge(into: &mut Dirty, from: &Dirty) {
+    for (into, from) in into.iter_mut().zip(from) {
+        for (name, v) in from {
+            let e = into.entry(name.clone()).or_insert(*v);
+            *e = (*e).max(*v);
+        }
+    }
+}
+
+fn keep_last<T>(v: &mut Vec<T>, item: T) {
+    if v.len() >= STATUS_HISTORY {
+        v.remove(0);
+    }
+    v.push(item);
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
