@@ -21,6 +21,7 @@ use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 use serde::Serialize;
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
+use tokio_util::either::Either;
 use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue, MetadataMap};
 use tonic::transport::{Channel, Endpoint, Uri};
 
@@ -83,6 +84,9 @@ pub struct ControlPlaneConfig {
     pub cluster_id: String,
     /// Extra request headers, names without the `CA_HEADER_`/`XDS_HEADER_` prefix.
     pub headers: Vec<(String, String)>,
+    /// `SO_MARK` on the connection's socket (`PACKET_MARK`): a proxy inside a captured pod marks
+    /// its own control traffic so that the pod's capture rules let it out untouched.
+    pub mark: Option<u32>,
 }
 
 /// A validated control-plane connection: builds channels and request metadata.
@@ -96,6 +100,7 @@ struct Inner {
     address: String,
     uri: Uri,
     tls: Option<TlsTarget>,
+    mark: Option<u32>,
     token: Option<TokenSource>,
     cluster_id: Option<AsciiMetadataValue>,
     headers: Vec<(AsciiMetadataKey, AsciiMetadataValue)>,
@@ -434,7 +439,16 @@ impl ControlPlane {
             cfg.token.as_ref().map(TokenSource::bearer).transpose()?;
         }
         Ok(ControlPlane {
-            inner: Arc::new(Inner { service, address, uri, tls, token: cfg.token, cluster_id, headers }),
+            inner: Arc::new(Inner {
+                service,
+                address,
+                uri,
+                tls,
+                mark: cfg.mark,
+                token: cfg.token,
+                cluster_id,
+                headers,
+            }),
         })
     }
 
@@ -512,9 +526,20 @@ impl ControlPlane {
             .keep_alive_timeout(H2_KEEPALIVE_TIMEOUT)
     }
 
+    /// Our connector: always for TLS, and for plaintext when the socket must be marked
+    /// (tonic's own connector cannot set `SO_MARK`).
     fn connector(&self) -> Result<Option<Connector>, ControlError> {
         let inner = &self.inner;
-        let Some(tls) = &inner.tls else { return Ok(None) };
+        let Some(tls) = &inner.tls else {
+            return Ok(inner.mark.map(|mark| Connector {
+                target: Arc::new(ConnectTarget {
+                    service: inner.service,
+                    address: inner.address.clone(),
+                    mark: Some(mark),
+                    tls: None,
+                }),
+            }));
+        };
         let roots = Arc::new(tls.roots.load(inner.service)?);
         let provider = crate::tls::provider();
         let webpki =
@@ -538,9 +563,12 @@ impl ControlPlane {
             target: Arc::new(ConnectTarget {
                 service: inner.service,
                 address: inner.address.clone(),
-                server_name: tls.server_name.clone(),
-                alt_set: tls.alt_name.is_some(),
-                tls: tokio_rustls::TlsConnector::from(Arc::new(config)),
+                mark: inner.mark,
+                tls: Some(TlsConnect {
+                    server_name: tls.server_name.clone(),
+                    alt_set: tls.alt_name.is_some(),
+                    connector: tokio_rustls::TlsConnector::from(Arc::new(config)),
+                }),
             }),
         }))
     }
@@ -705,13 +733,19 @@ struct Connector {
 struct ConnectTarget {
     service: Service,
     address: String,
+    mark: Option<u32>,
+    tls: Option<TlsConnect>,
+}
+
+/// The TLS half of a [`ConnectTarget`].
+struct TlsConnect {
     server_name: ServerName<'static>,
     alt_set: bool,
-    tls: tokio_rustls::TlsConnector,
+    connector: tokio_rustls::TlsConnector,
 }
 
 impl tonic::codegen::Service<Uri> for Connector {
-    type Response = TokioIo<TlsStream<TcpStream>>;
+    type Response = TokioIo<Either<TlsStream<TcpStream>, TcpStream>>;
     type Error = ControlError;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, ControlError>> + Send>>;
 
@@ -729,7 +763,7 @@ impl tonic::codegen::Service<Uri> for Connector {
             };
             let host = uri.host().unwrap_or_default().trim_start_matches('[').trim_end_matches(']');
             let port = uri.port_u16().unwrap_or(443);
-            let tcp = TcpStream::connect((host, port)).await.map_err(connect_err)?;
+            let tcp = connect_marked(host, port, target.mark).await.map_err(connect_err)?;
             let keepalive = socket2::TcpKeepalive::new()
                 .with_time(TCP_KEEPALIVE.0)
                 .with_interval(TCP_KEEPALIVE.1)
@@ -737,8 +771,11 @@ impl tonic::codegen::Service<Uri> for Connector {
             let sock = socket2::SockRef::from(&tcp);
             sock.set_tcp_keepalive(&keepalive).map_err(connect_err)?;
             sock.set_tcp_nodelay(true).map_err(connect_err)?;
-            let tls = target.tls.connect(target.server_name.clone(), tcp).await.map_err(|source| {
-                let hint = handshake_hint(target.service, &source, target.alt_set);
+            let Some(tls) = &target.tls else {
+                return Ok(TokioIo::new(Either::Right(tcp)));
+            };
+            let tls = tls.connector.connect(tls.server_name.clone(), tcp).await.map_err(|source| {
+                let hint = handshake_hint(target.service, &source, tls.alt_set);
                 ControlError::Handshake {
                     service: target.service,
                     address: target.address.clone(),
@@ -746,9 +783,28 @@ impl tonic::codegen::Service<Uri> for Connector {
                     hint,
                 }
             })?;
-            Ok(TokioIo::new(tls))
+            Ok(TokioIo::new(Either::Left(tls)))
         })
     }
+}
+
+/// Connects to `host:port` (each resolved address in turn), with `SO_MARK` set before the
+/// connect when `mark` is given.
+async fn connect_marked(host: &str, port: u16, mark: Option<u32>) -> std::io::Result<TcpStream> {
+    let Some(mark) = mark else { return TcpStream::connect((host, port)).await };
+    let mut last = None;
+    for addr in tokio::net::lookup_host((host, port)).await? {
+        let socket =
+            if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+        socket2::SockRef::from(&socket).set_mark(mark)?;
+        match socket.connect(addr).await {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::NotFound, format!("{host} resolves to no address"))
+    }))
 }
 
 /// What an operator may do about a failed handshake.

@@ -121,6 +121,38 @@ impl TestCaServer {
     }
 }
 
+/// The test CA as a service to mount on another tonic server (istiod serves the CA and xDS on
+/// one port), with the record of the requests it saw.
+#[derive(Clone)]
+pub struct TestCaService {
+    /// The CA that signs workload certificates.
+    pub ca: Arc<FakeCa>,
+    shared: Arc<Shared>,
+}
+
+impl TestCaService {
+    /// A service signing with `ca`.
+    pub fn new(ca: Arc<FakeCa>) -> Self {
+        TestCaService { ca, shared: Arc::new(Shared::default()) }
+    }
+
+    /// The tonic service to add to a router.
+    pub fn server(&self) -> IstioCertificateServiceServer<impl IstioCertificateService> {
+        IstioCertificateServiceServer::new(Service { ca: self.ca.clone(), shared: self.shared.clone() })
+    }
+
+    /// Requests seen so far.
+    pub fn requests(&self) -> Vec<RecordedRequest> {
+        self.shared.requests.lock().expect("lock").clone()
+    }
+}
+
+/// A throwaway root and a server certificate for `names` (DNS names or IPs): (root PEM,
+/// certificate PEM, key PEM).
+pub fn server_certificate(names: &[&str]) -> (String, String, String) {
+    server_tls_cert(names)
+}
+
 struct Service {
     ca: Arc<FakeCa>,
     shared: Arc<Shared>,

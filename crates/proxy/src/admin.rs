@@ -259,6 +259,10 @@ fn config_dump(ctx: &AdminCtx) -> String {
         if let Some(w) = &ctx.workloads {
             map.insert("workloadState".into(), w.dump());
         }
+        // Per type: version, nonce, resources held, last NACK; the connection's state.
+        if let Some(x) = &ctx.shared.xds {
+            map.insert("xds".into(), serde_json::to_value(x.status()).unwrap_or_default());
+        }
     }
     serde_json::to_string_pretty(&dump).unwrap_or_default()
 }

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ambit_identity::control::Service;
+use ambit_identity::control::{ControlPlaneConfig, Service};
 use ambit_identity::{CaClient, CaClientConfig, CertManager, CertSigner, FakeCa};
 use prometheus_client::registry::Registry;
 use tokio::sync::Notify;
@@ -46,6 +46,9 @@ pub enum StartError {
     /// Shared mode lacks a capability.
     #[error("{0}")]
     Capabilities(std::io::Error),
+    /// The xDS client could not be set up.
+    #[error("xDS: {0}")]
+    Xds(#[from] crate::xds::XdsStartError),
     /// The CA client could not be set up.
     #[error("certificate authority: {0}")]
     Ca(#[from] ambit_identity::CaError),
@@ -76,13 +79,6 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
         }
         None => State::default(),
     };
-    // Part C of issue 9 parses the xDS settings; the client itself is wired by the lead.
-    if let Some(xds) = &cfg.xds {
-        tracing::warn!(
-            address = %xds.control.address,
-            "XDS_ADDRESS is configured but this build's xDS client is not wired yet: the proxy runs from LOCAL_XDS_PATH only, or with no workloads when it is unset (set XDS_ADDRESS=\"\" to silence this)"
-        );
-    }
     let store = StateStore::new(initial);
     let data_rt = data.handle().clone();
 
@@ -95,7 +91,11 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
             CaSource::Fake { root: Some(dir) } => Arc::new(FakeCa::from_dir(dir)?),
             CaSource::Fake { root: None } => Arc::new(FakeCa::generate()),
             CaSource::Remote(ca) => Arc::new(CaClient::new(CaClientConfig {
-                control: ca.control_plane_config(Service::Ca),
+                control: ControlPlaneConfig {
+                    // A dedicated proxy's own CA calls must pass its pod's capture rules.
+                    mark: cfg.packet_mark,
+                    ..ca.control_plane_config(Service::Ca)
+                },
                 // Shared mode asks for pods' certificates on their behalf (node-scoped).
                 impersonate: shared_mode,
             })?),
@@ -105,6 +105,12 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
         let metrics = Metrics::register(&mut registry);
         crate::metrics::register_process_and_runtime(&mut registry, data_rt.clone());
         let limits = Limits::new(&cfg, fd_limit, &mut registry);
+        let xds = match &cfg.xds {
+            Some(settings) => {
+                Some(crate::xds::Xds::start(settings, store.clone(), cfg.packet_mark, &mut registry)?)
+            }
+            None => None,
+        };
         let fd = limits.fds.dump();
         tracing::info!(
             rlimit_nofile = fd.limit,
@@ -143,21 +149,14 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
                 Arc::new(dns)
             }),
             limits,
+            xds: xds.clone(),
         };
         let drain = Drain::new();
         let readiness = Readiness::new();
-        let workloads = if shared_mode {
-            let manager = crate::inpod::Manager::new(shared.clone(), drain.clone(), &mut registry);
-            tokio::spawn(manager.clone().run(cfg.inpod_uds.clone(), readiness.clone()));
-            Some(manager)
-        } else {
-            let local = cfg
-                .proxy_workload_information
-                .clone()
-                .expect("dedicated mode config always carries the workload (checked in Config::from_args)");
-            shared.start(local, cfg.socket_options(), drain.child())?;
-            None
-        };
+        // Not ready until the first xDS response of every type is applied and ACKed.
+        let state_manager = xds.as_ref().map(|_| readiness.pending("state manager"));
+        let workloads = shared_mode
+            .then(|| crate::inpod::Manager::new(shared.clone(), drain.clone(), &mut registry));
         let registry = Arc::new(registry);
 
         // Control path.
@@ -169,7 +168,7 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
             shared: shared.clone(),
             drain: drain.clone(),
             quit: quit.clone(),
-            workloads,
+            workloads: workloads.clone(),
         });
         tokio::spawn(crate::admin::serve(admin_l, move |req| crate::admin::admin(req, ctx.clone())));
         let r = registry.clone();
@@ -187,14 +186,44 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
             ));
         }
         tokio::spawn(shared.connections.clone().watch(store.clone()));
+        let stop = wait_for_stop(&quit);
+        tokio::pin!(stop);
+        // As ztunnel: the ZDS client (shared mode) and the listeners (dedicated mode) start only
+        // once the first xDS state is in, so no pod is served from an empty state.
+        if let Some(x) = &xds {
+            tracing::info!(address = %x.status().connection.server, "waiting for the initial xDS sync");
+            tokio::select! {
+                () = x.synced() => tracing::info!("initial xDS sync complete"),
+                () = &mut stop => {
+                    tracing::info!("stopped before the initial xDS sync");
+                    return Ok(());
+                }
+            }
+        }
+        match &workloads {
+            Some(manager) => {
+                tokio::spawn(manager.clone().run(cfg.inpod_uds.clone(), readiness.clone()));
+            }
+            None => {
+                let local = cfg.proxy_workload_information.clone().expect(
+                    "dedicated mode config always carries the workload (checked in Config::from_args)",
+                );
+                shared.start(local, cfg.socket_options(), drain.child())?;
+            }
+        }
+        // Ready once the listeners are bound (dedicated) or the ZDS client runs (shared; it
+        // holds readiness until its snapshot is in).
+        drop(state_manager);
         tracing::info!(
             mode = ?cfg.proxy_mode,
             workload = ?cfg.proxy_workload_information,
             workers = cfg.num_worker_threads,
+            xds = cfg.xds.as_ref().map(|x| x.control.address.as_str()),
+            local_config = ?cfg.local_xds_path,
             "proxy started"
         );
 
-        wait_for_stop(&quit).await;
+        stop.await;
         tracing::info!(deadline = ?cfg.self_termination_deadline, "draining");
         let left = drain.run(cfg.self_termination_deadline).await;
         if left > 0 {

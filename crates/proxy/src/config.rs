@@ -488,6 +488,7 @@ impl Config {
                 token: token.clone(),
                 cluster_id: cluster_id.clone(),
                 headers: prefixed(env, service.header_prefix()),
+                mark: None,
             };
             // Validate now (address, roots, headers, token): a bad setting stops the start.
             let checked = ControlPlane::new(cfg.clone())?;
@@ -688,6 +689,7 @@ impl ControlSettings {
             token: self.token.clone(),
             cluster_id: self.cluster_id.clone(),
             headers: self.headers.clone(),
+            mark: None,
         }
     }
 }

@@ -48,6 +48,8 @@ pub struct Inputs {
     pub limits: Limits,
     /// This instance's share of the descriptor budget (released when the instance is gone).
     pub pod_fds: PodPermit,
+    /// The xDS client (on-demand address lookups), when configured.
+    pub xds: Option<crate::xds::Xds>,
 }
 
 /// How long a dial to an app or a plain TCP upstream may take.

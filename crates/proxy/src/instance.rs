@@ -42,6 +42,8 @@ pub struct Shared {
     pub dns: Option<Arc<DnsConfig>>,
     /// The descriptor budget and per-peer caps of the whole process.
     pub limits: Limits,
+    /// The xDS client, when `XDS_ADDRESS` is set (on-demand lookups, `/config_dump`).
+    pub xds: Option<crate::xds::Xds>,
 }
 
 /// Why an instance could not start.
@@ -106,6 +108,7 @@ impl Shared {
             open: Default::default(),
             limits: self.limits.clone(),
             pod_fds,
+            xds: self.xds.clone(),
         });
         let i = inputs.clone();
         self.data.spawn(crate::listener::accept_loop(

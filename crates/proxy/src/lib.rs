@@ -25,3 +25,4 @@ pub mod socket;
 pub mod state;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod xds;

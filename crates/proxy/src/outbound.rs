@@ -12,7 +12,7 @@ use crate::hbone::pool::{PoolKey, TunnelError};
 use crate::inputs::Inputs;
 use crate::listener::is_illegal_port;
 use crate::metrics::{self, ConnectionInfo, ConnectionRecord, Flag, Reporter};
-use crate::state::{RouteKind, Workload};
+use crate::state::{Route, RouteKind, Workload};
 
 /// Serves one captured outbound connection.
 pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: SocketAddr) {
@@ -51,14 +51,21 @@ pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: Sock
         Err(e) => return metrics::record_failure(&inputs.metrics, &info, Flag::Connect, &e),
     };
     info.src_workload = Some(local.clone());
-    let state = inputs.state.current();
-    let route = match state.route_outbound(&local, &inputs.cfg.network, orig) {
+    let mut route = inputs.state.current().route_outbound(&local, &inputs.cfg.network, orig);
+    // XDS_ON_DEMAND: an address the proxy does not know is asked for before it is routed as
+    // unknown (bounded wait).
+    if let (Ok(Route { kind: RouteKind::Passthrough { .. }, .. }), Some(xds)) = (&route, &inputs.xds)
+        && xds.on_demand()
+        && xds.demand_address(&inputs.cfg.network, orig.ip()).await
+    {
+        route = inputs.state.current().route_outbound(&local, &inputs.cfg.network, orig);
+    }
+    let route = match route {
         Ok(r) => r,
         Err(e) => return metrics::record_failure(&inputs.metrics, &info, Flag::Connect, &e),
     };
     info.dst_service = route.destination_service.clone();
     info.dst_workload = route.destination_workload.clone();
-    drop(state);
     match route.kind {
         RouteKind::Hbone { target, authority, expected } => {
             let src_identity = inputs.identity_of(&local);

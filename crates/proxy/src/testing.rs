@@ -268,3 +268,98 @@ pub async fn echo_once(t: &mut Tunnel, payload: &Bytes) {
         got += chunk.len();
     }
 }
+
+// ---- xDS: a local config served as xDS resources (tests and benchmarks) ----
+
+/// An `Any` holding `msg` under `type_url`.
+pub fn any<M: prost::Message>(type_url: &str, msg: &M) -> prost_types::Any {
+    prost_types::Any { type_url: type_url.to_owned(), value: msg.encode_to_vec() }
+}
+
+/// The `Address` resources istiod would serve for these workloads and services: a workload by
+/// uid with its addresses as aliases (`network/ip`), a service by `ns/hostname` with its VIPs as
+/// aliases and its member workloads sent along.
+pub fn address_resources(
+    workloads: &[crate::state::Workload],
+    services: &[crate::state::Service],
+) -> Vec<ambit_xds::server::ServerResource> {
+    use ambit_api::workload as pb;
+    let mut members: std::collections::HashMap<String, Vec<String>> = std::collections::HashMap::new();
+    for w in workloads {
+        for key in w.services.keys() {
+            members.entry(key.clone()).or_default().push(w.uid.clone());
+        }
+    }
+    let mut out = Vec::with_capacity(workloads.len() + services.len());
+    for w in workloads {
+        let address = pb::Address { r#type: Some(pb::address::Type::Workload(w.into())) };
+        out.push(ambit_xds::server::ServerResource {
+            name: w.uid.clone(),
+            aliases: w.workload_ips.iter().map(|ip| format!("{}/{ip}", w.network)).collect(),
+            resource: any(ambit_api::type_url::ADDRESS, &address),
+            also: Vec::new(),
+        });
+    }
+    for s in services {
+        let address = pb::Address { r#type: Some(pb::address::Type::Service(s.into())) };
+        out.push(ambit_xds::server::ServerResource {
+            name: s.key(),
+            aliases: s.vips.iter().map(|v| format!("{}/{}", v.network, v.address)).collect(),
+            resource: any(ambit_api::type_url::ADDRESS, &address),
+            also: members.remove(&s.key()).unwrap_or_default(),
+        });
+    }
+    out
+}
+
+/// The `Authorization` resources for these policies, by `ns/name`.
+pub fn authorization_resources(
+    policies: &[crate::authz::Authorization],
+) -> Vec<ambit_xds::server::ServerResource> {
+    policies
+        .iter()
+        .map(|p| ambit_xds::server::ServerResource {
+            name: p.key(),
+            aliases: Vec::new(),
+            resource: any(ambit_api::type_url::AUTHORIZATION, &ambit_api::security::Authorization::from(p)),
+            also: Vec::new(),
+        })
+        .collect()
+}
+
+/// What a test xDS server serving local configs has published: turns each new config into the
+/// changes to publish (everything in it as upserts — an unchanged resource is no change to
+/// `ambit_xds::server::Resources` — and the names that vanished as removals).
+#[derive(Debug, Default)]
+pub struct ServedConfig {
+    addresses: std::collections::BTreeSet<String>,
+    policies: std::collections::BTreeSet<String>,
+}
+
+impl ServedConfig {
+    /// The changes that take the server from the last config to `cfg`.
+    pub fn changes(&mut self, cfg: &crate::state::LocalConfig) -> Vec<ambit_xds::server::Changes> {
+        let addresses = address_resources(&cfg.workloads, &cfg.services);
+        let policies = authorization_resources(&cfg.policies);
+        let names = |r: &[ambit_xds::server::ServerResource]| {
+            r.iter().map(|r| r.name.clone()).collect::<std::collections::BTreeSet<_>>()
+        };
+        let (new_addresses, new_policies) = (names(&addresses), names(&policies));
+        let removed_addresses = self.addresses.difference(&new_addresses).cloned().collect();
+        let removed_policies = self.policies.difference(&new_policies).cloned().collect();
+        self.addresses = new_addresses;
+        self.policies = new_policies;
+        vec![
+            ambit_xds::server::Changes {
+                type_url: ambit_api::type_url::ADDRESS.to_owned(),
+                upserts: addresses,
+                removals: removed_addresses,
+            },
+            ambit_xds::server::Changes {
+                type_url: ambit_api::type_url::AUTHORIZATION.to_owned(),
+                upserts: policies,
+                removals: removed_policies,
+            },
+        ]
+    }
+}

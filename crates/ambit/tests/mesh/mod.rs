@@ -12,8 +12,11 @@ use std::time::{Duration, Instant};
 use super::common::*;
 
 mod world;
+mod xds;
 #[allow(unused_imports)]
 pub use world::*;
+#[allow(unused_imports)]
+pub use xds::*;
 
 /// A cluster plus what every proxy of the test shares: a dev CA root and the config file.
 pub struct Mesh {
@@ -22,6 +25,8 @@ pub struct Mesh {
     dir: tempfile::TempDir,
     /// Proxies write their output to files here instead of into memory (benchmarks).
     log_dir: Option<PathBuf>,
+    /// Proxies take their state from this xDS server instead of the config file.
+    xds: Option<String>,
 }
 
 /// A pod that is a mesh workload.
@@ -33,6 +38,8 @@ pub struct MeshPod {
     pub workload: String,
     /// Service account.
     pub sa: String,
+    /// The node it runs on (the workload's `node`).
+    pub node: String,
     policies: Vec<String>,
     services: Vec<(String, u16, u16)>,
 }
@@ -72,7 +79,22 @@ impl Mesh {
             .output()
             .expect("run ambit dev-ca init");
         assert!(out.status.success(), "dev-ca init failed: {}", String::from_utf8_lossy(&out.stderr));
-        Mesh { cluster, dir, log_dir: None }
+        Mesh { cluster, dir, log_dir: None, xds: None }
+    }
+
+    /// Proxies started from now on take their state from the xDS server at `url` (serving
+    /// [`Mesh::config_path`], see [`XdsServer`]) instead of reading the file themselves.
+    pub fn use_xds(&mut self, url: &str) {
+        self.xds = Some(url.to_owned());
+    }
+
+    /// The settings that give a proxy its state: the file, or the xDS server.
+    fn state_source(&self, cmd: &mut Command) {
+        match &self.xds {
+            Some(url) => cmd.env("XDS_ADDRESS", url),
+            // The local file only: the default XDS_ADDRESS would point at istiod.
+            None => cmd.env("LOCAL_XDS_PATH", self.config_path()).env("XDS_ADDRESS", ""),
+        };
     }
 
     /// Proxies started from now on write their output to `<dir>/<label>.log` instead of memory.
@@ -102,6 +124,7 @@ impl Mesh {
             workload: name.to_owned(),
             pod,
             sa: sa.to_owned(),
+            node: node.name.clone(),
             policies: Vec::new(),
             services: Vec::new(),
         }
@@ -160,23 +183,7 @@ impl Mesh {
 
     /// Like [`Mesh::start_proxy`] with extra environment variables.
     pub fn start_proxy_with(&self, p: &MeshPod, env: &[(&str, &str)]) -> ChildGuard {
-        let mut cmd = p.pod.exec(ambit(), &["proxy"]);
-        cmd.env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("PROXY_MODE", "dedicated")
-            .env("PROXY_WORKLOAD_INFO", format!("default/{}/{}", p.pod.name, p.sa))
-            .env("LOCAL_XDS_PATH", self.config_path())
-            // The local file only: the default XDS_ADDRESS would point at istiod.
-            .env("XDS_ADDRESS", "")
-            .env("FAKE_CA", "true")
-            .env("FAKE_CA_ROOT", self.dir.path().join("ca"))
-            .env("PACKET_MARK", "1337")
-            .env("RUST_LOG", "info")
-            .env("ZTUNNEL_WORKER_THREADS", "2");
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = self.spawn_proxy(&format!("proxy {}", p.pod.name), cmd);
+        let mut child = self.spawn_proxy_unready(p, env);
         let readiness = env
             .iter()
             .find(|(k, _)| *k == "AMBIT_READINESS_ADDR")
@@ -192,6 +199,25 @@ impl Mesh {
         );
         assert!(ready, "proxy in {} did not become ready:\n{}", p.pod.name, child.logs());
         child
+    }
+
+    /// Starts a dedicated proxy for `p` in its netns without waiting for it to be ready.
+    pub fn spawn_proxy_unready(&self, p: &MeshPod, env: &[(&str, &str)]) -> ChildGuard {
+        let mut cmd = p.pod.exec(ambit(), &["proxy"]);
+        cmd.env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("PROXY_MODE", "dedicated")
+            .env("PROXY_WORKLOAD_INFO", format!("default/{}/{}", p.pod.name, p.sa))
+            .env("FAKE_CA", "true")
+            .env("FAKE_CA_ROOT", self.dir.path().join("ca"))
+            .env("PACKET_MARK", "1337")
+            .env("RUST_LOG", "info")
+            .env("ZTUNNEL_WORKER_THREADS", "2");
+        self.state_source(&mut cmd);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        self.spawn_proxy(&format!("proxy {}", p.pod.name), cmd)
     }
 }
 
@@ -216,7 +242,8 @@ impl MeshPod {
 
     fn yaml(&self) -> String {
         let mut y = format!(
-            "- uid: cluster1//v1/Pod/default/{name}\n  name: {name}\n  namespace: default\n  serviceAccount: {sa}\n  trustDomain: cluster.local\n  workloadIps: [\"{v4}\", \"{v6}\"]\n  protocol: HBONE\n",
+            "- uid: cluster1//v1/Pod/default/{name}\n  name: {name}\n  namespace: default\n  serviceAccount: {sa}\n  trustDomain: cluster.local\n  node: {node}\n  workloadIps: [\"{v4}\", \"{v6}\"]\n  protocol: HBONE\n",
+            node = self.node,
             name = self.workload,
             sa = self.sa,
             v4 = self.pod.ip4,
@@ -417,13 +444,11 @@ impl Mesh {
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("PROXY_MODE", "shared")
             .env("INPOD_UDS", uds)
-            .env("LOCAL_XDS_PATH", self.config_path())
-            // The local file only: the default XDS_ADDRESS would point at istiod.
-            .env("XDS_ADDRESS", "")
             .env("FAKE_CA", "true")
             .env("FAKE_CA_ROOT", self.dir.path().join("ca"))
             .env("RUST_LOG", "info")
             .env("ZTUNNEL_WORKER_THREADS", "2");
+        self.state_source(&mut cmd);
         for (k, v) in env {
             cmd.env(k, v);
         }

@@ -48,6 +48,7 @@ impl CaClientConfig {
                 token: None,
                 cluster_id: String::new(),
                 headers: Vec::new(),
+                mark: None,
             },
             impersonate: false,
         }

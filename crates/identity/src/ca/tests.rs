@@ -166,6 +166,7 @@ fn client_config(server: &TestCaServer, dir: &Path, impersonate: bool) -> CaClie
             token: Some(TokenSource::File(token)),
             cluster_id: "Kubernetes".to_owned(),
             headers: vec![("X-Extra".to_owned(), "extra-value".to_owned())],
+            mark: None,
         },
         impersonate,
     }

@@ -17,6 +17,7 @@ fn config(server: &TestCaServer, roots: RootSource) -> ControlPlaneConfig {
         token: None,
         cluster_id: "Kubernetes".to_owned(),
         headers: vec![("X-Extra".to_owned(), "extra".to_owned())],
+        mark: None,
     }
 }
 
@@ -199,6 +200,7 @@ fn plain(address: &str) -> ControlPlaneConfig {
         token: None,
         cluster_id: String::new(),
         headers: Vec::new(),
+        mark: None,
     }
 }
 

@@ -1,5 +1,6 @@
 //! Lock-free publication of state snapshots, change notification and the local-file watcher.
 
+use std::collections::BTreeSet;
 use std::convert::Infallible;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::{Path, PathBuf};
@@ -106,6 +107,10 @@ impl std::fmt::Debug for StateStore {
 /// Reloads LOCAL_XDS_PATH when it changes (poll mtime+size+content hash every `interval`, e.g. 500ms;
 /// a bad file is rejected with a clear error logged via tracing and the previous state kept).
 ///
+/// A change is applied as a [`Delta`]: everything in the file as updates (unchanged resources
+/// are no-ops) and what left the file as removals, so resources from xDS, when `XDS_ADDRESS` is
+/// set too, are kept.
+///
 /// Reading, hashing, parsing, building and publishing run on a blocking-pool thread (so does
 /// dropping the replaced snapshot): a file of a few hundred thousand workloads takes seconds to
 /// parse, and the task's runtime (the control runtime: ZDS, admin, readiness) keeps answering.
@@ -150,12 +155,14 @@ pub async fn watch_local_file(
         }
         let job = {
             let (store, path, node) = (store.clone(), path.clone(), node_name.clone());
-            let previous = seen.as_ref().map(|s| s.hash);
-            tokio::task::spawn_blocking(move || reload(&store, &path, node.as_deref(), mtime, previous))
+            let previous = seen.take();
+            tokio::task::spawn_blocking(move || {
+                let kept = reload(&store, &path, node.as_deref(), mtime, previous.as_ref());
+                kept.or(previous)
+            })
         };
         match job.await {
-            Ok(Some(fp)) => seen = Some(fp),
-            Ok(None) => {}
+            Ok(fp) => seen = fp,
             Err(e) => tracing::error!(file = %path.display(), error = %e,
                 "the local config reload failed; keeping the current state"),
         }
@@ -165,14 +172,15 @@ pub async fn watch_local_file(
 /// Upper bound on filesystem timestamp granularity.
 const MTIME_GRANULARITY: Duration = Duration::from_secs(2);
 
-/// Reads the file; unless its content hash is `previous`, parses it and publishes the result or
-/// logs why it was rejected. Returns the file's fingerprint (`None` if it could not be read).
+/// Reads the file; unless its content hash is `previous`'s, parses it and applies the change or
+/// logs why it was rejected. Returns the fingerprint of what is loaded now (`None` if the file
+/// could not be read: the previous one stays).
 fn reload(
     store: &StateStore,
     path: &Path,
     node_name: Option<&str>,
     mtime: Option<SystemTime>,
-    previous: Option<u64>,
+    previous: Option<&Fingerprint>,
 ) -> Option<Fingerprint> {
     let text = match super::config::read(path) {
         Ok(t) => t,
@@ -182,42 +190,86 @@ fn reload(
             return None;
         }
     };
-    let fp = Fingerprint { mtime, len: text.len() as u64, hash: hash(&text) };
-    if previous == Some(fp.hash) {
-        return Some(fp);
+    let hash = hash(&text);
+    if let Some(p) = previous
+        && p.hash == hash
+    {
+        return Some(Fingerprint { mtime, len: text.len() as u64, hash, names: p.names.clone() });
     }
     let started = Instant::now();
-    match build(&text, node_name) {
-        Ok(state) => {
-            let workloads = state.workloads().count();
-            store.publish(state);
-            tracing::info!(file = %path.display(), workloads, took = ?started.elapsed(), "local config reloaded");
+    match validate(&text, node_name) {
+        Ok(cfg) => {
+            let names = FileNames::of(&cfg);
+            let mut delta = Delta::from(cfg);
+            if let Some(p) = previous {
+                delta.removed_addresses = p.names.addresses.difference(&names.addresses).cloned().collect();
+                delta.removed_policies = p.names.policies.difference(&names.policies).cloned().collect();
+            }
+            let workloads = names.workloads;
+            let applied = store.apply(delta);
+            tracing::info!(file = %path.display(), workloads, changed = applied.changed,
+                took = ?started.elapsed(), "local config reloaded");
+            Some(Fingerprint { mtime, len: text.len() as u64, hash, names })
         }
         Err(e) => {
             let position = e.position();
             tracing::error!(file = %path.display(), line = position.map(|p| p.line),
                 column = position.map(|p| p.column), error = %e,
                 "rejected local config change; keeping the previous state");
+            // Remember the content so the same bad file is not reported again, but keep the
+            // names of what is still loaded.
+            previous.map(|p| Fingerprint { mtime, len: text.len() as u64, hash, names: p.names.clone() })
         }
     }
-    Some(fp)
 }
 
-fn build(text: &str, node_name: Option<&str>) -> Result<State, LocalConfigError> {
-    State::from_config(LocalConfig::parse(text)?, node_name)
+/// Parses the file and checks that it builds (every resource of it applies) without changing
+/// the store.
+fn validate(text: &str, node_name: Option<&str>) -> Result<LocalConfig, LocalConfigError> {
+    let cfg = LocalConfig::parse(text)?;
+    State::from_config(cfg.clone(), node_name)?;
+    Ok(cfg)
 }
 
 struct Fingerprint {
     mtime: Option<SystemTime>,
     len: u64,
     hash: u64,
+    names: FileNames,
+}
+
+/// The names of what a loaded file holds (to remove what leaves it).
+#[derive(Clone, Default)]
+struct FileNames {
+    /// Workload uids and service `ns/hostname`s.
+    addresses: BTreeSet<String>,
+    /// Policy `ns/name`s.
+    policies: BTreeSet<String>,
+    workloads: usize,
+}
+
+impl FileNames {
+    fn of(cfg: &LocalConfig) -> FileNames {
+        FileNames {
+            addresses: cfg
+                .workloads
+                .iter()
+                .map(|w| w.uid.clone())
+                .chain(cfg.services.iter().map(|s| s.key()))
+                .collect(),
+            policies: cfg.policies.iter().map(|p| p.key()).collect(),
+            workloads: cfg.workloads.len(),
+        }
+    }
 }
 
 impl Fingerprint {
+    /// The file as it is now, taken as already loaded.
     fn read(path: &Path) -> Option<Self> {
         let mtime = std::fs::metadata(path).ok()?.modified().ok();
         let text = super::config::read(path).ok()?;
-        Some(Fingerprint { mtime, len: text.len() as u64, hash: hash(&text) })
+        let names = LocalConfig::parse(&text).map(|c| FileNames::of(&c)).unwrap_or_default();
+        Some(Fingerprint { mtime, len: text.len() as u64, hash: hash(&text), names })
     }
 }
 
