@@ -161,26 +161,6 @@ impl Pair {
     }
 }
 
-/// utime + stime of `pids`, in seconds.
-fn cpu_seconds(pids: &[u32]) -> f64 {
-    static HZ: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
-    let hz = *HZ.get_or_init(|| {
-        let out = Command::new("getconf").arg("CLK_TCK").output().expect("run getconf CLK_TCK");
-        String::from_utf8_lossy(&out.stdout).trim().parse().expect("CLK_TCK is a number")
-    });
-    pids.iter()
-        .map(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .unwrap_or_else(|e| panic!("proxy {pid} is gone: {e}"));
-            // Fields after the command name (which may contain spaces) start at field 3.
-            let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-            let f: Vec<&str> = rest.split_whitespace().collect();
-            let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-            (ticks(11) + ticks(12)) / hz
-        })
-        .sum()
-}
-
 /// Largest VmHWM of `pids`, MiB.
 fn peak_rss_mib(pids: &[u32]) -> f64 {
     pids.iter()

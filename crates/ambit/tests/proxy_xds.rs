@@ -217,6 +217,7 @@ fn starts_as_the_istio_ztunnel_chart_starts_ztunnel() {
         tls: Some(chart.serving_cert()),
         token: Some(chart.token.clone()),
         ca: Some(chart.ca.clone()),
+        debounce: None,
     };
     let server = XdsServer::start(node, 15012, mesh.config_path(), opts);
     let agent = FakeAgent::start(&chart.zds_socket());

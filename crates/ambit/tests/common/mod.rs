@@ -48,7 +48,7 @@ pub use capture::{
 pub use echo::{EchoServer, echo_roundtrip};
 pub use netns::{Cluster, Node, Pod};
 pub use pcap::{Capture, Segment, contains, pcap_payloads};
-pub use process::ChildGuard;
+pub use process::{ChildGuard, cpu_seconds, rss_kib};
 pub use runtime::{CniFailure, CniRuntime, Sandbox, ambit_cni_path};
 pub use sockets::{connect_tcp_in, listen_tcp_in, original_dst, run_in};
 

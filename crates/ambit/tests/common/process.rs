@@ -178,3 +178,34 @@ fn collect(mut from: impl Read + Send + 'static, into: Arc<Mutex<Vec<u8>>>) -> J
         }
     })
 }
+
+/// Resident memory of a process (`VmRSS`), in KiB; 0 if it is gone.
+pub fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// utime + stime of `pids`, in seconds (panics if one is gone: its CPU would be lost).
+pub fn cpu_seconds(pids: &[u32]) -> f64 {
+    static HZ: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    let hz = *HZ.get_or_init(|| {
+        let out = Command::new("getconf").arg("CLK_TCK").output().expect("run getconf CLK_TCK");
+        String::from_utf8_lossy(&out.stdout).trim().parse().expect("CLK_TCK is a number")
+    });
+    pids.iter()
+        .map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .unwrap_or_else(|e| panic!("process {pid} is gone: {e}"));
+            // Fields after the command name (which may contain spaces) start at field 3.
+            let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+            (ticks(11) + ticks(12)) / hz
+        })
+        .sum()
+}

@@ -28,6 +28,8 @@ pub struct XdsOptions {
     pub token: Option<String>,
     /// Serve the Istio CA API (`CreateCertificate`) on the same port, signing with this CA.
     pub ca: Option<Arc<ambit_identity::testing::TestCaService>>,
+    /// Push debounce (default 10 ms).
+    pub debounce: Option<Duration>,
 }
 
 /// A running (or killed) test xDS server.
@@ -43,6 +45,7 @@ pub struct XdsServer {
 struct Run {
     rt: tokio::runtime::Runtime,
     ads: AdsServer,
+    resources: Resources,
 }
 
 /// How often the config file is checked for changes.
@@ -84,7 +87,8 @@ impl XdsServer {
             .unwrap_or_else(|e| panic!("bind the test xDS server on {}: {e}", self.addr));
         listener.set_nonblocking(true).expect("nonblocking");
         let resources = Resources::new([ADDRESS, AUTHORIZATION]);
-        let cfg = ServerConfig { debounce_after: Duration::from_millis(10), ..ServerConfig::default() };
+        let debounce = self.opts.debounce.unwrap_or(Duration::from_millis(10));
+        let cfg = ServerConfig { debounce_after: debounce, ..ServerConfig::default() };
         let auth = self.opts.token.clone().map(|t| Arc::new(Token(t)) as Arc<dyn Authenticate>);
         let ads = AdsServer::new(resources.clone(), cfg, auth);
         let mut builder = Server::builder();
@@ -105,8 +109,15 @@ impl XdsServer {
                 eprintln!("test xDS server stopped: {e}");
             }
         });
-        rt.spawn(watch(config, resources));
-        self.run = Some(Run { rt, ads });
+        rt.spawn(watch(config, resources.clone()));
+        self.run = Some(Run { rt, ads, resources });
+    }
+
+    /// Publishes resources beside the file's (what the file watcher did not publish, it never
+    /// removes).
+    pub fn publish(&self, changes: Vec<ambit_xds::server::Changes>) {
+        let run = self.run.as_ref().expect("the server runs");
+        run.resources.publish(changes).expect("both types are registered");
     }
 
     /// The open streams (node id, subscriptions, ACKs and NACKs).
