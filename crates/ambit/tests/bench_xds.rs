@@ -9,7 +9,7 @@
 //!   own workload (N = 0, measured first);
 //! - bytes on the wire per workload: `istio_xds_message_bytes_total` (Any payloads) / N;
 //! - one workload update at N: `BENCH_XDS_UPDATES` (default 1 000) single-workload changes
-//!   published one at a time (debounce 0), each timed from publish to the proxy's ACK seen by
+//!   (a new revision label) published one at a time (debounce 0), each timed from publish to the proxy's ACK seen by
 //!   the server (p50, p99, max), and the proxy's CPU (utime + stime) per update.
 //!
 //! `cargo test --release -p ambit --test bench_xds -- --ignored --nocapture` (needs root).
@@ -20,7 +20,6 @@ mod mesh;
 use std::time::{Duration, Instant};
 
 use ambit_api::type_url::{ADDRESS, AUTHORIZATION};
-use ambit_proxy::state::HealthStatus;
 use ambit_proxy::testing::generated;
 use ambit_proxy::testing::{address_resources, authorization_resources};
 use ambit_xds::server::Changes;
@@ -119,7 +118,8 @@ fn run(n: usize, updates: usize) -> Figures {
         for k in 0..updates {
             let i = (k * 7919) % n;
             let mut w = cfg.workloads[i].clone();
-            w.status = if k % 2 == 0 { HealthStatus::Unhealthy } else { HealthStatus::Healthy };
+            // A new revision label: a change istiod pushes for a rollout.
+            w.canonical_revision = format!("rev-{k}");
             let before = address_stream(&server).map(|s| s.0).unwrap_or(0);
             let t = Instant::now();
             server.publish(vec![Changes {

@@ -750,7 +750,8 @@ async fn debounce(server: Weak<ServerInner>, inbox: Arc<Inbox>) {
         };
         let first = Instant::now();
         let mut last = first;
-        loop {
+        // A zero debounce pushes at once (a timer would round up to the next millisecond tick).
+        while !after.is_zero() {
             let deadline = (last + after).min(first + max);
             tokio::select! {
                 () = inbox.wake.notified() => last = Instant::now(),

@@ -65,6 +65,7 @@ fn all() -> Vec<(&'static str, Vec<Vec<u8>>)> {
         ("local_config", local_configs()),
         ("proto_address", proto_addresses()),
         ("proto_authorization", proto_authorizations()),
+        ("xds_response", xds_responses()),
         ("spiffe_id", texts(&SPIFFE_IDS)),
         ("cert_sans", certificates()),
         ("rtnetlink_reply", ambit_redirect::fuzzing::rtnetlink_seeds()),
@@ -186,6 +187,37 @@ fn proto_addresses() -> Vec<Vec<u8>> {
         .into_iter()
         .map(|t| pb::Address { r#type: Some(t) }.encode_to_vec())
         .collect()
+}
+
+/// The seed addresses as one delta response, and a second one removing the workload.
+fn xds_responses() -> Vec<Vec<u8>> {
+    use ambit_api::xds::{DeltaDiscoveryResponse, Resource};
+    let resources = proto_addresses()
+        .into_iter()
+        .zip(["cluster1//v1/Pod/default/web-0", "default/echo.default.svc.cluster.local"])
+        .map(|(value, name)| Resource {
+            name: name.to_owned(),
+            version: "1".to_owned(),
+            resource: Some(prost_types::Any {
+                type_url: ambit_api::type_url::ADDRESS.to_owned(),
+                value,
+            }),
+            ..Default::default()
+        })
+        .collect();
+    let add = DeltaDiscoveryResponse {
+        type_url: ambit_api::type_url::ADDRESS.to_owned(),
+        nonce: "n1".to_owned(),
+        resources,
+        ..Default::default()
+    };
+    let remove = DeltaDiscoveryResponse {
+        type_url: ambit_api::type_url::ADDRESS.to_owned(),
+        nonce: "n2".to_owned(),
+        removed_resources: vec!["cluster1//v1/Pod/default/web-0".to_owned()],
+        ..Default::default()
+    };
+    vec![add.encode_to_vec(), remove.encode_to_vec()]
 }
 
 fn proto_authorizations() -> Vec<Vec<u8>> {

@@ -113,3 +113,28 @@ async fn watcher_keeps_state_on_empty_and_duplicate_files() {
     );
     task.abort();
 }
+
+/// With xDS beside the file, a file change is a delta: what xDS delivered stays, what left the
+/// file goes.
+#[tokio::test]
+async fn file_reloads_keep_what_xds_delivered() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("local.yaml");
+    std::fs::write(&path, ONE_POLICY).unwrap();
+    let store = StateStore::new(State::from_config(LocalConfig::load(&path).unwrap(), None).unwrap());
+    let task = tokio::spawn(watch_local_file(store.clone(), path.clone(), None, Duration::from_millis(20)));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    // A workload from xDS.
+    let from_xds = LocalConfig::parse("workloads:\n- {uid: x1, namespace: d, workloadIps: [10.0.0.99]}\n").unwrap();
+    let applied = store.apply(Delta::from(from_xds));
+    assert!(applied.changed && applied.rejected.is_empty(), "{applied:?}");
+
+    // The file's u1 is replaced by u2: u1 leaves, x1 stays.
+    std::fs::write(&path, ONE_POLICY.replace("uid: u1", "uid: u2")).unwrap();
+    assert!(wait_for(&store, |s| s.workload_by_uid("u2").is_some()).await);
+    let st = store.current();
+    assert!(st.workload_by_uid("u1").is_none(), "u1 left the file but stayed in the state");
+    assert!(st.workload_by_uid("x1").is_some(), "the file reload dropped the workload xDS delivered");
+    task.abort();
+}
