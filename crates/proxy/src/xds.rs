@@ -71,10 +71,10 @@ impl Xds {
         let c = control;
         let metadata: MetadataSource = Arc::new(move || c.metadata().map_err(Into::into));
         let handlers: [(String, Arc<dyn Handler>); 2] = [
-            (ADDRESS.to_owned(), Arc::new(Typed::<pb::Address, _>::new(ADDRESS, Addresses(store.clone())))),
+            (ADDRESS.to_owned(), Arc::new(Typed::<pb::Address, _>::new(ADDRESS, addresses(store.clone())))),
             (
                 AUTHORIZATION.to_owned(),
-                Arc::new(Typed::<pb_security::Authorization, _>::new(AUTHORIZATION, Policies(store))),
+                Arc::new(Typed::<pb_security::Authorization, _>::new(AUTHORIZATION, policies(store))),
             ),
         ];
         let metrics = XdsMetrics::register(registry.sub_registry_with_prefix("istio"));
@@ -121,77 +121,59 @@ impl Xds {
     }
 }
 
-/// Applies Address responses.
-struct Addresses(StateStore);
+/// Applies the responses of one type: `add` converts one resource into the delta, `removed`
+/// places the response's removals.
+struct Apply<M> {
+    store: StateStore,
+    add: fn(&mut Delta, &str, M) -> Result<(), Rejected>,
+    removed: fn(&mut Delta, Vec<String>),
+}
 
-/// Applies Authorization responses.
-struct Policies(StateStore);
+/// The Address handler.
+fn addresses(store: StateStore) -> Apply<pb::Address> {
+    Apply { store, add: |d, name, r| d.add_address(name, r), removed: |d, names| d.removed_addresses = names }
+}
 
-impl TypedHandler<pb::Address> for Addresses {
-    fn apply(
-        &self,
-        updates: Vec<TypedUpdate<pb::Address>>,
-        removed: Vec<String>,
-    ) -> BoxFuture<'_, Vec<Rejection>> {
-        let store = self.0.clone();
-        apply_off_runtime(move || {
-            let mut delta = Delta::default();
-            let mut rejected = Vec::new();
-            for u in updates {
-                if let Err(r) = delta.add_address(&u.name, u.resource) {
-                    rejected.push(r);
-                }
-            }
-            delta.removed_addresses = removed;
-            (store, delta, rejected)
-        })
+/// The Authorization handler.
+fn policies(store: StateStore) -> Apply<pb_security::Authorization> {
+    Apply {
+        store,
+        add: |d, name, r| d.add_authorization(name, &r),
+        removed: |d, names| d.removed_policies = names,
     }
 }
 
-impl TypedHandler<pb_security::Authorization> for Policies {
-    fn apply(
-        &self,
-        updates: Vec<TypedUpdate<pb_security::Authorization>>,
-        removed: Vec<String>,
-    ) -> BoxFuture<'_, Vec<Rejection>> {
-        let store = self.0.clone();
-        apply_off_runtime(move || {
-            let mut delta = Delta::default();
-            let mut rejected = Vec::new();
-            for u in updates {
-                if let Err(r) = delta.add_authorization(&u.name, &u.resource) {
-                    rejected.push(r);
+impl<M: Send + 'static> TypedHandler<M> for Apply<M> {
+    fn apply(&self, updates: Vec<TypedUpdate<M>>, removed: Vec<String>) -> BoxFuture<'_, Vec<Rejection>> {
+        let (store, add, place_removed) = (self.store.clone(), self.add, self.removed);
+        Box::pin(async move {
+            // Conversion and application run on the blocking pool, off the control runtime.
+            let job = tokio::task::spawn_blocking(move || {
+                let mut delta = Delta::default();
+                let mut rejected = Vec::new();
+                for u in updates {
+                    if let Err(r) = add(&mut delta, &u.name, u.resource) {
+                        rejected.push(r);
+                    }
                 }
+                place_removed(&mut delta, removed);
+                if !delta.is_empty() {
+                    rejected.extend(store.apply(delta).rejected);
+                }
+                rejected
+            });
+            match job.await {
+                Ok(rejected) => rejected
+                    .into_iter()
+                    .map(|r| Rejection { reason: r.reason.to_string(), name: r.name })
+                    .collect(),
+                // A panic while applying: the state is unchanged (the store publishes only a
+                // finished snapshot); NACK the whole response so the server knows.
+                Err(e) => vec![Rejection {
+                    name: "*".to_owned(),
+                    reason: format!("applying the response failed: {e}"),
+                }],
             }
-            delta.removed_policies = removed;
-            (store, delta, rejected)
         })
     }
-}
-
-/// Converts (in `build`) and applies one response on the blocking pool; returns every
-/// rejection, conversion and application alike, as the NACK's entries.
-fn apply_off_runtime(
-    build: impl FnOnce() -> (StateStore, Delta, Vec<Rejected>) + Send + 'static,
-) -> BoxFuture<'static, Vec<Rejection>> {
-    Box::pin(async move {
-        let job = tokio::task::spawn_blocking(move || {
-            let (store, delta, mut rejected) = build();
-            if !delta.is_empty() {
-                rejected.extend(store.apply(delta).rejected);
-            }
-            rejected
-        });
-        match job.await {
-            Ok(rejected) => rejected
-                .into_iter()
-                .map(|r| Rejection { reason: r.reason.to_string(), name: r.name })
-                .collect(),
-            // A panic while applying: the state is unchanged (the store publishes only a
-            // finished snapshot); NACK the whole response so the server knows.
-            Err(e) => {
-                vec![Rejection { name: "*".to_owned(), reason: format!("applying the response failed: {e}") }]
-            }
-        }
-    })
 }

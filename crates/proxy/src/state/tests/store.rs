@@ -42,6 +42,18 @@ fn publish_notifies_and_tracks_policy_changes() {
     assert_eq!(cur.policies().next().unwrap().scope, Scope::Global);
 }
 
+/// `ONE_POLICY` in a file, the store built from it, and its watcher (20 ms polls) after it took
+/// its initial fingerprint.
+async fn watched() -> (tempfile::TempDir, std::path::PathBuf, StateStore, tokio::task::JoinHandle<()>) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("local.yaml");
+    std::fs::write(&path, ONE_POLICY).unwrap();
+    let store = StateStore::new(State::from_config(LocalConfig::load(&path).unwrap(), None).unwrap());
+    let task = tokio::spawn(watch_local_file(store.clone(), path.clone(), None, Duration::from_millis(20)));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    (dir, path, store, task)
+}
+
 async fn wait_for(store: &StateStore, pred: impl Fn(&State) -> bool) -> bool {
     for _ in 0..200 {
         if pred(&store.current()) {
@@ -54,15 +66,8 @@ async fn wait_for(store: &StateStore, pred: impl Fn(&State) -> bool) -> bool {
 
 #[tokio::test]
 async fn watcher_reloads_and_keeps_state_on_bad_files() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("local.yaml");
-    std::fs::write(&path, ONE_POLICY).unwrap();
-    let store = StateStore::new(State::from_config(LocalConfig::load(&path).unwrap(), None).unwrap());
+    let (_dir, path, store, task) = watched().await;
     let pol = store.subscribe_policies();
-    let task = tokio::spawn(watch_local_file(store.clone(), path.clone(), None, Duration::from_millis(20)));
-
-    // Let the watcher take its initial fingerprint.
-    tokio::time::sleep(Duration::from_millis(100)).await;
 
     // A valid change is picked up.
     std::fs::write(&path, ONE_POLICY.replace("uid: u1", "uid: u2")).unwrap();
@@ -84,12 +89,7 @@ async fn watcher_reloads_and_keeps_state_on_bad_files() {
 /// stays; `{}` is the explicit way to empty the config.
 #[tokio::test]
 async fn watcher_keeps_state_on_empty_and_duplicate_files() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("local.yaml");
-    std::fs::write(&path, ONE_POLICY).unwrap();
-    let store = StateStore::new(State::from_config(LocalConfig::load(&path).unwrap(), None).unwrap());
-    let task = tokio::spawn(watch_local_file(store.clone(), path.clone(), None, Duration::from_millis(20)));
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (_dir, path, store, task) = watched().await;
 
     let dup = "workloads:\n- {uid: u9, namespace: d, workloadIps: [10.0.0.9]}\n- {uid: u9, namespace: d, workloadIps: [10.0.0.8]}\n";
     let dup_ip = "workloads:\n- {uid: u8, namespace: d, workloadIps: [10.0.0.9]}\n- {uid: u9, namespace: d, workloadIps: [10.0.0.9]}\n";
@@ -118,15 +118,11 @@ async fn watcher_keeps_state_on_empty_and_duplicate_files() {
 /// file goes.
 #[tokio::test]
 async fn file_reloads_keep_what_xds_delivered() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("local.yaml");
-    std::fs::write(&path, ONE_POLICY).unwrap();
-    let store = StateStore::new(State::from_config(LocalConfig::load(&path).unwrap(), None).unwrap());
-    let task = tokio::spawn(watch_local_file(store.clone(), path.clone(), None, Duration::from_millis(20)));
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (_dir, path, store, task) = watched().await;
 
     // A workload from xDS.
-    let from_xds = LocalConfig::parse("workloads:\n- {uid: x1, namespace: d, workloadIps: [10.0.0.99]}\n").unwrap();
+    let from_xds =
+        LocalConfig::parse("workloads:\n- {uid: x1, namespace: d, workloadIps: [10.0.0.99]}\n").unwrap();
     let applied = store.apply(Delta::from(from_xds));
     assert!(applied.changed && applied.rejected.is_empty(), "{applied:?}");
 
