@@ -89,6 +89,11 @@ impl Xds {
         self.handle.synced()
     }
 
+    /// Whether [`Xds::synced`] has resolved.
+    pub fn is_synced(&self) -> bool {
+        self.handle.is_synced()
+    }
+
     /// Whether addresses are fetched on demand (`XDS_ON_DEMAND`).
     pub fn on_demand(&self) -> bool {
         self.on_demand

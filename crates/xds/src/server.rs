@@ -702,8 +702,6 @@ fn push(resources: &Resources, shared: &StreamShared, dirty: &Dirty) -> Vec<Delt
         if resources_out.is_empty() && removed.is_empty() {
             continue;
         }
-        let mut removed = removed;
-        removed.sort();
         out.push(response(&resources.inner.types[ti], snap.version, sub, counter, resources_out, removed));
     }
     out
@@ -725,8 +723,10 @@ fn response(
     sub: &mut Sub,
     counter: &mut u64,
     resources: Vec<Resource>,
-    removed: Vec<String>,
+    mut removed: Vec<String>,
 ) -> DeltaDiscoveryResponse {
+    // Removals in a stable order (names come out of hash sets).
+    removed.sort();
     *counter += 1;
     let nonce = format!("{version}-{counter}-{:016x}", rand::random::<u64>());
     sub.last_nonce = nonce.clone();
