@@ -133,10 +133,14 @@ impl Inputs {
                 None => std::future::pending().await,
             }
         };
+        // Biased, forced close first: the drain's force also ends the HBONE connection, so the
+        // copy may fail with a broken stream in the same wake-up; the log must give the drain as
+        // the reason, not the broken stream it caused.
         let (t, err) = tokio::select! {
-            (t, res) = copy => (t, res.err().map(|e| e.to_string())),
-            _ = revoked => (record.snapshot(), Some("connection closed due to policy change".to_owned())),
+            biased;
             _ = self.drain.forced() => (record.snapshot(), Some(self.drain.close_reason().to_owned())),
+            _ = revoked => (record.snapshot(), Some("connection closed due to policy change".to_owned())),
+            (t, res) = copy => (t, res.err().map(|e| e.to_string())),
         };
         record.finish(t, err.as_ref().map(|e| e as &dyn std::fmt::Display));
     }
