@@ -1,0 +1,1 @@
+//! The CA server (`control-plane.md` §6).

@@ -1,0 +1,1 @@
+//! Objects → Address and Authorization (`control-plane.md` §1–§4).

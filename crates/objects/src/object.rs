@@ -1,0 +1,278 @@
+//! One object of any kind Ambit reads, its kind, and its key.
+
+use std::fmt;
+use std::sync::Arc;
+
+use k8s_openapi::Resource;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::gateway::{Gateway, GatewayClass};
+use crate::istio::{AuthorizationPolicy, PeerAuthentication, ServiceEntry, WorkloadEntry};
+
+macro_rules! kinds {
+    ($($variant:ident($ty:ty)),+ $(,)?) => {
+        /// The kinds Ambit reads.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub enum Kind {
+            $(
+                #[doc = concat!("`", stringify!($variant), "`")]
+                $variant,
+            )+
+        }
+
+        /// One object; shared, since sources and indices hold the same object.
+        #[derive(Clone, Debug, PartialEq)]
+        pub enum Object {
+            $(
+                #[doc = concat!("A ", stringify!($variant), ".")]
+                $variant(Arc<$ty>),
+            )+
+        }
+
+        impl Kind {
+            /// Every kind, in a fixed order.
+            pub const ALL: &'static [Kind] = &[$(Kind::$variant),+];
+
+            /// `apiVersion` (`group/version`, or `v1` for the core group).
+            pub fn api_version(self) -> &'static str {
+                match self {
+                    $(Kind::$variant => <$ty as Resource>::API_VERSION,)+
+                }
+            }
+
+            /// `kind`.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(Kind::$variant => <$ty as Resource>::KIND,)+
+                }
+            }
+
+            /// The API group (empty for the core group).
+            pub fn group(self) -> &'static str {
+                match self {
+                    $(Kind::$variant => <$ty as Resource>::GROUP,)+
+                }
+            }
+
+            /// The kind named by `apiVersion` and `kind`, if Ambit reads it. Besides each kind's
+            /// own version, the older versions the API server still serves with the same schema
+            /// are accepted (`security.istio.io/v1beta1`, `networking.istio.io/v1beta1` and
+            /// `v1alpha3`, `gateway.networking.k8s.io/v1beta1`), so existing YAML reads as is.
+            pub fn of(api_version: &str, kind: &str) -> Option<Kind> {
+                $(
+                    if kind == <$ty as Resource>::KIND
+                        && (api_version == <$ty as Resource>::API_VERSION
+                            || older_version(<$ty as Resource>::GROUP, api_version))
+                    {
+                        return Some(Kind::$variant);
+                    }
+                )+
+                None
+            }
+        }
+
+        impl Object {
+            /// Its kind.
+            pub fn kind(&self) -> Kind {
+                match self {
+                    $(Object::$variant(_) => Kind::$variant,)+
+                }
+            }
+
+            /// Its metadata.
+            pub fn metadata(&self) -> &ObjectMeta {
+                match self {
+                    $(Object::$variant(o) => k8s_openapi::Metadata::metadata(&**o),)+
+                }
+            }
+
+            /// Parses a JSON value (one Kubernetes object, from the API or from YAML) by its
+            /// `apiVersion` and `kind`.
+            pub fn from_value(value: serde_json::Value) -> Result<Object, ObjectError> {
+                let api_version = value.get("apiVersion").and_then(|v| v.as_str()).unwrap_or_default();
+                let kind_name = value.get("kind").and_then(|v| v.as_str()).unwrap_or_default();
+                let Some(kind) = Kind::of(api_version, kind_name) else {
+                    return Err(ObjectError::UnknownKind {
+                        api_version: api_version.to_owned(),
+                        kind: kind_name.to_owned(),
+                    });
+                };
+                let object = match kind {
+                    $(Kind::$variant => Object::$variant(Arc::new(
+                        serde_json::from_value::<$ty>(value)
+                            .map_err(|source| ObjectError::Decode { kind, source })?,
+                    )),)+
+                };
+                object.check()?;
+                Ok(object)
+            }
+        }
+
+        $(
+            impl From<$ty> for Object {
+                fn from(o: $ty) -> Object {
+                    Object::$variant(Arc::new(o))
+                }
+            }
+        )+
+    };
+}
+
+kinds! {
+    Namespace(Namespace),
+    Node(Node),
+    Pod(Pod),
+    Service(Service),
+    EndpointSlice(EndpointSlice),
+    ServiceEntry(ServiceEntry),
+    WorkloadEntry(WorkloadEntry),
+    AuthorizationPolicy(AuthorizationPolicy),
+    PeerAuthentication(PeerAuthentication),
+    Gateway(Gateway),
+    GatewayClass(GatewayClass),
+}
+
+/// Whether `api_version` is an older version of `group` served with the same schema.
+fn older_version(group: &str, api_version: &str) -> bool {
+    let Some((g, v)) = api_version.split_once('/') else { return false };
+    g == group
+        && match group {
+            "security.istio.io" | "gateway.networking.k8s.io" => v == "v1beta1",
+            "networking.istio.io" => v == "v1beta1" || v == "v1alpha3",
+            _ => false,
+        }
+}
+
+impl Kind {
+    /// Whether objects of this kind live in a namespace.
+    pub fn is_namespaced(self) -> bool {
+        !matches!(self, Kind::Namespace | Kind::Node | Kind::GatewayClass)
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Names one object: kind, namespace (empty for cluster-scoped kinds) and name.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectKey {
+    /// The kind.
+    pub kind: Kind,
+    /// The namespace (empty for cluster-scoped kinds).
+    pub namespace: String,
+    /// The name.
+    pub name: String,
+}
+
+impl ObjectKey {
+    /// A key.
+    pub fn new(kind: Kind, namespace: impl Into<String>, name: impl Into<String>) -> ObjectKey {
+        ObjectKey { kind, namespace: namespace.into(), name: name.into() }
+    }
+}
+
+impl fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.namespace.is_empty() {
+            write!(f, "{} {}", self.kind, self.name)
+        } else {
+            write!(f, "{} {}/{}", self.kind, self.namespace, self.name)
+        }
+    }
+}
+
+impl Object {
+    /// Its key.
+    pub fn key(&self) -> ObjectKey {
+        let m = self.metadata();
+        ObjectKey {
+            kind: self.kind(),
+            namespace: m.namespace.clone().unwrap_or_default(),
+            name: m.name.clone().unwrap_or_default(),
+        }
+    }
+
+    /// A namespaced object needs a namespace, every object a name.
+    fn check(&self) -> Result<(), ObjectError> {
+        let m = self.metadata();
+        let kind = self.kind();
+        if m.name.as_deref().unwrap_or_default().is_empty() {
+            return Err(ObjectError::Missing { kind, field: "metadata.name" });
+        }
+        if kind.is_namespaced() && m.namespace.as_deref().unwrap_or_default().is_empty() {
+            return Err(ObjectError::Missing { kind, field: "metadata.namespace" });
+        }
+        Ok(())
+    }
+}
+
+/// Why a value is not a usable object.
+#[derive(Debug, thiserror::Error)]
+pub enum ObjectError {
+    /// A kind Ambit does not read (sources skip these).
+    #[error("kind {kind} of {api_version} is not one Ambit reads")]
+    UnknownKind {
+        /// The value's `apiVersion`.
+        api_version: String,
+        /// The value's `kind`.
+        kind: String,
+    },
+    /// The value does not have the kind's shape.
+    #[error("not a valid {kind}: {source}")]
+    Decode {
+        /// The kind.
+        kind: Kind,
+        /// The decoder's error.
+        source: serde_json::Error,
+    },
+    /// A required field is empty.
+    #[error("{kind} has no {field}")]
+    Missing {
+        /// The kind.
+        kind: Kind,
+        /// The missing field.
+        field: &'static str,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn parses_by_api_version_and_kind() {
+        let o = Object::from_value(json!({
+            "apiVersion": "security.istio.io/v1", "kind": "PeerAuthentication",
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"mtls": {"mode": "STRICT"}, "portLevelMtls": {"9090": {"mode": "DISABLE"}}},
+        }))
+        .expect("parses");
+        assert_eq!(o.key(), ObjectKey::new(Kind::PeerAuthentication, "ns", "p"));
+        let Object::PeerAuthentication(pa) = o else { panic!("kind") };
+        assert_eq!(pa.spec.port_level_mtls[&9090].mode, "DISABLE");
+    }
+
+    #[test]
+    fn refuses_unknown_kinds_and_missing_names() {
+        let e = Object::from_value(json!({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService"}))
+            .expect_err("unknown");
+        assert_eq!(e.to_string(), "kind VirtualService of networking.istio.io/v1 is not one Ambit reads");
+        let e = Object::from_value(json!({"apiVersion": "v2", "kind": "Pod"})).expect_err("unknown version");
+        assert_eq!(e.to_string(), "kind Pod of v2 is not one Ambit reads");
+        let old = json!({"apiVersion": "networking.istio.io/v1alpha3", "kind": "ServiceEntry",
+            "metadata": {"name": "se", "namespace": "ns"}, "spec": {"hosts": ["a.example.com"]}});
+        assert_eq!(Object::from_value(old).expect("older version").kind(), Kind::ServiceEntry);
+        let e = Object::from_value(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}}))
+            .expect_err("no namespace");
+        assert_eq!(e.to_string(), "Pod has no metadata.namespace");
+        let e = Object::from_value(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {}}))
+            .expect_err("no name");
+        assert_eq!(e.to_string(), "Namespace has no metadata.name");
+    }
+}
