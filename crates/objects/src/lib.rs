@@ -13,7 +13,7 @@ pub mod gateway;
 pub mod istio;
 mod object;
 
-pub use object::{Kind, Object, ObjectError, ObjectKey};
+pub use object::{Change, Kind, Object, ObjectError, ObjectKey};
 
 /// Re-exported Kubernetes types, so users name one crate.
 pub use k8s_openapi;

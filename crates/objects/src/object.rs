@@ -276,3 +276,22 @@ mod tests {
         assert_eq!(e.to_string(), "Namespace has no metadata.name");
     }
 }
+
+/// One change a source reports: an object added or replaced, or one removed.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Change {
+    /// Added, or replaced by this version.
+    Upsert(Object),
+    /// Removed.
+    Delete(ObjectKey),
+}
+
+impl Change {
+    /// The key of the object that changed.
+    pub fn key(&self) -> ObjectKey {
+        match self {
+            Change::Upsert(o) => o.key(),
+            Change::Delete(k) => k.clone(),
+        }
+    }
+}
