@@ -79,7 +79,7 @@ fn main() -> ExitCode {
     }
     match cli.command {
         Command::Proxy(args) => {
-            ambit_proxy::app::init_logging(&args.rust_log, args.log_format == "json");
+            ambit_admin::logging::init(&args.rust_log, args.log_format == "json");
             let cfg = match ambit_proxy::config::Config::from_args(&args) {
                 Ok(c) => {
                     c.warn_unsupported();
@@ -100,7 +100,7 @@ fn main() -> ExitCode {
             }
         }
         Command::Agent(args) => {
-            ambit_proxy::app::init_logging(&args.rust_log, false);
+            ambit_admin::logging::init(&args.rust_log, false);
             match ambit_agent::app::run(*args) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {

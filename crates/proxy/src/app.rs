@@ -294,9 +294,3 @@ fn raise_fd_limit() -> u64 {
         Err(_) => 1024,
     }
 }
-
-/// Sets up logging: `RUST_LOG` filter (changeable at run time through the admin server's
-/// `/logging`), plain or JSON lines on stderr.
-pub fn init_logging(filter: &str, json: bool) {
-    crate::logging::init(filter, json);
-}

@@ -4,7 +4,6 @@
 //! Access-log fields that a peer can fill (error texts that quote its input, identities from its
 //! certificate) are cut to [`MAX_LOG_FIELD`] bytes, so one request cannot write a 60 KB line.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -594,17 +593,7 @@ impl Collector for RuntimeCollector {
 /// Longest value of one access-log field (bytes); longer ones are cut, saying how long they were.
 pub const MAX_LOG_FIELD: usize = 1024;
 
-/// `text` cut to at most `max` bytes (at a char boundary), with a note of its full length.
-pub fn clip(text: &str, max: usize) -> Cow<'_, str> {
-    if text.len() <= max {
-        return Cow::Borrowed(text);
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    Cow::Owned(format!("{}… ({} bytes, cut to {max})", &text[..end], text.len()))
-}
+pub use ambit_admin::clip;
 
 /// Records a connection that failed before it was established (no bytes, flag set).
 pub fn record_failure(metrics: &Metrics, info: &ConnectionInfo, flag: Flag, error: &dyn std::fmt::Display) {

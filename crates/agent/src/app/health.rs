@@ -70,45 +70,21 @@ pub async fn serve_metrics(addr: SocketAddr, registry: Arc<Registry>) -> Result<
     .await
 }
 
-/// A tiny HTTP/1.1 server answering GETs by path.
+/// A tiny HTTP/1.1 server answering by path.
 async fn spawn_http(
     addr: SocketAddr,
     what: &'static str,
     handler: impl Fn(&str) -> (u16, String) + Send + Sync + Clone + 'static,
 ) -> Result<(), AgentError> {
-    let listener = match tokio::net::TcpListener::bind(addr).await {
-        Ok(l) => l,
-        Err(_) if addr.is_ipv6() && addr.ip().is_unspecified() => {
-            let v4 = SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), addr.port());
-            tokio::net::TcpListener::bind(v4).await.map_err(|error| AgentError::Bind {
-                what,
-                where_: v4.to_string(),
-                error,
-            })?
-        }
-        Err(error) => return Err(AgentError::Bind { what, where_: addr.to_string(), error }),
-    };
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else { continue };
-            let h = handler.clone();
-            tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                    let (status, body) = h(req.uri().path());
-                    async move {
-                        Ok::<_, std::convert::Infallible>(
-                            http::Response::builder()
-                                .status(status)
-                                .body(http_body_util::Full::new(bytes::Bytes::from(body)))
-                                .unwrap_or_default(),
-                        )
-                    }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
-                    .await;
-            });
-        }
-    });
+    let listener = ambit_admin::bind(addr).map_err(|error| AgentError::Bind {
+        what,
+        where_: addr.to_string(),
+        error,
+    })?;
+    tokio::spawn(ambit_admin::serve(listener, move |req: http::Request<hyper::body::Incoming>| {
+        let (status, body) = handler(req.uri().path());
+        let status = http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
+        async move { ambit_admin::text(status, body) }
+    }));
     Ok(())
 }

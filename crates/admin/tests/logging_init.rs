@@ -1,9 +1,9 @@
-//! The process-wide subscriber that `ambit proxy` installs at start is the one `/logging`
-//! changes (its own binary: it installs the global subscriber).
+//! The process-wide subscriber that `ambit proxy`, `ambit agent` and `ambit control` install
+//! at start is the one `/logging` changes (its own binary: it installs the global subscriber).
 
 #![allow(clippy::unwrap_used)]
 
-use ambit_proxy::logging;
+use ambit_admin::logging;
 
 #[test]
 fn the_installed_filter_is_reloadable_through_the_global_control() {

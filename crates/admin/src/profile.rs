@@ -186,7 +186,6 @@ fn encode(report: &pprof::Report) -> Vec<u8> {
 }
 
 /// Whether a profile is being taken (tests wait on it).
-#[cfg(test)]
-pub(crate) fn running() -> bool {
+pub fn running() -> bool {
     RUNNING.load(Ordering::Acquire)
 }

@@ -1,0 +1,228 @@
+//! The small HTTP/1.1 servers every Ambit process runs (metrics, readiness, admin and debug
+//! endpoints), and the endpoints they share: `/metrics` (Prometheus text or OpenMetrics),
+//! `/logging` (the run-time log filter, as `istioctl ... log` drives it) and
+//! `/debug/pprof/profile` (a CPU profile). One implementation for the proxy, the agent and the
+//! control plane; each adds its own paths.
+
+use std::borrow::Cow;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+
+pub mod logging;
+pub mod profile;
+
+pub use profile::ProfileError;
+
+/// A response body.
+pub type Body = Full<Bytes>;
+
+/// Serves HTTP/1.1 on `listener` with `handler` until the process ends.
+pub async fn serve<F, Fut>(listener: TcpListener, handler: F)
+where
+    F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Response<Body>> + Send + 'static,
+{
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(s) => s,
+            Err(_) => {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let h = handler.clone();
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req| {
+                let h = h.clone();
+                async move { Ok::<_, Infallible>(h(req).await) }
+            });
+            let _ =
+                hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
+        });
+    }
+}
+
+/// Binds `addr` (non-blocking, for [`tokio::net::TcpListener::from_std`]). An unspecified IPv6
+/// address (`[::]`) falls back to `0.0.0.0` where the host has no IPv6.
+pub fn bind_std(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let l = match std::net::TcpListener::bind(addr) {
+        Ok(l) => l,
+        Err(_) if addr.is_ipv6() && addr.ip().is_unspecified() => {
+            std::net::TcpListener::bind(SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), addr.port()))?
+        }
+        Err(e) => return Err(e),
+    };
+    l.set_nonblocking(true)?;
+    Ok(l)
+}
+
+/// Binds `addr` as [`bind_std`] does, for tokio (call inside a runtime).
+pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::from_std(bind_std(addr)?)
+}
+
+/// A plain-text response.
+pub fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header("content-type", "text/plain; charset=utf-8")
+        .body(Full::new(body.into()))
+        .unwrap_or_default()
+}
+
+/// A JSON response (pretty-printed: these are read by people).
+pub fn json(value: &impl serde::Serialize) -> Response<Body> {
+    match serde_json::to_string_pretty(value) {
+        Ok(body) => Response::builder()
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body + "\n")))
+            .unwrap_or_default(),
+        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("encoding JSON failed: {e}\n")),
+    }
+}
+
+/// `registry` as Prometheus text, or OpenMetrics when the client asks for it.
+pub fn metrics(req: &Request<Incoming>, registry: &Registry) -> Response<Body> {
+    let mut body = String::new();
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut body, registry) {
+        return text(StatusCode::INTERNAL_SERVER_ERROR, format!("encoding metrics failed: {e}\n"));
+    }
+    let openmetrics = req
+        .headers()
+        .get_all(http::header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|v| v.trim().starts_with("application/openmetrics-text"));
+    let ct = if openmetrics {
+        "application/openmetrics-text;charset=utf-8;version=1.0.0"
+    } else {
+        "text/plain; charset=utf-8"
+    };
+    Response::builder().header("content-type", ct).body(Full::new(Bytes::from(body))).unwrap_or_default()
+}
+
+/// The endpoints that need no process state: `/` (answers `index`), `/logging`,
+/// `/debug/pprof/profile`; anything else is 404.
+pub async fn tools(index: &'static str, method: &Method, uri: &http::Uri) -> Response<Body> {
+    tools_with(index, method, uri, logging::control()).await
+}
+
+/// [`tools`] with an explicit log control (`None`: the process installed no reloadable filter).
+pub async fn tools_with(
+    index: &'static str,
+    method: &Method,
+    uri: &http::Uri,
+    logs: Option<&logging::LogControl>,
+) -> Response<Body> {
+    match uri.path() {
+        "/" => text(StatusCode::OK, index),
+        "/logging" => logging(method, uri.query(), logs),
+        "/debug/pprof/profile" => {
+            if method != Method::GET {
+                return text(StatusCode::METHOD_NOT_ALLOWED, "use GET\n");
+            }
+            profile(uri.query()).await
+        }
+        _ => text(StatusCode::NOT_FOUND, "not found\n"),
+    }
+}
+
+/// The query's `key=value` pairs, percent-decoded.
+pub fn query_pairs(query: Option<&str>) -> Vec<(String, String)> {
+    form_urlencoded::parse(query.unwrap_or_default().as_bytes()).into_owned().collect()
+}
+
+/// `text` cut to at most `max` bytes (at a char boundary), with a note of its full length.
+pub fn clip(text: &str, max: usize) -> Cow<'_, str> {
+    if text.len() <= max {
+        return Cow::Borrowed(text);
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    Cow::Owned(format!("{}… ({} bytes, cut to {max})", &text[..end], text.len()))
+}
+
+/// `/logging` as `istioctl ztunnel-config log` drives it (`logs`: the process's reloadable
+/// filter, if it installed one).
+pub fn logging(method: &Method, query: Option<&str>, logs: Option<&logging::LogControl>) -> Response<Body> {
+    use logging::HELP;
+    if method != Method::POST {
+        return text(StatusCode::METHOD_NOT_ALLOWED, format!("Invalid HTTP method\n{HELP}"));
+    }
+    let Some(logs) = logs else {
+        return text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the log filter cannot be changed: this process did not install a reloadable one\n",
+        );
+    };
+    let pairs = query_pairs(query);
+    let level = pairs.iter().rev().find(|(k, _)| k == "level").map(|(_, v)| v.as_str());
+    let reset = pairs.iter().any(|(k, _)| k == "reset");
+    let result = match (level, reset) {
+        (None, false) | (Some(""), false) => logs.current(),
+        (level, reset) => logs.set(reset, level.unwrap_or_default()),
+    };
+    match result {
+        Ok(filter) => text(StatusCode::OK, format!("current log level is {filter}\n")),
+        Err(e @ logging::LevelError::Gone) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n{HELP}")),
+        Err(e) => text(StatusCode::BAD_REQUEST, format!("{e}\n{HELP}")),
+    }
+}
+
+/// A CPU profile's parameters (`seconds` 1–300, default 10; `frequency` 1–1000 Hz, default 100).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProfileRequest {
+    /// How long to sample.
+    pub seconds: u64,
+    /// Samples per second.
+    pub frequency: u32,
+}
+
+impl ProfileRequest {
+    /// Parses `seconds` and `frequency` from a query string.
+    pub fn parse(query: Option<&str>) -> Result<ProfileRequest, ProfileError> {
+        let pairs = query_pairs(query);
+        let get = |name: &'static str, default: u64, max: u64| -> Result<u64, ProfileError> {
+            match pairs.iter().rev().find(|(k, _)| k == name) {
+                None => Ok(default),
+                Some((_, v)) => v.parse::<u64>().ok().filter(|n| (1..=max).contains(n)).ok_or_else(|| {
+                    ProfileError::Param { name, value: clip(v, 64).into_owned(), min: 1, max }
+                }),
+            }
+        };
+        let seconds = get("seconds", 10, 300)?;
+        let frequency = get("frequency", 100, 1000)?;
+        Ok(ProfileRequest { seconds, frequency: u32::try_from(frequency).unwrap_or(1000) })
+    }
+}
+
+/// `/debug/pprof/profile`: samples the whole process's CPU use and answers pprof protobuf.
+pub async fn profile(query: Option<&str>) -> Response<Body> {
+    let req = match ProfileRequest::parse(query) {
+        Ok(r) => r,
+        Err(e) => return text(StatusCode::BAD_REQUEST, format!("{e}\n")),
+    };
+    match profile::cpu(req.seconds, req.frequency).await {
+        Ok(bytes) => Response::builder()
+            .header("content-type", "application/octet-stream")
+            .header("content-disposition", "attachment; filename=\"profile\"")
+            .body(Full::new(Bytes::from(bytes)))
+            .unwrap_or_default(),
+        Err(e @ ProfileError::Busy) => text(StatusCode::CONFLICT, format!("{e}\n")),
+        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
+    }
+}
+
+#[cfg(test)]
+mod tests;
