@@ -1,5 +1,6 @@
-//! The small HTTP/1.1 servers every Ambit process runs (metrics, readiness, admin and debug
-//! endpoints), and the endpoints they share: `/metrics` (Prometheus text or OpenMetrics),
+//! What every Ambit process shares besides its own logic: the small HTTP/1.1 servers it runs
+//! (metrics, readiness, admin and debug endpoints), the command-line value parsers
+//! ([`parse_duration`]), and the endpoints they share: `/metrics` (Prometheus text or OpenMetrics),
 //! `/logging` (the run-time log filter, as `istioctl ... log` drives it) and
 //! `/debug/pprof/profile` (a CPU profile). One implementation for the proxy, the agent and the
 //! control plane; each adds its own paths.
@@ -7,6 +8,7 @@
 use std::borrow::Cow;
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
@@ -139,6 +141,52 @@ pub async fn tools_with(
 /// The query's `key=value` pairs, percent-decoded.
 pub fn query_pairs(query: Option<&str>) -> Vec<(String, String)> {
     form_urlencoded::parse(query.unwrap_or_default().as_bytes()).into_owned().collect()
+}
+
+/// Parses a Go-style duration: `500ms`, `10s`, `5m`, `24h`, `1h30m`; a bare number is seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    if let Ok(secs) = s.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
+    }
+    let err = || format!("{s:?} is not a duration like 500ms, 10s, 5m or 24h");
+    let mut total = Duration::ZERO;
+    let mut rest = s;
+    if rest.is_empty() {
+        return Err(err());
+    }
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(err)?;
+        let (num, tail) = rest.split_at(digits);
+        let value: f64 = num.parse().map_err(|_| err())?;
+        let unit_len = tail.find(|c: char| c.is_ascii_digit()).unwrap_or(tail.len());
+        let (unit, tail) = tail.split_at(unit_len);
+        let scale = match unit {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return Err(err()),
+        };
+        let secs = value * scale;
+        if !secs.is_finite() || !(0.0..=1e12).contains(&secs) {
+            return Err(err());
+        }
+        total += Duration::from_secs_f64(secs);
+        rest = tail;
+    }
+    Ok(total)
+}
+
+/// [`parse_duration`], refusing zero (poll intervals, timeouts).
+pub fn parse_positive_duration(s: &str) -> Result<Duration, String> {
+    match parse_duration(s) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        Ok(_) => Err(format!("{:?} must be longer than zero", s.trim())),
+        Err(e) => Err(e),
+    }
 }
 
 /// `text` cut to at most `max` bytes (at a char boundary), with a note of its full length.

@@ -4,5 +4,6 @@
 //!   and `istio.security.Authorization`, with istiod's semantics, incrementally.
 //! - [`ca`]: `istio.v1.auth.IstioCertificateService/CreateCertificate` with node authorization.
 
+pub mod app;
 pub mod ca;
 pub mod translate;

@@ -774,42 +774,7 @@ fn drain_deadline(explicit: Option<Duration>, grace: Option<u64>) -> Duration {
     }
 }
 
-/// Parses a Go-style duration: `500ms`, `10s`, `5m`, `24h`, `1h30m`; a bare number is seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    if let Ok(secs) = s.parse::<u64>() {
-        return Ok(Duration::from_secs(secs));
-    }
-    let err = || format!("{s:?} is not a duration like 500ms, 10s, 5m or 24h");
-    let mut total = Duration::ZERO;
-    let mut rest = s;
-    if rest.is_empty() {
-        return Err(err());
-    }
-    while !rest.is_empty() {
-        let digits = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(err)?;
-        let (num, tail) = rest.split_at(digits);
-        let value: f64 = num.parse().map_err(|_| err())?;
-        let unit_len = tail.find(|c: char| c.is_ascii_digit()).unwrap_or(tail.len());
-        let (unit, tail) = tail.split_at(unit_len);
-        let scale = match unit {
-            "ns" => 1e-9,
-            "us" | "µs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return Err(err()),
-        };
-        let secs = value * scale;
-        if !secs.is_finite() || !(0.0..=1e12).contains(&secs) {
-            return Err(err());
-        }
-        total += Duration::from_secs_f64(secs);
-        rest = tail;
-    }
-    Ok(total)
-}
+pub use ambit_admin::parse_duration;
 
 fn parse_u32(s: &str) -> Result<u32, String> {
     let s = s.trim();

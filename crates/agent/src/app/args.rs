@@ -156,19 +156,7 @@ impl AgentArgs {
     }
 }
 
-/// `250ms`, `2s` or `1m`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let ms = s
-        .strip_suffix("ms")
-        .map(|v| v.parse::<u64>())
-        .or_else(|| s.strip_suffix('s').map(|v| v.parse::<u64>().map(|v| v.saturating_mul(1000))))
-        .or_else(|| s.strip_suffix('m').map(|v| v.parse::<u64>().map(|v| v.saturating_mul(60_000))));
-    match ms {
-        Some(Ok(ms)) if ms > 0 => Ok(Duration::from_millis(ms)),
-        _ => Err(format!("{s:?} is not a duration like 250ms, 2s or 1m")),
-    }
-}
+pub use ambit_admin::parse_positive_duration as parse_duration;
 
 #[cfg(test)]
 mod tests {
@@ -192,7 +180,11 @@ mod tests {
         assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
         assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
         assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
-        for bad in ["", "0s", "5", "1h", "-1s"] {
+        // The shared Go-style parser: a bare number is seconds, hours are fine, zero is not.
+        assert_eq!(parse_duration("5"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("0s"), Err("\"0s\" must be longer than zero".into()));
+        for bad in ["", "-1s", "fast"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
     }

@@ -11,8 +11,11 @@ use std::time::{Duration, Instant};
 
 use super::common::*;
 
+mod control;
 mod world;
 mod xds;
+#[allow(unused_imports)]
+pub use control::*;
 #[allow(unused_imports)]
 pub use world::*;
 #[allow(unused_imports)]
@@ -27,6 +30,22 @@ pub struct Mesh {
     log_dir: Option<PathBuf>,
     /// Proxies take their state from this xDS server instead of the config file.
     xds: Option<String>,
+    /// Proxies take their state and certificates from `ambit control` (no file, no FAKE_CA).
+    control: Option<ControlEndpoint>,
+}
+
+/// Where proxies reach `ambit control`, and what they present and trust.
+#[derive(Clone, Debug)]
+pub struct ControlEndpoint {
+    /// `https://<ip>:15012`, for XDS_ADDRESS and CA_ADDRESS.
+    pub url: String,
+    /// The mesh root bundle (XDS_ROOT_CA, CA_ROOT_CA).
+    pub root: PathBuf,
+    /// The per-node token files (`<dir>/<node>.token`, AUTH_TOKEN).
+    pub token_dir: PathBuf,
+    /// The name the control plane's serving certificate carries (ALT_XDS_HOSTNAME,
+    /// ALT_CA_HOSTNAME): the URL names it by IP.
+    pub hostname: String,
 }
 
 /// A pod that is a mesh workload.
@@ -79,7 +98,7 @@ impl Mesh {
             .output()
             .expect("run ambit dev-ca init");
         assert!(out.status.success(), "dev-ca init failed: {}", String::from_utf8_lossy(&out.stderr));
-        Mesh { cluster, dir, log_dir: None, xds: None }
+        Mesh { cluster, dir, log_dir: None, xds: None, control: None }
     }
 
     /// Proxies started from now on take their state from the xDS server at `url` (serving
@@ -88,8 +107,28 @@ impl Mesh {
         self.xds = Some(url.to_owned());
     }
 
-    /// The settings that give a proxy its state: the file, or the xDS server.
-    fn state_source(&self, cmd: &mut Command) {
+    /// Proxies started from now on take their state and certificates from `ambit control`.
+    pub fn use_control(&mut self, control: ControlEndpoint) {
+        self.control = Some(control);
+    }
+
+    /// The settings that give a proxy its state and certificates: the file or an xDS server
+    /// with the dev CA, or `ambit control` for both (the proxy on `node` presents that node's
+    /// token).
+    fn state_source(&self, cmd: &mut Command, node: &str) {
+        if let Some(c) = &self.control {
+            cmd.env("XDS_ADDRESS", &c.url)
+                .env("CA_ADDRESS", &c.url)
+                .env("XDS_ROOT_CA", &c.root)
+                .env("CA_ROOT_CA", &c.root)
+                .env("ALT_XDS_HOSTNAME", &c.hostname)
+                .env("ALT_CA_HOSTNAME", &c.hostname)
+                .env("AUTH_TOKEN", c.token_dir.join(format!("{node}.token")))
+                .env("NODE_NAME", node)
+                .env("FAKE_CA", "false");
+            return;
+        }
+        cmd.env("FAKE_CA", "true").env("FAKE_CA_ROOT", self.dir.path().join("ca"));
         match &self.xds {
             Some(url) => cmd.env("XDS_ADDRESS", url),
             // The local file only: the default XDS_ADDRESS would point at istiod.
@@ -208,12 +247,10 @@ impl Mesh {
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("PROXY_MODE", "dedicated")
             .env("PROXY_WORKLOAD_INFO", format!("default/{}/{}", p.pod.name, p.sa))
-            .env("FAKE_CA", "true")
-            .env("FAKE_CA_ROOT", self.dir.path().join("ca"))
             .env("PACKET_MARK", "1337")
             .env("RUST_LOG", "info")
             .env("ZTUNNEL_WORKER_THREADS", "2");
-        self.state_source(&mut cmd);
+        self.state_source(&mut cmd, &p.node);
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -444,11 +481,9 @@ impl Mesh {
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("PROXY_MODE", "shared")
             .env("INPOD_UDS", uds)
-            .env("FAKE_CA", "true")
-            .env("FAKE_CA_ROOT", self.dir.path().join("ca"))
             .env("RUST_LOG", "info")
             .env("ZTUNNEL_WORKER_THREADS", "2");
-        self.state_source(&mut cmd);
+        self.state_source(&mut cmd, &node.name);
         for (k, v) in env {
             cmd.env(k, v);
         }
