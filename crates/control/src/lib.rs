@@ -6,4 +6,5 @@
 
 pub mod app;
 pub mod ca;
+pub mod pods;
 pub mod translate;
