@@ -87,6 +87,7 @@ fn legacy(uid: &str) -> ServerResource {
         aliases: vec![],
         resource: any(ADDRESS, &pb::Address { r#type: Some(pb::address::Type::Workload(w)) }),
         also: vec![],
+        node: None,
     }
 }
 

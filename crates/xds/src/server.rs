@@ -49,6 +49,11 @@ pub struct ServerResource {
     /// Names sent along when this resource is sent to a named/on-demand subscriber (a Service
     /// brings its workloads); they join that subscription.
     pub also: Vec<String>,
+    /// The node it lives on (a workload's `node`): an on-demand stream whose node metadata
+    /// `NODE_NAME` names this node receives it unrequested, on its first response and on
+    /// pushes, and it joins that subscription (control-plane.md §5.3). Wildcard streams get
+    /// everything anyway.
+    pub node: Option<String>,
 }
 
 /// Changes to one type.
@@ -92,6 +97,44 @@ struct Snapshot {
 struct TypeSet {
     by_name: HashMap<String, Entry>,
     by_alias: HashMap<String, String>,
+    /// Names of the resources on each node.
+    by_node: HashMap<String, HashSet<String>>,
+}
+
+impl TypeSet {
+    /// Drops `res`'s aliases and node entry (those that still point at it).
+    fn unindex(&mut self, res: &ServerResource) {
+        for a in &res.aliases {
+            if self.by_alias.get(a) == Some(&res.name) {
+                self.by_alias.remove(a);
+            }
+        }
+        if let Some(node) = &res.node
+            && let Some(names) = self.by_node.get_mut(node)
+        {
+            names.remove(&res.name);
+            if names.is_empty() {
+                self.by_node.remove(node);
+            }
+        }
+    }
+
+    /// The names on `node` that `sub` does not hold and `also_asked` does not name.
+    fn node_local(&self, node: Option<&str>, sub: &Sub, also_asked: &[String]) -> Vec<String> {
+        let Some(names) = node.and_then(|n| self.by_node.get(n)) else { return Vec::new() };
+        let mut out: Vec<String> = names
+            .iter()
+            .filter(|n| !sub.names.contains_key(*n) && !also_asked.contains(n))
+            .cloned()
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// Whether the resource `name` lives on `node`.
+    fn is_on(&self, name: &str, node: Option<&str>) -> bool {
+        node.is_some_and(|node| self.by_name.get(name).and_then(|e| e.res.node.as_deref()) == Some(node))
+    }
 }
 
 struct Entry {
@@ -123,8 +166,8 @@ impl Resources {
     }
 
     /// Applies `changes` (all or none), bumps the version if anything changed and wakes the
-    /// servers' debouncers. A resource whose payload, aliases and `also` are unchanged is not a
-    /// change. Returns the version after the publish.
+    /// servers' debouncers. A resource whose payload, aliases, `also` and node are unchanged is
+    /// not a change. Returns the version after the publish.
     pub fn publish(&self, changes: impl IntoIterator<Item = Changes>) -> Result<u64, PublishError> {
         let mut indexed = Vec::new();
         for c in changes {
@@ -138,27 +181,29 @@ impl Resources {
             let set = &mut state.sets[i];
             for res in c.upserts {
                 let version = resource_version(&res.resource);
-                if let Some(old) = set.by_name.get(&res.name) {
-                    if old.version == version && old.res.aliases == res.aliases && old.res.also == res.also {
-                        continue;
-                    }
-                    for a in &old.res.aliases {
-                        set.by_alias.remove(a);
-                    }
+                if set.by_name.get(&res.name).is_some_and(|old| {
+                    old.version == version
+                        && old.res.aliases == res.aliases
+                        && old.res.also == res.also
+                        && old.res.node == res.node
+                }) {
+                    continue;
+                }
+                if let Some(old) = set.by_name.remove(&res.name) {
+                    set.unindex(&old.res);
                 }
                 for a in &res.aliases {
                     set.by_alias.insert(a.clone(), res.name.clone());
+                }
+                if let Some(node) = &res.node {
+                    set.by_node.entry(node.clone()).or_default().insert(res.name.clone());
                 }
                 dirty[i].insert(res.name.clone(), next);
                 set.by_name.insert(res.name.clone(), Entry { res, version });
             }
             for name in c.removals {
                 if let Some(old) = set.by_name.remove(&name) {
-                    for a in &old.res.aliases {
-                        if set.by_alias.get(a) == Some(&name) {
-                            set.by_alias.remove(a);
-                        }
-                    }
+                    set.unindex(&old.res);
                     dirty[i].insert(name, next);
                 }
             }
@@ -668,7 +713,8 @@ fn handle_request(
         warn!(stream = st.id, type_url = %req.type_url, "xDS request for a type this server does not serve; ignored");
         return Ok(Vec::new());
     };
-    let StreamState { subs, counter, id, .. } = &mut *st;
+    let StreamState { subs, counter, id, node_name, .. } = &mut *st;
+    let node_name = node_name.as_deref();
     if let Some(err) = &req.error_detail {
         warn!(stream = *id, type_url = %req.type_url, nonce = %req.response_nonce, "xDS NACK: {}", err.message);
         if let Some(sub) = subs[ti].as_mut() {
@@ -702,7 +748,8 @@ fn handle_request(
         let (resources_out, removed) = if wildcard {
             everything(set, &req.initial_resource_versions)
         } else {
-            let names: Vec<String> = names.into_iter().collect();
+            let mut names: Vec<String> = names.into_iter().collect();
+            names.extend(set.node_local(node_name, &sub, &names));
             resolve(set, snap.version, &mut sub, &names, &req.initial_resource_versions)
         };
         let resp = response(type_url, snap.version, &mut sub, counter, resources_out, removed);
@@ -738,6 +785,10 @@ fn handle_request(
         sub.base = snap.version;
         everything(set, &none)
     } else if !new_names.is_empty() {
+        if !sub.wildcard {
+            let local = set.node_local(node_name, sub, &new_names);
+            new_names.extend(local);
+        }
         resolve(set, snap.version, sub, &new_names, &none)
     } else {
         if req.response_nonce.is_empty() && req.resource_names_unsubscribe.is_empty() {
@@ -815,7 +866,8 @@ fn resolve(
 fn push(resources: &Resources, shared: &StreamShared, dirty: &Dirty) -> Vec<DeltaDiscoveryResponse> {
     let snap = resources.read();
     let mut st = lock(&shared.state);
-    let StreamState { subs, counter, .. } = &mut *st;
+    let StreamState { subs, counter, node_name, .. } = &mut *st;
+    let node_name = node_name.as_deref();
     let mut out = Vec::new();
     for (ti, changed) in dirty.iter().enumerate() {
         let Some(Some(sub)) = subs.get_mut(ti) else { continue };
@@ -834,10 +886,14 @@ fn push(resources: &Resources, shared: &StreamShared, dirty: &Dirty) -> Vec<Delt
             }
             (res, removed)
         } else {
-            // Only names whose change is newer than what this stream was last sent.
+            // Only names whose change is newer than what this stream was last sent, and
+            // resources on the stream's node it does not hold yet (they join it).
             let covered: Vec<String> = changed
                 .iter()
-                .filter(|(n, v)| sub.names.get(*n).is_some_and(|sent| *v > sent))
+                .filter(|(n, v)| match sub.names.get(*n) {
+                    Some(sent) => *v > sent,
+                    None => set.is_on(n, node_name),
+                })
                 .map(|(n, _)| n.clone())
                 .collect();
             let (res, mut removed) = resolve(set, snap.version, sub, &covered, &HashMap::new());

@@ -378,6 +378,7 @@ async fn a_client_that_never_reads_holds_only_a_set_of_names() {
         aliases: vec![],
         resource: any(A, format!("{round:08}{}", "x".repeat(64 * 1024)).as_bytes()),
         also: vec![],
+        node: None,
     };
     s.resources.publish([upsert(A, (0..100).map(|i| big(&format!("r{i}"), 0)).collect())]).unwrap();
     let mut c = Client::open(&s.url, None).await.unwrap();

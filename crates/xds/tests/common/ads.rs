@@ -43,7 +43,13 @@ pub fn fast() -> ServerConfig {
 }
 
 pub fn r(name: &str, payload: &str) -> ServerResource {
-    ServerResource { name: name.into(), aliases: vec![], resource: any(A, payload.as_bytes()), also: vec![] }
+    ServerResource {
+        name: name.into(),
+        aliases: vec![],
+        resource: any(A, payload.as_bytes()),
+        also: vec![],
+        node: None,
+    }
 }
 
 pub fn version(payload: &str) -> String {
