@@ -1,11 +1,12 @@
-//! control-plane.md §8 row 28 and the node-local rule of §5.3, with a generic resource type (the
-//! names are istiod's, the payloads opaque bytes).
+//! control-plane.md §8 rows 28 and 29 and the node-local rule of §5.3, with a generic resource
+//! type (the names are istiod's, the payloads opaque bytes), and the push of one changed
+//! resource among 10 000.
 
 #![allow(clippy::unwrap_used)]
 
 mod common;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use ambit_api::xds::DeltaDiscoveryRequest;
 use ambit_xds::server::{ServerResource, StreamTypeStatus};
@@ -176,4 +177,88 @@ async fn a_resource_that_moves_onto_the_node_is_pushed_and_a_node_change_is_a_ch
     s.resources.publish([upsert(A, vec![pod("a", "10.0.0.1", "node", "a")])]).unwrap();
     let p = c.recv().await;
     assert_eq!(names(&p), strings(&["Kubernetes//Pod/default/a"]));
+}
+
+/// Row 29: wildcard reconnect with versions {pod, pod2}; meanwhile pod2 deleted, pod3 added.
+#[tokio::test]
+async fn row_29_wildcard_reconnect_sends_the_difference_and_resends_a_stale_version() {
+    let s = start(fast(), None).await;
+    s.resources.publish([upsert(A, vec![r("pod", "pod-v1"), r("pod2", "pod2-v1")])]).unwrap();
+    let mut c = Client::open(&s.url, None).await.unwrap();
+    c.wildcard(A, &[]).await;
+    let p = c.recv().await;
+    let held: HashMap<String, String> =
+        p.resources.iter().map(|r| (r.name.clone(), r.version.clone())).collect();
+    assert_eq!(held.len(), 2);
+    drop(c);
+
+    s.resources.publish([remove(A, &["pod2"]), upsert(A, vec![r("pod3", "pod3-v1")])]).unwrap();
+    let mut c = Client::open(&s.url, None).await.unwrap();
+    c.wildcard(A, &[("pod", &held["pod"]), ("pod2", &held["pod2"])]).await;
+    let p = c.recv().await;
+    assert_eq!(names(&p), strings(&["pod3"]));
+    assert_eq!(p.removed_resources, strings(&["pod2"]));
+    drop(c);
+
+    // A stale version for pod: pod is sent again.
+    let mut c = Client::open(&s.url, None).await.unwrap();
+    c.wildcard(A, &[("pod", "stale"), ("pod2", &held["pod2"])]).await;
+    let p = c.recv().await;
+    assert_eq!(contents(&p)["pod"], (version("pod-v1"), "pod-v1".to_owned()));
+    assert_eq!(names(&p), strings(&["pod", "pod3"]));
+    assert_eq!(p.removed_resources, strings(&["pod2"]));
+}
+
+/// 10 000 resources, half of them on the on-demand stream's node; the owner republishes all
+/// of them with one payload changed (as a translator that recomputed a namespace would).
+#[tokio::test]
+async fn one_changed_resource_among_10_000_is_a_push_of_exactly_that_resource() {
+    let s = start(fast(), None).await;
+    let mut payloads: Vec<String> = (0..10_000).map(|i| format!("w{i}-v1")).collect();
+    let all = |payloads: &[String]| -> Vec<ServerResource> {
+        payloads
+            .iter()
+            .enumerate()
+            .map(|(i, payload)| {
+                let node = if i % 2 == 0 { "node" } else { "other" };
+                pod(&format!("w{i}"), &format!("10.0.{}.{}", i >> 8, i & 255), node, payload)
+            })
+            .collect()
+    };
+    s.resources.publish([upsert(A, all(&payloads))]).unwrap();
+
+    let mut wild = Client::open(&s.url, None).await.unwrap();
+    wild.wildcard(A, &[]).await;
+    let p = wild.recv().await;
+    assert_eq!(p.resources.len(), 10_000);
+    wild.ack(&p).await;
+    let mut demand = Client::open(&s.url, None).await.unwrap();
+    demand.send(on_demand(Some("node"), &[])).await;
+    let p = demand.recv().await;
+    assert_eq!(p.resources.len(), 5_000);
+    demand.ack(&p).await;
+
+    // w42 lives on `node`: both streams get exactly it.
+    payloads[42] = "w42-v2".into();
+    s.resources.publish([upsert(A, all(&payloads))]).unwrap();
+    for c in [&mut wild, &mut demand] {
+        let p = c.recv().await;
+        assert_eq!(
+            contents(&p),
+            BTreeMap::from([("Kubernetes//Pod/default/w42".into(), (version("w42-v2"), "w42-v2".into()))])
+        );
+        assert!(p.removed_resources.is_empty());
+        c.ack(&p).await;
+    }
+    // w43 lives elsewhere: the wildcard stream gets exactly it, the on-demand one nothing.
+    payloads[43] = "w43-v2".into();
+    s.resources.publish([upsert(A, all(&payloads))]).unwrap();
+    let p = wild.recv().await;
+    assert_eq!(
+        contents(&p),
+        BTreeMap::from([("Kubernetes//Pod/default/w43".into(), (version("w43-v2"), "w43-v2".into()))])
+    );
+    wild.ack(&p).await;
+    wild.quiet(200).await;
+    demand.quiet(200).await;
 }
