@@ -541,7 +541,8 @@ impl AggregatedDiscoveryService for AdsServer {
             Some(wait) if !wait.is_zero() => tokio::time::sleep(wait).await,
             Some(_) => {}
             None => {
-                warn!(peer = ?request.remote_addr(), "xDS stream refused: new-stream rate limit exceeded");
+                // Debug: a reconnect storm refuses many streams, one line each would flood the log.
+                debug!(peer = ?request.remote_addr(), "xDS stream refused: new-stream rate limit exceeded");
                 return Err(Status::resource_exhausted(format!(
                     "request rate limit exceeded: this xDS server accepts {} new streams per second; retry later",
                     self.inner.cfg.new_streams_per_second
