@@ -298,6 +298,7 @@ pub fn address_resources(
             aliases: w.workload_ips.iter().map(|ip| format!("{}/{ip}", w.network)).collect(),
             resource: any(ambit_api::type_url::ADDRESS, &address),
             also: Vec::new(),
+            node: None,
         });
     }
     for s in services {
@@ -307,6 +308,7 @@ pub fn address_resources(
             aliases: s.vips.iter().map(|v| format!("{}/{}", v.network, v.address)).collect(),
             resource: any(ambit_api::type_url::ADDRESS, &address),
             also: members.remove(&s.key()).unwrap_or_default(),
+            node: None,
         });
     }
     out
@@ -323,6 +325,7 @@ pub fn authorization_resources(
             aliases: Vec::new(),
             resource: any(ambit_api::type_url::AUTHORIZATION, &ambit_api::security::Authorization::from(p)),
             also: Vec::new(),
+            node: None,
         })
         .collect()
 }

@@ -28,7 +28,7 @@ async fn server() -> Server {
     let addr = listener.local_addr().expect("addr");
     let resources = Resources::new([ADDRESS, AUTHORIZATION]);
     let cfg = ServerConfig { debounce_after: Duration::from_millis(5), ..ServerConfig::default() };
-    let ads = AdsServer::new(resources.clone(), cfg, None);
+    let ads = AdsServer::new(resources.clone(), cfg, Default::default());
     let svc = AggregatedDiscoveryServiceServer::new(ads.clone());
     tokio::spawn(async move {
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
@@ -87,6 +87,7 @@ fn legacy(uid: &str) -> ServerResource {
         aliases: vec![],
         resource: any(ADDRESS, &pb::Address { r#type: Some(pb::address::Type::Workload(w)) }),
         also: vec![],
+        node: None,
     }
 }
 

@@ -15,7 +15,9 @@
 //! * [`server`]: the owner publishes changes into [`server::Resources`]; every stream keeps its
 //!   own subscription per type and receives, after a debounce, only what changed for it. What a
 //!   stream holds while its client does not read is bounded by the set of distinct changed
-//!   names, never a queue of copies.
+//!   names, never a queue of copies. Streams are admitted through the owner's hooks
+//!   (asynchronous authentication, node authorization; [`server::istio`] has istiod's rules),
+//!   a readiness gate and a new-stream rate limit.
 //! * [`XdsMetrics`]: `xds_connection_terminations`, `xds_message`, `xds_message_bytes` as ztunnel
 //!   names them (the owner registers them under its `istio_` prefix).
 //!

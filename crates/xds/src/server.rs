@@ -12,14 +12,20 @@
 //! one response per stream is queued (the next waits until the client reads), so a client that
 //! never reads makes the server hold one response and a set of distinct names, never a queue of
 //! copies. Streams are capped at [`ServerConfig::max_streams`].
+//!
+//! Admission, in istiod's order: readiness ([`AdsServer::set_ready`]), the stream cap, the
+//! new-stream rate limit ([`ServerConfig::new_streams_per_second`]), the owner's asynchronous
+//! [`Authenticate`] hook (its [`Principal`] is kept for the stream), and on the first request a
+//! node with an id and the owner's [`Authorize`] hook ([`istio::NodeCheck`] is istiod's).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
 use ambit_api::xds::aggregated_discovery_service_server::AggregatedDiscoveryService;
-use ambit_api::xds::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource};
+use ambit_api::xds::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Node, Resource};
+use ambit_identity::Identity;
 use serde::Serialize;
 use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio::time::Instant;
@@ -27,7 +33,9 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
-use crate::resource_version;
+use crate::{BoxFuture, resource_version};
+
+pub mod istio;
 
 /// One resource the owner publishes.
 #[derive(Clone, Debug, PartialEq)]
@@ -41,6 +49,11 @@ pub struct ServerResource {
     /// Names sent along when this resource is sent to a named/on-demand subscriber (a Service
     /// brings its workloads); they join that subscription.
     pub also: Vec<String>,
+    /// The node it lives on (a workload's `node`): an on-demand stream whose node metadata
+    /// `NODE_NAME` names this node receives it unrequested, on its first response and on
+    /// pushes, and it joins that subscription (control-plane.md §5.3). Wildcard streams get
+    /// everything anyway.
+    pub node: Option<String>,
 }
 
 /// Changes to one type.
@@ -84,6 +97,44 @@ struct Snapshot {
 struct TypeSet {
     by_name: HashMap<String, Entry>,
     by_alias: HashMap<String, String>,
+    /// Names of the resources on each node.
+    by_node: HashMap<String, HashSet<String>>,
+}
+
+impl TypeSet {
+    /// Drops `res`'s aliases and node entry (those that still point at it).
+    fn unindex(&mut self, res: &ServerResource) {
+        for a in &res.aliases {
+            if self.by_alias.get(a) == Some(&res.name) {
+                self.by_alias.remove(a);
+            }
+        }
+        if let Some(node) = &res.node
+            && let Some(names) = self.by_node.get_mut(node)
+        {
+            names.remove(&res.name);
+            if names.is_empty() {
+                self.by_node.remove(node);
+            }
+        }
+    }
+
+    /// The names on `node` that `sub` does not hold and `also_asked` does not name.
+    fn node_local(&self, node: Option<&str>, sub: &Sub, also_asked: &[String]) -> Vec<String> {
+        let Some(names) = node.and_then(|n| self.by_node.get(n)) else { return Vec::new() };
+        let mut out: Vec<String> = names
+            .iter()
+            .filter(|n| !sub.names.contains_key(*n) && !also_asked.contains(n))
+            .cloned()
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// Whether the resource `name` lives on `node`.
+    fn is_on(&self, name: &str, node: Option<&str>) -> bool {
+        node.is_some_and(|node| self.by_name.get(name).and_then(|e| e.res.node.as_deref()) == Some(node))
+    }
 }
 
 struct Entry {
@@ -115,8 +166,8 @@ impl Resources {
     }
 
     /// Applies `changes` (all or none), bumps the version if anything changed and wakes the
-    /// servers' debouncers. A resource whose payload, aliases and `also` are unchanged is not a
-    /// change. Returns the version after the publish.
+    /// servers' debouncers. A resource whose payload, aliases, `also` and node are unchanged is
+    /// not a change. Returns the version after the publish.
     pub fn publish(&self, changes: impl IntoIterator<Item = Changes>) -> Result<u64, PublishError> {
         let mut indexed = Vec::new();
         for c in changes {
@@ -130,27 +181,29 @@ impl Resources {
             let set = &mut state.sets[i];
             for res in c.upserts {
                 let version = resource_version(&res.resource);
-                if let Some(old) = set.by_name.get(&res.name) {
-                    if old.version == version && old.res.aliases == res.aliases && old.res.also == res.also {
-                        continue;
-                    }
-                    for a in &old.res.aliases {
-                        set.by_alias.remove(a);
-                    }
+                if set.by_name.get(&res.name).is_some_and(|old| {
+                    old.version == version
+                        && old.res.aliases == res.aliases
+                        && old.res.also == res.also
+                        && old.res.node == res.node
+                }) {
+                    continue;
+                }
+                if let Some(old) = set.by_name.remove(&res.name) {
+                    set.unindex(&old.res);
                 }
                 for a in &res.aliases {
                     set.by_alias.insert(a.clone(), res.name.clone());
+                }
+                if let Some(node) = &res.node {
+                    set.by_node.entry(node.clone()).or_default().insert(res.name.clone());
                 }
                 dirty[i].insert(res.name.clone(), next);
                 set.by_name.insert(res.name.clone(), Entry { res, version });
             }
             for name in c.removals {
                 if let Some(old) = set.by_name.remove(&name) {
-                    for a in &old.res.aliases {
-                        if set.by_alias.get(a) == Some(&name) {
-                            set.by_alias.remove(a);
-                        }
-                    }
+                    set.unindex(&old.res);
                     dirty[i].insert(name, next);
                 }
             }
@@ -194,17 +247,50 @@ impl Resources {
     }
 }
 
-/// Who the authenticator says the peer is (a SPIFFE id, a token's subject).
+/// Who the authenticator says the peer is, kept for the stream's life and handed to the
+/// [`Authorize`] hook on the stream's first request.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Principal {
-    /// The peer's identity as the authenticator names it.
+    /// The peer as the authenticator names it (for logs and status: a SPIFFE id, a token's
+    /// subject, "node token for node-1").
     pub name: String,
+    /// The SPIFFE identities the peer proved (a certificate's URI SANs, the service account a
+    /// reviewed token belongs to); what an authorizer matches the node against.
+    #[serde(serialize_with = "display_all")]
+    pub identities: Vec<Identity>,
 }
 
-/// Authenticates a stream from its metadata and peer certificates (in the request's extensions).
+/// Authenticates a stream from its metadata and peer certificates (in the request's extensions)
+/// before anything is read from it.
+///
+/// Asynchronous because authentication may be a network call (a Kubernetes `TokenReview`); a
+/// stream whose authentication takes longer than [`ServerConfig::authenticate_timeout`] is
+/// refused with `Unavailable`, and other streams are served meanwhile.
 pub trait Authenticate: Send + Sync {
-    /// `Err` ends the stream with that status (e.g. `Unauthenticated`).
-    fn authenticate(&self, req: &Request<()>) -> Result<Principal, Status>;
+    /// `Err` ends the stream with that status (e.g. `Unauthenticated` "authentication failure").
+    fn authenticate<'a>(&'a self, req: &'a Request<()>) -> BoxFuture<'a, Result<Principal, Status>>;
+}
+
+/// Validates a stream's node and authorizes its principal for it, once, on the stream's first
+/// request (after the server checked that the node and its id are present).
+///
+/// Synchronous: it decides on what is in hand (the node the client sent and the principal
+/// [`Authenticate`] returned); anything that needs the network belongs in the authenticator.
+/// [`istio::NodeCheck`] is istiod's rule set.
+pub trait Authorize: Send + Sync {
+    /// `principal` is `None` when the server has no authenticator (e.g. a plaintext port).
+    /// `Err` ends the stream with that status (istiod: `InvalidArgument` for a malformed node,
+    /// `PermissionDenied` "authorization failed: …" for an identity that does not match it).
+    fn authorize(&self, principal: Option<&Principal>, node: &Node) -> Result<(), Status>;
+}
+
+/// The owner's hooks into stream admission (none by default: anonymous and unchecked).
+#[derive(Clone, Default)]
+pub struct Hooks {
+    /// Asked once per stream, before its first request is read.
+    pub authenticate: Option<Arc<dyn Authenticate>>,
+    /// Asked once per stream, on its first request.
+    pub authorize: Option<Arc<dyn Authorize>>,
 }
 
 /// Server settings.
@@ -220,15 +306,37 @@ pub struct ServerConfig {
     /// ends the stream with `ResourceExhausted`. (The size of one request is bounded by the
     /// tonic server's decoding limit, which the owner sets.)
     pub max_subscribed_names: usize,
+    /// New streams accepted per second (istiod's `PILOT_MAX_REQUESTS_PER_SECOND`; default
+    /// min(15 + 5 × cores, 100)); 0 accepts without limit. One stream may start every
+    /// 1/rate seconds; a stream that would have to wait longer than `new_stream_max_wait` for
+    /// its turn is refused with `ResourceExhausted`, so a reconnect storm is spread out and
+    /// what waits is bounded by rate × wait.
+    pub new_streams_per_second: u32,
+    /// How long a new stream may wait for its turn under the rate limit (istiod: 1 s).
+    pub new_stream_max_wait: Duration,
+    /// A stream whose authentication did not finish within this is refused with
+    /// `Unavailable` (a hung `TokenReview` must not hold a stream slot forever).
+    pub authenticate_timeout: Duration,
+    /// Whether the server serves from the start; an owner whose state comes from a sync sets
+    /// `false` and calls [`AdsServer::set_ready`] once synced, so no proxy is handed an empty
+    /// state that would wipe what it holds.
+    pub ready: bool,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
         Self {
             debounce_after: Duration::from_millis(100),
             debounce_max: Duration::from_secs(10),
             max_streams: 100_000,
             max_subscribed_names: 1_000_000,
+            new_streams_per_second: u32::try_from(cores.saturating_mul(5).saturating_add(15))
+                .unwrap_or(u32::MAX)
+                .min(100),
+            new_stream_max_wait: Duration::from_secs(1),
+            authenticate_timeout: Duration::from_secs(10),
+            ready: true,
         }
     }
 }
@@ -240,6 +348,9 @@ pub struct StreamStatus {
     pub id: u64,
     /// `node.id` of its first request (empty until then).
     pub node_id: String,
+    /// The `NODE_NAME` metadata of its first request: the node whose node-local resources an
+    /// on-demand subscription receives unrequested.
+    pub node_name: Option<String>,
     /// What the authenticator returned.
     pub principal: Option<Principal>,
     /// Changed names waiting to be pushed (bounded by the distinct names changed).
@@ -288,7 +399,9 @@ pub struct AdsServer {
 struct ServerInner {
     resources: Resources,
     cfg: ServerConfig,
-    auth: Option<Arc<dyn Authenticate>>,
+    hooks: Hooks,
+    ready: AtomicBool,
+    rate: RateLimit,
     inbox: Arc<Inbox>,
     streams: Mutex<HashMap<u64, Arc<StreamShared>>>,
     slots: Arc<Semaphore>,
@@ -305,6 +418,7 @@ struct StreamShared {
 struct StreamState {
     id: u64,
     node_id: Option<String>,
+    node_name: Option<String>,
     principal: Option<Principal>,
     subs: Vec<Option<Sub>>,
     counter: u64,
@@ -323,12 +437,8 @@ struct Sub {
 }
 
 impl AdsServer {
-    /// Serves `resources`; `authenticator` (if any) is asked once per stream.
-    pub fn new(
-        resources: Resources,
-        cfg: ServerConfig,
-        authenticator: Option<Arc<dyn Authenticate>>,
-    ) -> Self {
+    /// Serves `resources`, admitting streams through `hooks`.
+    pub fn new(resources: Resources, cfg: ServerConfig, hooks: Hooks) -> Self {
         let width = resources.inner.types.len();
         let inbox = Arc::new(Inbox { dirty: Mutex::new(vec![HashMap::new(); width]), wake: Notify::new() });
         lock(&resources.inner.inboxes).push(Arc::downgrade(&inbox));
@@ -336,8 +446,10 @@ impl AdsServer {
         Self {
             inner: Arc::new(ServerInner {
                 resources,
+                ready: AtomicBool::new(cfg.ready),
+                rate: RateLimit::new(cfg.new_streams_per_second, cfg.new_stream_max_wait),
                 cfg,
-                auth: authenticator,
+                hooks,
                 inbox,
                 streams: Mutex::new(HashMap::new()),
                 slots,
@@ -345,6 +457,18 @@ impl AdsServer {
                 debouncer: OnceLock::new(),
             }),
         }
+    }
+
+    /// Opens (or closes) the server to new streams; while not ready each new stream is refused
+    /// with `Unavailable` "server is not ready to serve discovery information". Open streams
+    /// are not affected.
+    pub fn set_ready(&self, ready: bool) {
+        self.inner.ready.store(ready, Ordering::Release);
+    }
+
+    /// Whether new streams are served.
+    pub fn is_ready(&self) -> bool {
+        self.inner.ready.load(Ordering::Acquire)
     }
 
     /// Every open stream's state, by stream id.
@@ -359,6 +483,7 @@ impl AdsServer {
                 StreamStatus {
                     id: st.id,
                     node_id: st.node_id.clone().unwrap_or_default(),
+                    node_name: st.node_name.clone(),
                     principal: st.principal.clone(),
                     pending_names,
                     types: st
@@ -402,22 +527,47 @@ impl AggregatedDiscoveryService for AdsServer {
         &self,
         request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+        if !self.is_ready() {
+            debug!(peer = ?request.remote_addr(), "xDS stream refused: not ready");
+            return Err(Status::unavailable("server is not ready to serve discovery information"));
+        }
         let Ok(slot) = self.inner.slots.clone().try_acquire_owned() else {
             return Err(Status::resource_exhausted(format!(
                 "this xDS server already serves {} streams; retry later",
                 self.inner.cfg.max_streams
             )));
         };
+        match self.inner.rate.reserve() {
+            Some(wait) if !wait.is_zero() => tokio::time::sleep(wait).await,
+            Some(_) => {}
+            None => {
+                // Debug: a reconnect storm refuses many streams, one line each would flood the log.
+                debug!(peer = ?request.remote_addr(), "xDS stream refused: new-stream rate limit exceeded");
+                return Err(Status::resource_exhausted(format!(
+                    "request rate limit exceeded: this xDS server accepts {} new streams per second; retry later",
+                    self.inner.cfg.new_streams_per_second
+                )));
+            }
+        }
         let (metadata, extensions, incoming) = request.into_parts();
         let probe = Request::from_parts(metadata, extensions, ());
-        let principal = match &self.inner.auth {
-            Some(auth) => match auth.authenticate(&probe) {
-                Ok(p) => Some(p),
-                Err(status) => {
-                    info!(peer = ?probe.remote_addr(), "xDS stream refused: {status}");
-                    return Err(status);
+        let principal = match &self.inner.hooks.authenticate {
+            Some(auth) => {
+                let limit = self.inner.cfg.authenticate_timeout;
+                match tokio::time::timeout(limit, auth.authenticate(&probe)).await {
+                    Ok(Ok(p)) => Some(p),
+                    Ok(Err(status)) => {
+                        info!(peer = ?probe.remote_addr(), "xDS stream refused: {status}");
+                        return Err(status);
+                    }
+                    Err(_) => {
+                        warn!(peer = ?probe.remote_addr(), "xDS stream refused: authentication took longer than {limit:?}");
+                        return Err(Status::unavailable(format!(
+                            "authentication did not finish within {limit:?}; retry later"
+                        )));
+                    }
                 }
-            },
+            }
             None => None,
         };
         self.start_debouncer();
@@ -429,6 +579,7 @@ impl AggregatedDiscoveryService for AdsServer {
             state: Mutex::new(StreamState {
                 id,
                 node_id: None,
+                node_name: None,
                 principal,
                 subs: (0..width).map(|_| None).collect(),
                 counter: 0,
@@ -456,16 +607,26 @@ async fn serve_stream(
     tx: Tx,
 ) {
     let resources = &server.resources;
+    let mut admitted = false;
     loop {
         let responses = tokio::select! {
             req = incoming.message() => match req {
-                Ok(Some(req)) => match on_request(resources, shared, req, server.cfg.max_subscribed_names) {
-                    Ok(r) => r,
-                    Err(status) => {
-                        let _ = tx.send(Err(status)).await;
-                        return;
+                Ok(Some(req)) => {
+                    let handled = if admitted {
+                        on_request(resources, shared, req, server.cfg.max_subscribed_names)
+                    } else {
+                        admitted = true;
+                        admit(server, shared, &req)
+                            .and_then(|()| on_request(resources, shared, req, server.cfg.max_subscribed_names))
+                    };
+                    match handled {
+                        Ok(r) => r,
+                        Err(status) => {
+                            let _ = tx.send(Err(status)).await;
+                            return;
+                        }
                     }
-                },
+                }
                 Ok(None) => return,
                 Err(status) => {
                     debug!("xDS stream read failed: {status}");
@@ -491,6 +652,42 @@ async fn serve_stream(
     }
 }
 
+/// The first request's checks (istiod's `initConnection`): a node with an id, then the owner's
+/// [`Authorize`] hook on it and the stream's principal. Records the node on the stream.
+fn admit(server: &ServerInner, shared: &StreamShared, req: &DeltaDiscoveryRequest) -> Result<(), Status> {
+    let node = match &req.node {
+        Some(node) if !node.id.is_empty() => node,
+        _ => return Err(Status::invalid_argument("missing node information")),
+    };
+    let mut st = lock(&shared.state);
+    if let Some(authorize) = &server.hooks.authorize
+        && let Err(status) = authorize.authorize(st.principal.as_ref(), node)
+    {
+        warn!(
+            stream = st.id,
+            node = %node.id,
+            principal = st.principal.as_ref().map(|p| p.name.as_str()),
+            "xDS stream refused: {status}"
+        );
+        return Err(status);
+    }
+    st.node_id = Some(node.id.clone());
+    st.node_name = metadata_string(node, NODE_NAME).map(str::to_owned);
+    debug!(stream = st.id, node = %node.id, node_name = ?st.node_name, "xDS stream admitted");
+    Ok(())
+}
+
+/// The node metadata key naming the node a proxy runs on (node-proxy.md §1.4).
+pub const NODE_NAME: &str = "NODE_NAME";
+
+/// A string value of `node.metadata` (non-string values count as absent, as istiod reads them).
+pub fn metadata_string<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
+    match node.metadata.as_ref()?.fields.get(key)?.kind.as_ref()? {
+        prost_types::value::Kind::StringValue(s) => Some(s.as_str()),
+        _ => None,
+    }
+}
+
 fn on_request(
     resources: &Resources,
     shared: &StreamShared,
@@ -513,17 +710,12 @@ fn handle_request(
     req: DeltaDiscoveryRequest,
 ) -> Result<Vec<DeltaDiscoveryResponse>, Status> {
     let mut st = lock(&shared.state);
-    if st.node_id.is_none() {
-        match &req.node {
-            Some(node) if !node.id.is_empty() => st.node_id = Some(node.id.clone()),
-            _ => return Err(Status::invalid_argument("missing node information")),
-        }
-    }
     let Some(ti) = resources.index(&req.type_url) else {
         warn!(stream = st.id, type_url = %req.type_url, "xDS request for a type this server does not serve; ignored");
         return Ok(Vec::new());
     };
-    let StreamState { subs, counter, id, .. } = &mut *st;
+    let StreamState { subs, counter, id, node_name, .. } = &mut *st;
+    let node_name = node_name.as_deref();
     if let Some(err) = &req.error_detail {
         warn!(stream = *id, type_url = %req.type_url, nonce = %req.response_nonce, "xDS NACK: {}", err.message);
         if let Some(sub) = subs[ti].as_mut() {
@@ -557,7 +749,8 @@ fn handle_request(
         let (resources_out, removed) = if wildcard {
             everything(set, &req.initial_resource_versions)
         } else {
-            let names: Vec<String> = names.into_iter().collect();
+            let mut names: Vec<String> = names.into_iter().collect();
+            names.extend(set.node_local(node_name, &sub, &names));
             resolve(set, snap.version, &mut sub, &names, &req.initial_resource_versions)
         };
         let resp = response(type_url, snap.version, &mut sub, counter, resources_out, removed);
@@ -593,6 +786,10 @@ fn handle_request(
         sub.base = snap.version;
         everything(set, &none)
     } else if !new_names.is_empty() {
+        if !sub.wildcard {
+            let local = set.node_local(node_name, sub, &new_names);
+            new_names.extend(local);
+        }
         resolve(set, snap.version, sub, &new_names, &none)
     } else {
         if req.response_nonce.is_empty() && req.resource_names_unsubscribe.is_empty() {
@@ -670,7 +867,8 @@ fn resolve(
 fn push(resources: &Resources, shared: &StreamShared, dirty: &Dirty) -> Vec<DeltaDiscoveryResponse> {
     let snap = resources.read();
     let mut st = lock(&shared.state);
-    let StreamState { subs, counter, .. } = &mut *st;
+    let StreamState { subs, counter, node_name, .. } = &mut *st;
+    let node_name = node_name.as_deref();
     let mut out = Vec::new();
     for (ti, changed) in dirty.iter().enumerate() {
         let Some(Some(sub)) = subs.get_mut(ti) else { continue };
@@ -689,10 +887,14 @@ fn push(resources: &Resources, shared: &StreamShared, dirty: &Dirty) -> Vec<Delt
             }
             (res, removed)
         } else {
-            // Only names whose change is newer than what this stream was last sent.
+            // Only names whose change is newer than what this stream was last sent, and
+            // resources on the stream's node it does not hold yet (they join it).
             let covered: Vec<String> = changed
                 .iter()
-                .filter(|(n, v)| sub.names.get(*n).is_some_and(|sent| *v > sent))
+                .filter(|(n, v)| match sub.names.get(*n) {
+                    Some(sent) => *v > sent,
+                    None => set.is_on(n, node_name),
+                })
                 .map(|(n, _)| n.clone())
                 .collect();
             let (res, mut removed) = resolve(set, snap.version, sub, &covered, &HashMap::new());
@@ -790,4 +992,40 @@ fn keep_last<T>(v: &mut Vec<T>, item: T) {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Serializes identities by their `spiffe://` form.
+fn display_all<S: serde::Serializer>(ids: &[Identity], ser: S) -> Result<S::Ok, S::Error> {
+    ser.collect_seq(ids.iter().map(ToString::to_string))
+}
+
+/// istiod's new-stream limiter (`golang.org/x/time/rate` with a burst of one, waited on for a
+/// bounded time): one stream every `interval`; a stream whose turn is further away than
+/// `max_wait` is refused without taking a turn.
+struct RateLimit {
+    interval: Option<Duration>,
+    max_wait: Duration,
+    next: Mutex<Option<Instant>>,
+}
+
+impl RateLimit {
+    fn new(per_second: u32, max_wait: Duration) -> Self {
+        let interval = (per_second > 0).then(|| Duration::from_secs(1) / per_second);
+        Self { interval, max_wait, next: Mutex::new(None) }
+    }
+
+    /// How long the caller must wait for its turn (which it has taken), or `None` when that is
+    /// longer than `max_wait`.
+    fn reserve(&self) -> Option<Duration> {
+        let Some(interval) = self.interval else { return Some(Duration::ZERO) };
+        let now = Instant::now();
+        let mut next = lock(&self.next);
+        let turn = next.map_or(now, |n| n.max(now));
+        let wait = turn - now;
+        if wait > self.max_wait {
+            return None;
+        }
+        *next = Some(turn + interval);
+        Some(wait)
+    }
 }

@@ -9,133 +9,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ambit_api::xds::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
-use ambit_api::xds::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Status as WireStatus};
-use ambit_xds::resource_version;
-use ambit_xds::server::{
-    AdsServer, Authenticate, Changes, Principal, Resources, ServerConfig, ServerResource,
-};
+use ambit_api::xds::{DeltaDiscoveryRequest, Status as WireStatus};
+use ambit_xds::BoxFuture;
+use ambit_xds::server::{Authenticate, Principal, ServerConfig, ServerResource};
+use common::ads::*;
 use common::*;
-use tokio::sync::mpsc;
-use tokio::time::timeout;
-use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Request, Status, Streaming};
-
-struct Server {
-    resources: Resources,
-    ads: AdsServer,
-    url: String,
-    _task: tokio::task::JoinHandle<()>,
-}
-
-async fn start(cfg: ServerConfig, auth: Option<Arc<dyn Authenticate>>) -> Server {
-    let resources = Resources::new([A, B]);
-    let ads = AdsServer::new(resources.clone(), cfg, auth);
-    let (addr, task) = serve(ads.clone()).await;
-    Server { resources, ads, url: format!("http://{addr}"), _task: task }
-}
-
-fn fast() -> ServerConfig {
-    ServerConfig {
-        debounce_after: Duration::from_millis(20),
-        debounce_max: Duration::from_secs(1),
-        ..Default::default()
-    }
-}
-
-fn r(name: &str, payload: &str) -> ServerResource {
-    ServerResource { name: name.into(), aliases: vec![], resource: any(A, payload.as_bytes()), also: vec![] }
-}
-
-fn version(payload: &str) -> String {
-    resource_version(&any(A, payload.as_bytes()))
-}
-
-fn upsert(type_url: &str, rs: Vec<ServerResource>) -> Changes {
-    Changes { type_url: type_url.into(), upserts: rs, removals: vec![] }
-}
-
-fn remove(type_url: &str, names: &[&str]) -> Changes {
-    Changes { type_url: type_url.into(), upserts: vec![], removals: strings(names) }
-}
-
-struct Client {
-    tx: mpsc::Sender<DeltaDiscoveryRequest>,
-    rx: Streaming<DeltaDiscoveryResponse>,
-}
-
-impl Client {
-    async fn open(url: &str, token: Option<&str>) -> Result<Self, Status> {
-        let mut stub = AggregatedDiscoveryServiceClient::connect(url.to_owned())
-            .await
-            .expect("connect")
-            .max_decoding_message_size(64 << 20);
-        let (tx, rx) = mpsc::channel(16);
-        let mut req = Request::new(ReceiverStream::new(rx));
-        if let Some(t) = token {
-            req.metadata_mut().insert("authorization", format!("Bearer {t}").parse().unwrap());
-        }
-        // Tonic waits for the response headers; the server sends them after its handler returns.
-        let rx = stub.delta_aggregated_resources(req).await?.into_inner();
-        Ok(Self { tx, rx })
-    }
-
-    async fn send(&self, r: DeltaDiscoveryRequest) {
-        self.tx.send(r).await.expect("stream open");
-    }
-
-    async fn recv(&mut self) -> DeltaDiscoveryResponse {
-        match timeout(WAIT, self.rx.message()).await {
-            Ok(Ok(Some(r))) => r,
-            other => panic!("expected a response, got {other:?}"),
-        }
-    }
-
-    async fn recv_err(&mut self) -> Status {
-        match timeout(WAIT, self.rx.message()).await {
-            Ok(Err(s)) => s,
-            other => panic!("expected the stream to fail, got {other:?}"),
-        }
-    }
-
-    /// Asserts nothing arrives for `ms` milliseconds.
-    async fn quiet(&mut self, ms: u64) {
-        if let Ok(r) = timeout(Duration::from_millis(ms), self.rx.message()).await {
-            panic!("expected no response, got {r:?}");
-        }
-    }
-
-    async fn ack(&self, resp: &DeltaDiscoveryResponse) {
-        self.send(DeltaDiscoveryRequest { response_nonce: resp.nonce.clone(), ..req(&resp.type_url) }).await;
-    }
-
-    async fn wildcard(&self, type_url: &str, initial: &[(&str, &str)]) {
-        self.send(DeltaDiscoveryRequest {
-            node: Some(node("ztunnel~10.0.0.1~p.ns~ns.svc.cluster.local")),
-            initial_resource_versions: initial
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect(),
-            ..req(type_url)
-        })
-        .await;
-    }
-}
-
-/// name → (version, payload) of a response's resources.
-fn contents(resp: &DeltaDiscoveryResponse) -> BTreeMap<String, (String, String)> {
-    resp.resources
-        .iter()
-        .map(|r| {
-            let payload = String::from_utf8_lossy(&r.resource.as_ref().unwrap().value).into_owned();
-            (r.name.clone(), (r.version.clone(), payload))
-        })
-        .collect()
-}
-
-fn names(resp: &DeltaDiscoveryResponse) -> Vec<String> {
-    contents(resp).into_keys().collect()
-}
+use tonic::{Request, Status};
 
 #[tokio::test]
 async fn first_request_without_node_is_invalid_argument() {
@@ -355,11 +234,17 @@ async fn on_demand_by_name_alias_also_not_found_and_unsubscribe() {
 struct Token;
 
 impl Authenticate for Token {
-    fn authenticate(&self, req: &Request<()>) -> Result<Principal, Status> {
-        match req.metadata().get("authorization").and_then(|v| v.to_str().ok()) {
-            Some("Bearer good") => Ok(Principal { name: "spiffe://cluster.local/ns/ns/sa/ztunnel".into() }),
-            _ => Err(Status::unauthenticated("authentication failure")),
-        }
+    fn authenticate<'a>(&'a self, req: &'a Request<()>) -> BoxFuture<'a, Result<Principal, Status>> {
+        let token = req.metadata().get("authorization").and_then(|v| v.to_str().ok()).map(str::to_owned);
+        Box::pin(async move {
+            match token.as_deref() {
+                Some("Bearer good") => Ok(Principal {
+                    name: "spiffe://cluster.local/ns/ns/sa/ztunnel".into(),
+                    identities: vec!["spiffe://cluster.local/ns/ns/sa/ztunnel".parse().unwrap()],
+                }),
+                _ => Err(Status::unauthenticated("authentication failure")),
+            }
+        })
     }
 }
 
@@ -407,17 +292,6 @@ async fn subscribed_names_are_capped() {
     let err = c.recv_err().await;
     assert_eq!(err.code(), tonic::Code::ResourceExhausted);
     assert_eq!(err.message(), "this stream subscribes to 4 names, more than the server's limit of 3");
-}
-
-/// Pushes received (with their content) until `quiet_ms` pass without one.
-async fn drain(c: &mut Client, quiet_ms: u64) -> Vec<DeltaDiscoveryResponse> {
-    let mut out = Vec::new();
-    while let Ok(Some(Ok(Some(p)))) = timeout(Duration::from_millis(quiet_ms), c.rx.message()).await.map(Some)
-    {
-        c.ack(&p).await;
-        out.push(p);
-    }
-    out
 }
 
 #[tokio::test]
@@ -504,6 +378,7 @@ async fn a_client_that_never_reads_holds_only_a_set_of_names() {
         aliases: vec![],
         resource: any(A, format!("{round:08}{}", "x".repeat(64 * 1024)).as_bytes()),
         also: vec![],
+        node: None,
     };
     s.resources.publish([upsert(A, (0..100).map(|i| big(&format!("r{i}"), 0)).collect())]).unwrap();
     let mut c = Client::open(&s.url, None).await.unwrap();

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use ambit_api::type_url::{ADDRESS, AUTHORIZATION};
 use ambit_api::xds::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
-use ambit_xds::server::{AdsServer, Authenticate, Principal, Resources, ServerConfig, StreamStatus};
+use ambit_xds::server::{AdsServer, Authenticate, Hooks, Principal, Resources, ServerConfig, StreamStatus};
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 
 use super::super::common::Node;
@@ -90,7 +90,7 @@ impl XdsServer {
         let debounce = self.opts.debounce.unwrap_or(Duration::from_millis(10));
         let cfg = ServerConfig { debounce_after: debounce, ..ServerConfig::default() };
         let auth = self.opts.token.clone().map(|t| Arc::new(Token(t)) as Arc<dyn Authenticate>);
-        let ads = AdsServer::new(resources.clone(), cfg, auth);
+        let ads = AdsServer::new(resources.clone(), cfg, Hooks { authenticate: auth, authorize: None });
         let mut builder = Server::builder();
         if let Some((cert, key)) = &self.opts.tls {
             builder = builder
@@ -157,11 +157,17 @@ async fn watch(config: PathBuf, resources: Resources) {
 struct Token(String);
 
 impl Authenticate for Token {
-    fn authenticate(&self, req: &tonic::Request<()>) -> Result<Principal, tonic::Status> {
+    fn authenticate<'a>(
+        &'a self,
+        req: &'a tonic::Request<()>,
+    ) -> ambit_xds::BoxFuture<'a, Result<Principal, tonic::Status>> {
         let expected = format!("Bearer {}", self.0);
-        match req.metadata().get("authorization").and_then(|v| v.to_str().ok()) {
-            Some(v) if v == expected => Ok(Principal { name: "test-token".to_owned() }),
+        let outcome = match req.metadata().get("authorization").and_then(|v| v.to_str().ok()) {
+            Some(v) if v == expected => {
+                Ok(Principal { name: "test-token".to_owned(), identities: Vec::new() })
+            }
             _ => Err(tonic::Status::unauthenticated("authentication failure")),
-        }
+        };
+        Box::pin(std::future::ready(outcome))
     }
 }

@@ -47,3 +47,17 @@ pub fn req(type_url: &str) -> DeltaDiscoveryRequest {
 pub fn strings(v: &[&str]) -> Vec<String> {
     v.iter().map(|s| (*s).to_owned()).collect()
 }
+
+pub mod ads;
+
+/// A node with string metadata.
+pub fn node_with(id: &str, meta: &[(&str, &str)]) -> Node {
+    let fields = meta
+        .iter()
+        .map(|(k, v)| {
+            let value = prost_types::Value { kind: Some(prost_types::value::Kind::StringValue((*v).into())) };
+            ((*k).to_owned(), value)
+        })
+        .collect();
+    Node { id: id.into(), metadata: Some(prost_types::Struct { fields }), ..Default::default() }
+}
