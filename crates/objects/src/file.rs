@@ -274,7 +274,7 @@ impl FileSource {
                 Err(error) => {
                     tracing::warn!(%error, "bad source file; keeping the objects it held before");
                     state.candidate = None;
-                    state.error = Some(error);
+                    state.error = Some(*error);
                 }
             }
         }
@@ -392,8 +392,8 @@ fn read(
     path: &Path,
     meta: &std::fs::Metadata,
     filter: &Filter,
-) -> Result<BTreeMap<ObjectKey, Placed>, FileError> {
-    let fail = |at: Option<Position>, problem| FileError { path: path.to_owned(), at, problem };
+) -> Result<BTreeMap<ObjectKey, Placed>, Box<FileError>> {
+    let fail = |at: Option<Position>, problem| Box::new(FileError { path: path.to_owned(), at, problem });
     let too_large = |size| fail(None, Problem::TooLarge { size, limit: MAX_FILE_BYTES });
     if meta.len() > MAX_FILE_BYTES {
         return Err(too_large(meta.len()));
@@ -446,7 +446,13 @@ fn read(
 }
 
 /// The documents of a YAML text, each with the position it starts at.
-fn documents(text: &str) -> Result<Vec<(serde_json::Value, Position)>, (Option<Position>, String)> {
+/// Documents with the position each starts at.
+type Documents = Vec<(serde_json::Value, Position)>;
+
+/// Where the YAML is broken (if known), and how.
+type YamlError = (Option<Position>, String);
+
+fn documents(text: &str) -> Result<Documents, YamlError> {
     let options = serde_saphyr::options! {
         // YAML 1.2's booleans only (`true`/`false`): `app: y` is the string `y`.
         strict_booleans: true,

@@ -14,8 +14,10 @@
 pub mod file;
 pub mod gateway;
 pub mod istio;
-// pub mod kube;
+pub mod kube;
 mod object;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 use std::collections::BTreeSet;
 

@@ -153,7 +153,7 @@ impl Overlay {
                 Err(error) => {
                     // Keep the last good state of this node.
                     tracing::warn!(%error, "bad capture-state file; keeping what it said before");
-                    self.errors.insert(path, error);
+                    self.errors.insert(path, *error);
                 }
             }
         }
@@ -207,8 +207,8 @@ fn json_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-fn read_state(path: &Path, meta: &std::fs::Metadata) -> Result<CaptureState, FileError> {
-    let fail = |at, problem| FileError { path: path.to_owned(), at, problem };
+fn read_state(path: &Path, meta: &std::fs::Metadata) -> Result<CaptureState, Box<FileError>> {
+    let fail = |at, problem| Box::new(FileError { path: path.to_owned(), at, problem });
     if meta.len() > MAX_BYTES {
         return Err(fail(None, Problem::TooLarge { size: meta.len(), limit: MAX_BYTES }));
     }
