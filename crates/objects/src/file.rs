@@ -245,7 +245,7 @@ impl FileSource {
             }
         };
         let mut changed = false;
-        let gone: Vec<PathBuf> = self.files.keys().filter(|p| !paths.contains(*p)).cloned().collect();
+        let gone: Vec<PathBuf> = self.files.keys().filter(|p| !paths.contains_key(*p)).cloned().collect();
         for path in gone {
             let Some(state) = self.files.remove(&path) else { continue };
             for key in state.good.into_keys() {
@@ -256,9 +256,7 @@ impl FileSource {
             }
             changed = true;
         }
-        for path in paths {
-            // A file that vanished since the listing is dropped at the next poll.
-            let Ok(meta) = std::fs::metadata(&path) else { continue };
+        for (path, meta) in paths {
             let stamp = Stamp::of(&meta);
             let state = self.files.entry(path.clone()).or_default();
             if state.stamp == Some(stamp) {
@@ -370,9 +368,10 @@ impl Source for FileSource {
     }
 }
 
-/// The folder's YAML files, sorted; hidden files (editor and lock files) are not read.
-fn yaml_files(dir: &Path) -> std::io::Result<BTreeSet<PathBuf>> {
-    let mut files = BTreeSet::new();
+/// The folder's YAML files with their metadata (one `stat` each), sorted; hidden files (editor
+/// and lock files) are not read.
+fn yaml_files(dir: &Path) -> std::io::Result<BTreeMap<PathBuf, std::fs::Metadata>> {
+    let mut files = BTreeMap::new();
     for entry in std::fs::read_dir(dir)? {
         let path = entry?.path();
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
@@ -380,8 +379,10 @@ fn yaml_files(dir: &Path) -> std::io::Result<BTreeSet<PathBuf>> {
             continue;
         }
         // Follows symlinks (a ConfigMap volume is made of them); directories are skipped.
-        if std::fs::metadata(&path).is_ok_and(|m| m.is_file()) {
-            files.insert(path);
+        if let Ok(meta) = std::fs::metadata(&path)
+            && meta.is_file()
+        {
+            files.insert(path, meta);
         }
     }
     Ok(files)

@@ -34,12 +34,14 @@ fn describe(changes: &[Change]) -> Vec<String> {
         .collect()
 }
 
-/// Polls until the accumulated changes satisfy `done`; returns them.
+/// Polls until the accumulated changes satisfy `done`; returns them, sorted.
 async fn until(src: &mut KubeSource, what: &str, done: impl Fn(&[String]) -> bool) -> Vec<String> {
     let mut seen = Vec::new();
     for _ in 0..300 {
         seen.extend(describe(&src.poll()));
         if done(&seen) {
+            // Kinds are watched independently: their changes may come in separate polls.
+            seen.sort();
             return seen;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -94,11 +96,11 @@ async fn follows_list_watch_bookmarks_and_relists_after_410() {
     api.put_pod(api_pod("web-b", "node-1", "ub"));
     api.put(policy("deny", "AUDIT"));
     let got = until(&mut src, "ADDED web-b, MODIFIED deny", |s| s.len() >= 2).await;
-    assert_eq!(got, ["upsert Pod demo/web-b", "upsert AuthorizationPolicy demo/deny"]);
+    assert_eq!(got, ["upsert AuthorizationPolicy demo/deny", "upsert Pod demo/web-b"]);
     api.delete(Kind::AuthorizationPolicy, "demo", "allow");
     api.delete_pod("demo", "web-a");
     let got = until(&mut src, "two deletes", |s| s.len() >= 2).await;
-    assert_eq!(got, ["delete Pod demo/web-a", "delete AuthorizationPolicy demo/allow"]);
+    assert_eq!(got, ["delete AuthorizationPolicy demo/allow", "delete Pod demo/web-a"]);
 
     // A bookmark moves the resourceVersion on without a change and without a new watch.
     let before = api.count("watch", "/api/v1/pods");
@@ -116,7 +118,7 @@ async fn follows_list_watch_bookmarks_and_relists_after_410() {
     api.expire_watches("pods");
     api.expire_watches("authorizationpolicies.security.istio.io");
     let got = until(&mut src, "the relists", |s| s.len() >= 2).await;
-    assert_eq!(got, ["delete Pod demo/web-b", "delete AuthorizationPolicy demo/deny"]);
+    assert_eq!(got, ["delete AuthorizationPolicy demo/deny", "delete Pod demo/web-b"]);
     assert_eq!(quiet(&mut src).await, Vec::<String>::new(), "web-c, unchanged, is not delivered again");
     assert!(api.count("list", "/api/v1/pods") > lists_before, "410 Gone must force a new list");
 }
