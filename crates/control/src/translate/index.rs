@@ -300,7 +300,9 @@ impl Store {
             }
             Object::ServiceEntry(x) => {
                 d.hostnames.extend(x.spec.hosts.iter().cloned());
-                d.workload_ns.insert(n.ns);
+                d.workload_ns.insert(n.ns.clone());
+                // Named too: a deleted entry is no longer among its namespace's objects.
+                d.sources.insert(Source::ServiceEntry(n));
             }
             Object::WorkloadEntry(_) => {
                 d.sources.insert(Source::WorkloadEntry(n));
