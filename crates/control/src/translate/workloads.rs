@@ -309,11 +309,12 @@ fn endpoint_workload(
 fn pod_services(ctx: &Ctx<'_>, n: &Name, pod: &Pod, labels: &Labels) -> HashMap<String, PortList> {
     let mut out = HashMap::new();
     let Some(ns) = ctx.store.ns(&n.ns) else { return out };
+    let containers = named_tcp_ports(pod);
     for name in &ns.services {
         let sn = Name::new(n.ns.as_str(), name.as_str());
         let Some(svc) = ctx.store.services.get(&sn) else { continue };
         if selects(svc, labels) {
-            add_kube_service(ctx, &sn, svc, pod, &mut out);
+            add_kube_service(ctx, &sn, svc, &containers, &mut out);
         }
     }
     // Selector-less Services: a slice endpoint whose targetRef is this pod.
@@ -329,10 +330,9 @@ fn pod_services(ctx: &Ctx<'_>, n: &Name, pod: &Pod, labels: &Labels) -> HashMap<
         let Some(svc) = ctx.store.services.get(&sn) else { continue };
         let selector_less = svc.spec.as_ref().and_then(|s| s.selector.as_ref()).is_none_or(|s| s.is_empty());
         if selector_less {
-            add_kube_service(ctx, &sn, svc, pod, &mut out);
+            add_kube_service(ctx, &sn, svc, &containers, &mut out);
         }
     }
-    let containers = named_tcp_ports(pod);
     entry_services(ctx, &n.ns, labels, &mut out, |_, p| {
         containers.get(p.name.as_str()).copied().unwrap_or(if p.target_port == 0 {
             p.number
@@ -347,14 +347,13 @@ fn add_kube_service(
     ctx: &Ctx<'_>,
     sn: &Name,
     svc: &KubeService,
-    pod: &Pod,
+    containers: &BTreeMap<&str, u32>,
     out: &mut HashMap<String, PortList>,
 ) {
     let host = names::service_hostname(sn, &ctx.settings.domain_suffix);
     if !wins(ctx, &host, &sn.ns, &ServiceSource::Service(sn.clone())) {
         return;
     }
-    let containers = named_tcp_ports(pod);
     let ports = kube_ports(svc, |p| match &p.target_port {
         Some(IntOrString::String(name)) => containers.get(name.as_str()).copied(),
         t => Some(numeric(t, p.port)),
