@@ -444,7 +444,11 @@ impl Translator {
         for n in &pas {
             counts.policies += 1;
             let name = peer_auth::converted_name(n).to_string();
-            let policy = self.store.peer.get(n).and_then(|pa| peer_auth::converted(&ctx, n, pa));
+            let pa = self.store.peer.get(n);
+            if let Some(pa) = pa {
+                peer_auth::warn_unknown_modes(n, pa);
+            }
+            let policy = pa.and_then(|pa| peer_auth::converted(&ctx, n, pa));
             seen.insert(name.clone());
             results.push((name, policy));
         }

@@ -200,9 +200,15 @@ fn parse_mode(s: &str) -> Mode {
         "DISABLE" => Mode::Disable,
         "PERMISSIVE" => Mode::Permissive,
         "STRICT" => Mode::Strict,
-        other => {
-            warn!(mode = other, "unknown PeerAuthentication mode; treated as STRICT");
-            Mode::Strict
-        }
+        _ => Mode::Strict,
+    }
+}
+
+/// Logs the modes of `pa` that are not modes (once per translation of the PA, not per workload).
+pub(crate) fn warn_unknown_modes(n: &Name, pa: &PeerAuthentication) {
+    let known = |m: &str| matches!(m, "" | "UNSET" | "DISABLE" | "PERMISSIVE" | "STRICT");
+    let modes = pa.spec.mtls.iter().chain(pa.spec.port_level_mtls.values());
+    for m in modes.filter(|m| !known(&m.mode)) {
+        warn!(peer_authentication = %n, mode = m.mode, "unknown mTLS mode; treated as STRICT");
     }
 }

@@ -14,13 +14,15 @@ use tracing::{debug, warn};
 use super::Ctx;
 use super::names::{self, Labels, Name};
 
-/// Whether the policy is sent to node proxies at all: ALLOW or DENY, no targetRef, not dry-run.
+/// Whether the policy is sent to node proxies at all: ALLOW, DENY or an unknown action, no
+/// targetRef, not dry-run. AUDIT and CUSTOM are for waypoints.
 pub(crate) fn enforced(ap: &AuthorizationPolicy) -> Option<Action> {
     let action = match ap.spec.action.as_str() {
         "" | "ALLOW" => Action::Allow,
         "DENY" => Action::Deny,
-        // AUDIT and CUSTOM are waypoint-only; anything else is not an action.
-        _ => return None,
+        "AUDIT" | "CUSTOM" => return None,
+        // Not an action (a typo such as `deny`): see `convert`.
+        _ => Action::Allow,
     };
     if ap.spec.target_ref.is_some() || !ap.spec.target_refs.is_empty() {
         return None;
@@ -46,7 +48,15 @@ pub(crate) fn convert(ctx: &Ctx<'_>, n: &Name, ap: &AuthorizationPolicy) -> Opti
         Scope::Namespace
     };
     let deny = action == Action::Deny;
-    let rules = ap.spec.rules.iter().filter_map(|r| rule(n, r, deny)).collect();
+    let known = matches!(ap.spec.action.as_str(), "" | "ALLOW" | "DENY");
+    // A policy whose action we cannot read fails closed: an ALLOW with no rules, which denies
+    // every connection to what it selects, instead of silently opening what the user restricted.
+    let rules = if known {
+        ap.spec.rules.iter().filter_map(|r| rule(n, r, deny)).collect()
+    } else {
+        warn!(policy = %n, action = ap.spec.action, "unknown action; the policy denies everything it selects");
+        Vec::new()
+    };
     Some(Authorization {
         name: n.name.clone(),
         namespace: n.ns.clone(),
