@@ -1,0 +1,3 @@
+//! The CA server (`control-plane.md` §6): key material and `CreateCertificate`.
+
+pub mod material;
