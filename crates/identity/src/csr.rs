@@ -174,4 +174,30 @@ mod tests {
         assert_eq!(san.general_names, vec![GeneralName::URI("spiffe://cluster.local/ns/default/sa/web")]);
         assert!(matches!(csr.key, PrivateKeyDer::Pkcs8(_)));
     }
+
+    proptest::proptest! {
+        /// Arbitrary bytes as the body of a PEM CSR, or as the whole text: refused, never a panic.
+        #[test]
+        fn parsing_untrusted_csrs_never_panics(der in proptest::collection::vec(proptest::num::u8::ANY, 0..600), text in "\\PC{0,200}") {
+            use base64::Engine;
+            let body = base64::engine::general_purpose::STANDARD.encode(&der);
+            let pem = format!("-----BEGIN CERTIFICATE REQUEST-----\n{body}\n-----END CERTIFICATE REQUEST-----\n");
+            proptest::prop_assert!(parse(&pem).is_err());
+            proptest::prop_assert!(parse(&text).is_err());
+        }
+
+        /// A real CSR with one byte changed anywhere: accepted only if unchanged in meaning,
+        /// never a panic.
+        #[test]
+        fn mutated_csrs_never_panic(index in 0usize..1000, byte in proptest::num::u8::ANY) {
+            let id = Identity::new("cluster.local", "default", "web");
+            let csr = generate(&id).expect("csr");
+            let mut der = CertificateSigningRequestDer::from_pem_slice(csr.pem.as_bytes()).expect("pem").as_ref().to_vec();
+            let i = index % der.len();
+            der[i] = byte;
+            use base64::Engine;
+            let body = base64::engine::general_purpose::STANDARD.encode(&der);
+            let _ = parse(&format!("-----BEGIN CERTIFICATE REQUEST-----\n{body}\n-----END CERTIFICATE REQUEST-----\n"));
+        }
+    }
 }

@@ -297,3 +297,99 @@ fn trusted_node_accounts_parse() {
         );
     }
 }
+
+/// A one-shot HTTP/1.1 server: answers the first request on each connection with `status` and
+/// `body`, and hands back what it received (request line and headers, body).
+async fn one_shot_api_server(
+    status: &'static str,
+    reply_body: String,
+) -> (String, tokio::sync::oneshot::Receiver<(String, String)>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let (mut conn, _) = listener.accept().await.expect("accept");
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        let (head, body) = loop {
+            let n = conn.read(&mut chunk).await.expect("read");
+            assert!(n > 0, "connection closed before a full request");
+            buf.extend_from_slice(&chunk[..n]);
+            let text = String::from_utf8_lossy(&buf).to_string();
+            if let Some(end) = text.find("\r\n\r\n") {
+                let head = text[..end].to_owned();
+                let len = head
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase()
+                            .strip_prefix("content-length:")
+                            .map(|v| v.trim().parse::<usize>().expect("len"))
+                    })
+                    .unwrap_or(0);
+                if buf.len() >= end + 4 + len {
+                    break (head, text[end + 4..end + 4 + len].to_owned());
+                }
+            }
+        };
+        let reply = format!(
+            "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{reply_body}",
+            reply_body.len()
+        );
+        conn.write_all(reply.as_bytes()).await.expect("write");
+        let _ = tx.send((head, body));
+    });
+    (url, rx)
+}
+
+fn kube_client(url: &str) -> ::kube::Client {
+    let config = ::kube::Config::new(url.parse().expect("url"));
+    ::kube::Client::try_from(config).expect("client")
+}
+
+#[tokio::test]
+async fn the_kube_reviewer_posts_a_token_review_with_our_audiences() {
+    let answer = serde_json::json!({
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenReview",
+        "spec": {"token": "t0k3n", "audiences": ["istio-ca"]},
+        "status": {
+            "authenticated": true,
+            "audiences": ["istio-ca"],
+            "user": {
+                "username": "system:serviceaccount:default:web",
+                "groups": ["system:serviceaccounts", "system:authenticated"],
+                "extra": {
+                    "authentication.kubernetes.io/pod-name": ["web-1"],
+                    "authentication.kubernetes.io/pod-uid": ["uid-web-1"]
+                }
+            }
+        }
+    });
+    let (url, seen) = one_shot_api_server("201 Created", answer.to_string()).await;
+    let auth = KubeJwtAuthenticator::new(Arc::new(KubeTokenReviewer::new(kube_client(&url))), kube_config());
+    let chain = AuthChain::new().with_kubernetes(Arc::new(auth));
+    let md = metadata(&[("authorization", "Bearer t0k3n")]);
+    let caller = chain.authenticate(AuthRequest { metadata: &md, peer: None }).await.expect("authenticated");
+    assert_eq!(caller.identities, ["spiffe://cluster.local/ns/default/sa/web"]);
+    let (head, body) = seen.await.expect("request");
+    assert!(head.starts_with("POST /apis/authentication.k8s.io/v1/tokenreviews"), "{head}");
+    let body: serde_json::Value = serde_json::from_str(&body).expect("json body");
+    assert_eq!(body["kind"], "TokenReview");
+    assert_eq!(body["spec"], serde_json::json!({"token": "t0k3n", "audiences": ["istio-ca"]}));
+}
+
+#[tokio::test]
+async fn a_forbidden_token_review_names_the_missing_permission() {
+    let answer = serde_json::json!({
+        "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403,
+        "message": "tokenreviews.authentication.k8s.io is forbidden: User \"system:serviceaccount:istio-system:ambit\" cannot create resource \"tokenreviews\""
+    });
+    let (url, _seen) = one_shot_api_server("403 Forbidden", answer.to_string()).await;
+    let reviewer = KubeTokenReviewer::new(kube_client(&url));
+    let err = reviewer.review("t0k3n", &["istio-ca".to_owned()]).await.expect_err("forbidden");
+    assert_eq!(
+        err.to_string(),
+        "the API server refused the TokenReview (403): tokenreviews.authentication.k8s.io is forbidden: User \"system:serviceaccount:istio-system:ambit\" cannot create resource \"tokenreviews\"; grant the control plane's service account `create` on `tokenreviews.authentication.k8s.io` (ClusterRole system:auth-delegator)"
+    );
+}
