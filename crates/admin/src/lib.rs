@@ -8,6 +8,7 @@
 use std::borrow::Cow;
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -69,6 +70,38 @@ pub fn bind_std(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
 /// Binds `addr` as [`bind_std`] does, for tokio (call inside a runtime).
 pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::from_std(bind_std(addr)?)
+}
+
+/// What a readiness endpoint answers: ready, or not ready and why.
+#[derive(Debug)]
+pub struct Readiness {
+    reason: Mutex<Option<String>>,
+}
+
+impl Readiness {
+    /// Not ready, for `reason`.
+    pub fn new(reason: &str) -> Arc<Readiness> {
+        Arc::new(Readiness { reason: Mutex::new(Some(reason.to_owned())) })
+    }
+
+    /// Not ready, for `reason` (logged when it changes).
+    pub fn not_ready(&self, reason: &str) {
+        let mut r = self.reason.lock().unwrap_or_else(|p| p.into_inner());
+        if r.as_deref() != Some(reason) {
+            tracing::info!(%reason, "not ready");
+            *r = Some(reason.to_owned());
+        }
+    }
+
+    /// Ready.
+    pub fn ready(&self) {
+        *self.reason.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// `None` when ready, else why not.
+    pub fn reason(&self) -> Option<String> {
+        self.reason.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
 }
 
 /// A plain-text response.

@@ -26,6 +26,10 @@ enum Command {
     /// Run the node agent: enrollment, in-pod traffic capture, the ZDS server for the node
     /// proxy and the CNI plugin's event server.
     Agent(Box<ambit_agent::app::AgentArgs>),
+    /// Run the control plane (istiod's ambient half): Kubernetes and Istio objects, from the
+    /// API or a folder of YAML, become the proxies' Address and Authorization resources over
+    /// delta ADS, and the Istio CA signs workload certificates with node authorization.
+    Control(Box<ambit_control::app::ControlArgs>),
     /// Development certificate authority for FAKE_CA_ROOT.
     DevCa {
         #[command(subcommand)]
@@ -105,6 +109,17 @@ fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("ambit agent: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Control(args) => {
+            ambit_admin::logging::init(&args.rust_log, args.log_format == "json");
+            match ambit_control::app::run(*args) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!("{e}");
+                    eprintln!("ambit control: {e}");
                     ExitCode::FAILURE
                 }
             }

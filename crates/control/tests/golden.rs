@@ -10,7 +10,7 @@
 //! `UPDATE_GOLDEN=1 cargo test -p ambit-control --test golden` rewrites the expected files;
 //! check every change by hand against the spec before committing it.
 
-mod render;
+use ambit_control::translate::render;
 
 use std::path::{Path, PathBuf};
 

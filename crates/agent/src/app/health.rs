@@ -6,43 +6,13 @@
 //! server; last error: …"), then 200.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use prometheus_client::registry::Registry;
 
 use super::AgentError;
 
-/// What `/readyz` answers: ready, or not ready and why.
-#[derive(Debug)]
-pub struct Readiness {
-    reason: Mutex<Option<String>>,
-}
-
-impl Readiness {
-    /// Not ready, for `reason`.
-    pub fn new(reason: &str) -> Arc<Readiness> {
-        Arc::new(Readiness { reason: Mutex::new(Some(reason.to_owned())) })
-    }
-
-    /// Not ready, for `reason` (logged when it changes).
-    pub fn not_ready(&self, reason: &str) {
-        let mut r = self.reason.lock().unwrap_or_else(|p| p.into_inner());
-        if r.as_deref() != Some(reason) {
-            tracing::info!(%reason, "not ready");
-            *r = Some(reason.to_owned());
-        }
-    }
-
-    /// Ready.
-    pub fn ready(&self) {
-        *self.reason.lock().unwrap_or_else(|p| p.into_inner()) = None;
-    }
-
-    /// `None` when ready, else why not.
-    pub fn reason(&self) -> Option<String> {
-        self.reason.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-}
+pub use ambit_admin::Readiness;
 
 /// Binds the health address and serves `/healthz` and `/readyz`.
 pub async fn serve_health(addr: SocketAddr, readiness: Arc<Readiness>) -> Result<(), AgentError> {

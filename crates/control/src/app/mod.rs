@@ -2,5 +2,8 @@
 //! monitoring and readiness endpoints.
 
 mod args;
+mod debug;
+mod run;
 
 pub use args::{ControlArgs, Listen, parse_addr};
+pub use run::{ControlError, run, settings};

@@ -25,6 +25,7 @@ mod index;
 mod names;
 mod peer_auth;
 mod policies;
+pub mod render;
 mod services;
 mod waypoints;
 mod workloads;

@@ -1,5 +1,5 @@
-//! Readable dumps of translated resources for golden files: IPs as text, enums by name, proto
-//! defaults left out (except `status`, `tunnel_protocol`, `canonical`, `scope`, `action` and
+//! Readable dumps of translated resources (the golden files and `/debug/config_dump`): IPs as
+//! text, enums by name, proto defaults left out (except `status`, `tunnel_protocol`, `canonical`, `scope`, `action` and
 //! `rules`, shown always).
 
 use std::net::IpAddr;
@@ -11,6 +11,7 @@ use ambit_api::workload::{
 };
 use serde_json::{Map, Value, json};
 
+/// An Address (workload or service) as JSON.
 pub fn address(a: &Address) -> Value {
     match &a.r#type {
         Some(address::Type::Workload(w)) => json!({ "workload": workload(w) }),
@@ -21,8 +22,10 @@ pub fn address(a: &Address) -> Value {
 
 fn ip(b: &[u8]) -> String {
     match b.len() {
-        4 => IpAddr::from(<[u8; 4]>::try_from(b).expect("4")).to_string(),
-        16 => IpAddr::from(<[u8; 16]>::try_from(b).expect("16")).to_string(),
+        4 => <[u8; 4]>::try_from(b)
+            .map_or_else(|_| format!("bad address {b:?}"), |a| IpAddr::from(a).to_string()),
+        16 => <[u8; 16]>::try_from(b)
+            .map_or_else(|_| format!("bad address {b:?}"), |a| IpAddr::from(a).to_string()),
         _ => format!("bad address {b:?}"),
     }
 }
@@ -226,6 +229,7 @@ fn matched(m: &security::Match) -> Value {
 }
 
 /// `rules` is a list of rules (OR), each a list of clauses (AND), each a list of matches (OR).
+/// An Authorization as JSON.
 pub fn authorization(a: &Authorization) -> Value {
     let rules: Vec<Value> = a
         .rules

@@ -1,0 +1,123 @@
+//! The monitoring server (15014): `/metrics`, the debug endpoints, `/logging` and CPU profiles.
+
+use std::sync::{Mutex, PoisonError, mpsc};
+use std::time::Duration;
+
+use ambit_admin::{Body, text};
+use ambit_xds::server::{AdsServer, Resources};
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use prometheus_client::registry::Registry;
+use serde_json::{Value, json};
+
+use crate::translate::{Translator, render};
+
+/// The index (`/`).
+const INDEX: &str = "ambit control
+  /metrics                       Prometheus metrics
+  /debug/connections             connected proxies: node, identity, per type what was last sent and acked, NACKs
+  /debug/config_dump             the translated resources (?type=address|authorization, ?name=<xDS name>)
+  /debug/config_errors           files of the YAML folder that are not in effect, and why (local mode)
+  /logging                       POST: show the log level; ?level=<level> or ?level=<mod>:<level>,...; ?reset
+  /debug/pprof/profile           GET: CPU profile (pprof protobuf); ?seconds=1..300 (10), ?frequency=1..1000 Hz (100)
+";
+
+/// How long a debug request waits for the translation thread (busy with a big batch).
+const TRANSLATE_WAIT: Duration = Duration::from_secs(10);
+
+/// What the monitoring endpoints read.
+pub struct Ctx {
+    /// Every metric.
+    pub registry: Registry,
+    /// The xDS servers (TLS, plaintext).
+    pub streams: Vec<AdsServer>,
+    /// What is published.
+    pub resources: Resources,
+    /// Requests to the translation thread.
+    pub translate: Mutex<mpsc::Sender<DebugRequest>>,
+    /// The YAML folder's current errors.
+    pub file_errors: std::sync::Arc<Mutex<Vec<String>>>,
+}
+
+/// A question for the translation thread, which owns the translated state.
+pub struct DebugRequest {
+    kind: Option<String>,
+    name: Option<String>,
+    reply: tokio::sync::oneshot::Sender<Value>,
+}
+
+impl DebugRequest {
+    /// Answers from the translator's current state.
+    pub fn answer(self, tr: &Translator) {
+        let want = |k: &str| self.kind.as_deref().is_none_or(|x| x == k);
+        let named = |n: &str| self.name.as_deref().is_none_or(|x| x == n);
+        let mut out = serde_json::Map::new();
+        if want("address") {
+            let v: serde_json::Map<String, Value> = tr
+                .addresses()
+                .filter(|(n, _)| named(n))
+                .map(|(n, a)| (n.clone(), render::address(a)))
+                .collect();
+            out.insert("addresses".into(), Value::Object(v));
+        }
+        if want("authorization") {
+            let v: serde_json::Map<String, Value> = tr
+                .authorizations()
+                .filter(|(n, _)| named(n))
+                .map(|(n, a)| (n.clone(), render::authorization(a)))
+                .collect();
+            out.insert("authorizations".into(), Value::Object(v));
+        }
+        let _ = self.reply.send(Value::Object(out));
+    }
+}
+
+/// Serves one monitoring request.
+pub async fn handle(req: Request<Incoming>, ctx: &Ctx) -> Response<Body> {
+    match req.uri().path() {
+        "/metrics" | "/stats/prometheus" => ambit_admin::metrics(&req, &ctx.registry),
+        "/debug/connections" => {
+            let streams: Vec<_> = ctx.streams.iter().flat_map(AdsServer::status).collect();
+            let published = json!({
+                "version": ctx.resources.version(),
+                "addresses": ctx.resources.len(ambit_api::type_url::ADDRESS),
+                "authorizations": ctx.resources.len(ambit_api::type_url::AUTHORIZATION),
+            });
+            ambit_admin::json(
+                &json!({ "published": published, "connected": streams.len(), "streams": streams }),
+            )
+        }
+        "/debug/config_errors" => {
+            let errors = ctx.file_errors.lock().unwrap_or_else(PoisonError::into_inner).clone();
+            ambit_admin::json(&json!({ "errors": errors }))
+        }
+        "/debug/config_dump" => {
+            let pairs = ambit_admin::query_pairs(req.uri().query());
+            let get = |k: &str| pairs.iter().rev().find(|(key, _)| key == k).map(|(_, v)| v.clone());
+            let kind = get("type");
+            if let Some(k) = &kind
+                && k != "address"
+                && k != "authorization"
+            {
+                return text(
+                    StatusCode::BAD_REQUEST,
+                    format!("type must be address or authorization, not {k:?}\n"),
+                );
+            }
+            let (reply, rx) = tokio::sync::oneshot::channel();
+            let sent = ctx.translate.lock().unwrap_or_else(PoisonError::into_inner).send(DebugRequest {
+                kind,
+                name: get("name"),
+                reply,
+            });
+            if sent.is_err() {
+                return text(StatusCode::SERVICE_UNAVAILABLE, "the translation thread is gone\n");
+            }
+            match tokio::time::timeout(TRANSLATE_WAIT, rx).await {
+                Ok(Ok(v)) => ambit_admin::json(&v),
+                _ => text(StatusCode::SERVICE_UNAVAILABLE, "the translation is busy; try again\n"),
+            }
+        }
+        _ => ambit_admin::tools(INDEX, req.method(), req.uri()).await,
+    }
+}
