@@ -1,1 +1,0 @@
-//! Objects → Address and Authorization (`control-plane.md` §1–§4).
