@@ -8,6 +8,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("cargo:rerun-if-changed={dir}/{f}");
     }
     let fds = protox::compile(files, [dir])?;
-    tonic_prost_build::configure().build_server(true).build_client(true).compile_fds(fds)?;
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        // A map field encodes in its iteration order; a BTreeMap makes equal workloads encode
+        // to equal bytes, so content-hash xDS versions agree across restarts and replicas.
+        .btree_map(".istio.workload.Workload.services")
+        .compile_fds(fds)?;
     Ok(())
 }

@@ -17,7 +17,8 @@
 //!   stream holds while its client does not read is bounded by the set of distinct changed
 //!   names, never a queue of copies. Streams are admitted through the owner's hooks
 //!   (asynchronous authentication, node authorization; [`server::istio`] has istiod's rules),
-//!   a readiness gate and a new-stream rate limit.
+//!   a readiness gate and a new-stream rate limit; [`server::ServerMetrics`] counts connected
+//!   streams, responses, NACKs, push and convergence time and refusals under istiod's names.
 //! * [`XdsMetrics`]: `xds_connection_terminations`, `xds_message`, `xds_message_bytes` as ztunnel
 //!   names them (the owner registers them under its `istio_` prefix).
 //!

@@ -17,6 +17,9 @@
 //! new-stream rate limit ([`ServerConfig::new_streams_per_second`]), the owner's asynchronous
 //! [`Authenticate`] hook (its [`Principal`] is kept for the stream), and on the first request a
 //! node with an id and the owner's [`Authorize`] hook ([`istio::NodeCheck`] is istiod's).
+//!
+//! Metrics ([`ServerMetrics`], handed over in [`Hooks::metrics`]) are istiod's: connected
+//! streams, responses, NACKs, push time and convergence time, counted where each happens.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -36,6 +39,10 @@ use tracing::{debug, info, warn};
 use crate::{BoxFuture, resource_version};
 
 pub mod istio;
+mod metrics;
+
+use metrics::{Connected, TypeMetrics};
+pub use metrics::{MAX_VERSION_LEN, MAX_VERSIONS, OTHER_VERSION, RefusalReason, ServerMetrics, metric_type};
 
 /// One resource the owner publishes.
 #[derive(Clone, Debug, PartialEq)]
@@ -146,8 +153,35 @@ struct Entry {
 /// they are pushed.
 type Dirty = Vec<HashMap<String, u64>>;
 
+/// Changes waiting to be pushed, and when the first of them was published.
+struct Pending {
+    names: Dirty,
+    since: Option<Instant>,
+}
+
+impl Pending {
+    fn new(width: usize) -> Self {
+        Self { names: vec![HashMap::new(); width], since: None }
+    }
+
+    /// Adds `names` changed at `since` (the earliest publish wins).
+    fn merge(&mut self, names: &Dirty, since: Option<Instant>) {
+        merge(&mut self.names, names);
+        self.since = match (self.since, since) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+
+    /// Takes everything, leaving the set empty.
+    fn take(&mut self) -> Self {
+        let width = self.names.len();
+        std::mem::replace(self, Self::new(width))
+    }
+}
+
 struct Inbox {
-    dirty: Mutex<Dirty>,
+    dirty: Mutex<Pending>,
     wake: Notify,
 }
 
@@ -214,10 +248,11 @@ impl Resources {
         state.version = next;
         let version = next;
         drop(state);
+        let now = Instant::now();
         let mut inboxes = lock(&self.inner.inboxes);
         inboxes.retain(|w| w.strong_count() > 0);
         for inbox in inboxes.iter().filter_map(Weak::upgrade) {
-            merge(&mut lock(&inbox.dirty), &dirty);
+            lock(&inbox.dirty).merge(&dirty, Some(now));
             inbox.wake.notify_one();
         }
         Ok(version)
@@ -284,13 +319,17 @@ pub trait Authorize: Send + Sync {
     fn authorize(&self, principal: Option<&Principal>, node: &Node) -> Result<(), Status>;
 }
 
-/// The owner's hooks into stream admission (none by default: anonymous and unchecked).
+/// The owner's hooks into the server: admission checks (none by default: anonymous and
+/// unchecked) and where it counts (by default metrics registered nowhere).
 #[derive(Clone, Default)]
 pub struct Hooks {
     /// Asked once per stream, before its first request is read.
     pub authenticate: Option<Arc<dyn Authenticate>>,
     /// Asked once per stream, on its first request.
     pub authorize: Option<Arc<dyn Authorize>>,
+    /// The metrics the server records into ([`ServerMetrics::register`] puts them on the
+    /// owner's registry).
+    pub metrics: ServerMetrics,
 }
 
 /// Server settings.
@@ -400,6 +439,8 @@ struct ServerInner {
     resources: Resources,
     cfg: ServerConfig,
     hooks: Hooks,
+    /// `hooks.metrics` per type index.
+    type_metrics: Vec<TypeMetrics>,
     ready: AtomicBool,
     rate: RateLimit,
     inbox: Arc<Inbox>,
@@ -410,7 +451,7 @@ struct ServerInner {
 }
 
 struct StreamShared {
-    dirty: Mutex<Dirty>,
+    dirty: Mutex<Pending>,
     wake: Notify,
     state: Mutex<StreamState>,
 }
@@ -440,12 +481,14 @@ impl AdsServer {
     /// Serves `resources`, admitting streams through `hooks`.
     pub fn new(resources: Resources, cfg: ServerConfig, hooks: Hooks) -> Self {
         let width = resources.inner.types.len();
-        let inbox = Arc::new(Inbox { dirty: Mutex::new(vec![HashMap::new(); width]), wake: Notify::new() });
+        let inbox = Arc::new(Inbox { dirty: Mutex::new(Pending::new(width)), wake: Notify::new() });
         lock(&resources.inner.inboxes).push(Arc::downgrade(&inbox));
         let slots = Arc::new(Semaphore::new(cfg.max_streams));
+        let type_metrics = resources.inner.types.iter().map(|t| hooks.metrics.for_type(t)).collect();
         Self {
             inner: Arc::new(ServerInner {
                 resources,
+                type_metrics,
                 ready: AtomicBool::new(cfg.ready),
                 rate: RateLimit::new(cfg.new_streams_per_second, cfg.new_stream_max_wait),
                 cfg,
@@ -478,7 +521,7 @@ impl AdsServer {
         let mut out: Vec<StreamStatus> = streams
             .iter()
             .map(|s| {
-                let pending_names = lock(&s.dirty).iter().map(HashMap::len).sum();
+                let pending_names = lock(&s.dirty).names.iter().map(HashMap::len).sum();
                 let st = lock(&s.state);
                 StreamStatus {
                     id: st.id,
@@ -527,11 +570,14 @@ impl AggregatedDiscoveryService for AdsServer {
         &self,
         request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+        let metrics = &self.inner.hooks.metrics;
         if !self.is_ready() {
             debug!(peer = ?request.remote_addr(), "xDS stream refused: not ready");
+            metrics.refused(RefusalReason::NotReady);
             return Err(Status::unavailable("server is not ready to serve discovery information"));
         }
         let Ok(slot) = self.inner.slots.clone().try_acquire_owned() else {
+            metrics.refused(RefusalReason::TooManyStreams);
             return Err(Status::resource_exhausted(format!(
                 "this xDS server already serves {} streams; retry later",
                 self.inner.cfg.max_streams
@@ -543,6 +589,7 @@ impl AggregatedDiscoveryService for AdsServer {
             None => {
                 // Debug: a reconnect storm refuses many streams, one line each would flood the log.
                 debug!(peer = ?request.remote_addr(), "xDS stream refused: new-stream rate limit exceeded");
+                metrics.refused(RefusalReason::RateLimited);
                 return Err(Status::resource_exhausted(format!(
                     "request rate limit exceeded: this xDS server accepts {} new streams per second; retry later",
                     self.inner.cfg.new_streams_per_second
@@ -558,10 +605,12 @@ impl AggregatedDiscoveryService for AdsServer {
                     Ok(Ok(p)) => Some(p),
                     Ok(Err(status)) => {
                         info!(peer = ?probe.remote_addr(), "xDS stream refused: {status}");
+                        metrics.refused(RefusalReason::Unauthenticated);
                         return Err(status);
                     }
                     Err(_) => {
                         warn!(peer = ?probe.remote_addr(), "xDS stream refused: authentication took longer than {limit:?}");
+                        metrics.refused(RefusalReason::AuthenticationTimeout);
                         return Err(Status::unavailable(format!(
                             "authentication did not finish within {limit:?}; retry later"
                         )));
@@ -574,7 +623,7 @@ impl AggregatedDiscoveryService for AdsServer {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let width = self.inner.resources.inner.types.len();
         let shared = Arc::new(StreamShared {
-            dirty: Mutex::new(vec![HashMap::new(); width]),
+            dirty: Mutex::new(Pending::new(width)),
             wake: Notify::new(),
             state: Mutex::new(StreamState {
                 id,
@@ -606,21 +655,26 @@ async fn serve_stream(
     mut incoming: Streaming<DeltaDiscoveryRequest>,
     tx: Tx,
 ) {
-    let resources = &server.resources;
-    let mut admitted = false;
+    // Counted in `pilot_xds` from admission until the stream ends.
+    let mut connected: Option<Connected> = None;
     loop {
-        let responses = tokio::select! {
+        // The responses by type index, when building them started, and for a push when its
+        // first change was published.
+        let (responses, started, since) = tokio::select! {
             req = incoming.message() => match req {
                 Ok(Some(req)) => {
-                    let handled = if admitted {
-                        on_request(resources, shared, req, server.cfg.max_subscribed_names)
-                    } else {
-                        admitted = true;
-                        admit(server, shared, &req)
-                            .and_then(|()| on_request(resources, shared, req, server.cfg.max_subscribed_names))
-                    };
-                    match handled {
-                        Ok(r) => r,
+                    let started = Instant::now();
+                    if connected.is_none() {
+                        match admit(server, shared, &req) {
+                            Ok(c) => connected = Some(c),
+                            Err(status) => {
+                                let _ = tx.send(Err(status)).await;
+                                return;
+                            }
+                        }
+                    }
+                    match on_request(server, shared, req) {
+                        Ok(r) => (r, started, None),
                         Err(status) => {
                             let _ = tx.send(Err(status)).await;
                             return;
@@ -634,30 +688,47 @@ async fn serve_stream(
                 }
             },
             () = shared.wake.notified() => {
-                let dirty = {
-                    let mut d = lock(&shared.dirty);
-                    let width = d.len();
-                    std::mem::replace(&mut *d, vec![HashMap::new(); width])
-                };
-                push(resources, shared, &dirty)
+                let started = Instant::now();
+                let pending = lock(&shared.dirty).take();
+                (push(server, shared, &pending.names), started, pending.since)
             },
             () = tx.closed() => return,
         };
-        for r in responses {
+        let build = started.elapsed();
+        let mut sent = false;
+        for (ti, r) in responses {
+            let count = r.resources.len();
+            let bytes = r.resources.iter().filter_map(|x| x.resource.as_ref()).map(|a| a.value.len()).sum();
+            let handing = Instant::now();
             // One response queued at a time: a client that does not read stalls only itself.
             if tx.send(Ok(r)).await.is_err() {
                 return;
             }
+            // Its build plus its own wait for the stream, not the wait for the types before it.
+            server.type_metrics[ti].sent(count, bytes, build + handing.elapsed());
+            sent = true;
+        }
+        if sent && let Some(since) = since {
+            server.hooks.metrics.converged(since.elapsed());
         }
     }
 }
 
 /// The first request's checks (istiod's `initConnection`): a node with an id, then the owner's
-/// [`Authorize`] hook on it and the stream's principal. Records the node on the stream.
-fn admit(server: &ServerInner, shared: &StreamShared, req: &DeltaDiscoveryRequest) -> Result<(), Status> {
+/// [`Authorize`] hook on it and the stream's principal. Records the node on the stream, and
+/// counts the stream as connected from here on.
+fn admit(
+    server: &ServerInner,
+    shared: &StreamShared,
+    req: &DeltaDiscoveryRequest,
+) -> Result<Connected, Status> {
+    let metrics = &server.hooks.metrics;
     let node = match &req.node {
         Some(node) if !node.id.is_empty() => node,
-        _ => return Err(Status::invalid_argument("missing node information")),
+        _ => {
+            metrics.refused(RefusalReason::MissingNode);
+            return Err(Status::invalid_argument("missing node information"));
+        }
     };
     let mut st = lock(&shared.state);
     if let Some(authorize) = &server.hooks.authorize
@@ -669,13 +740,17 @@ fn admit(server: &ServerInner, shared: &StreamShared, req: &DeltaDiscoveryReques
             principal = st.principal.as_ref().map(|p| p.name.as_str()),
             "xDS stream refused: {status}"
         );
+        metrics.refused(RefusalReason::Unauthorized);
         return Err(status);
     }
     st.node_id = Some(node.id.clone());
     st.node_name = metadata_string(node, NODE_NAME).map(str::to_owned);
     debug!(stream = st.id, node = %node.id, node_name = ?st.node_name, "xDS stream admitted");
-    Ok(())
+    Ok(metrics.connected(metadata_string(node, ISTIO_VERSION)))
 }
+
+/// The node metadata key carrying the proxy's Istio version (the `version` label of `pilot_xds`).
+pub const ISTIO_VERSION: &str = "ISTIO_VERSION";
 
 /// The node metadata key naming the node a proxy runs on (node-proxy.md §1.4).
 pub const NODE_NAME: &str = "NODE_NAME";
@@ -688,15 +763,19 @@ pub fn metadata_string<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
     }
 }
 
+/// Responses by type index.
+type Responses = Vec<(usize, DeltaDiscoveryResponse)>;
+
 fn on_request(
-    resources: &Resources,
+    server: &ServerInner,
     shared: &StreamShared,
     req: DeltaDiscoveryRequest,
-    max_names: usize,
-) -> Result<Vec<DeltaDiscoveryResponse>, Status> {
-    let out = handle_request(resources, shared, req)?;
+) -> Result<Responses, Status> {
+    let out = handle_request(server, shared, req)?;
     let subscribed: usize = lock(&shared.state).subs.iter().flatten().map(|s| s.names.len()).sum();
+    let max_names = server.cfg.max_subscribed_names;
     if subscribed > max_names {
+        server.hooks.metrics.refused(RefusalReason::TooManyNames);
         return Err(Status::resource_exhausted(format!(
             "this stream subscribes to {subscribed} names, more than the server's limit of {max_names}"
         )));
@@ -705,10 +784,11 @@ fn on_request(
 }
 
 fn handle_request(
-    resources: &Resources,
+    server: &ServerInner,
     shared: &StreamShared,
     req: DeltaDiscoveryRequest,
-) -> Result<Vec<DeltaDiscoveryResponse>, Status> {
+) -> Result<Responses, Status> {
+    let resources = &server.resources;
     let mut st = lock(&shared.state);
     let Some(ti) = resources.index(&req.type_url) else {
         warn!(stream = st.id, type_url = %req.type_url, "xDS request for a type this server does not serve; ignored");
@@ -718,6 +798,7 @@ fn handle_request(
     let node_name = node_name.as_deref();
     if let Some(err) = &req.error_detail {
         warn!(stream = *id, type_url = %req.type_url, nonce = %req.response_nonce, "xDS NACK: {}", err.message);
+        server.type_metrics[ti].rejected();
         if let Some(sub) = subs[ti].as_mut() {
             keep_last(
                 &mut sub.nacks,
@@ -755,10 +836,11 @@ fn handle_request(
         };
         let resp = response(type_url, snap.version, &mut sub, counter, resources_out, removed);
         subs[ti] = Some(sub);
-        return Ok(vec![resp]);
+        return Ok(vec![(ti, resp)]);
     };
     if !req.response_nonce.is_empty() && req.response_nonce != sub.last_nonce {
         debug!(stream = *id, %type_url, nonce = %req.response_nonce, "stale nonce; request ignored");
+        server.type_metrics[ti].expired_nonce();
         return Ok(Vec::new());
     }
     if !req.response_nonce.is_empty() {
@@ -797,7 +879,7 @@ fn handle_request(
         }
         return Ok(Vec::new());
     };
-    Ok(vec![response(type_url, snap.version, sub, counter, out, removed)])
+    Ok(vec![(ti, response(type_url, snap.version, sub, counter, out, removed))])
 }
 
 /// Every resource of the type except those the client already holds at the same version, and
@@ -864,7 +946,8 @@ fn resolve(
 }
 
 /// The changed names a stream's subscription covers, one response per type that has any.
-fn push(resources: &Resources, shared: &StreamShared, dirty: &Dirty) -> Vec<DeltaDiscoveryResponse> {
+fn push(server: &ServerInner, shared: &StreamShared, dirty: &Dirty) -> Responses {
+    let resources = &server.resources;
     let snap = resources.read();
     let mut st = lock(&shared.state);
     let StreamState { subs, counter, node_name, .. } = &mut *st;
@@ -904,7 +987,10 @@ fn push(resources: &Resources, shared: &StreamShared, dirty: &Dirty) -> Vec<Delt
         if resources_out.is_empty() && removed.is_empty() {
             continue;
         }
-        out.push(response(&resources.inner.types[ti], snap.version, sub, counter, resources_out, removed));
+        out.push((
+            ti,
+            response(&resources.inner.types[ti], snap.version, sub, counter, resources_out, removed),
+        ));
     }
     out
 }
@@ -960,15 +1046,11 @@ async fn debounce(server: Weak<ServerInner>, inbox: Arc<Inbox>) {
                 () = tokio::time::sleep_until(deadline) => break,
             }
         }
-        let batch = {
-            let mut d = lock(&inbox.dirty);
-            let width = d.len();
-            std::mem::replace(&mut *d, vec![HashMap::new(); width])
-        };
+        let batch = lock(&inbox.dirty).take();
         let Some(server) = server.upgrade() else { return };
         let streams: Vec<_> = lock(&server.streams).values().cloned().collect();
         for s in streams {
-            merge(&mut lock(&s.dirty), &batch);
+            lock(&s.dirty).merge(&batch.names, batch.since);
             s.wake.notify_one();
         }
     }

@@ -134,7 +134,7 @@ impl Authorize for Recorder {
 #[tokio::test]
 async fn the_authorize_hook_runs_once_per_stream_with_its_principal_and_node() {
     let rec = Arc::new(Recorder::default());
-    let hooks = Hooks { authenticate: Some(Tokens::new()), authorize: Some(rec.clone()) };
+    let hooks = Hooks { authenticate: Some(Tokens::new()), authorize: Some(rec.clone()), ..Hooks::default() };
     let s = start_with(fast(), hooks).await;
     let mut c = Client::open(&s.url, Some("ztunnel")).await.unwrap();
     c.send(first(node("good-node"))).await;
@@ -166,7 +166,11 @@ type Case = (&'static str, Vec<(&'static str, &'static str)>, Option<(Code, Stri
 
 #[tokio::test]
 async fn istiod_node_checks_refuse_with_istiods_codes_and_messages() {
-    let hooks = Hooks { authenticate: Some(Tokens::new()), authorize: Some(Arc::new(NodeCheck::default())) };
+    let hooks = Hooks {
+        authenticate: Some(Tokens::new()),
+        authorize: Some(Arc::new(NodeCheck::default())),
+        ..Hooks::default()
+    };
     let s = start_with(fast(), hooks).await;
     let me = "spiffe://cluster.local/ns/istio-system/sa/ztunnel";
     let cases: Vec<Case> = vec![
@@ -228,7 +232,8 @@ async fn istiod_node_checks_refuse_with_istiods_codes_and_messages() {
 
 #[tokio::test]
 async fn istiod_node_checks_skip_the_identity_check_for_an_unauthenticated_stream() {
-    let hooks = Hooks { authenticate: None, authorize: Some(Arc::new(NodeCheck::default())) };
+    let hooks =
+        Hooks { authenticate: None, authorize: Some(Arc::new(NodeCheck::default())), ..Hooks::default() };
     let s = start_with(fast(), hooks).await;
     let mut c = Client::open(&s.url, None).await.unwrap();
     c.send(first(node_with(ZTUNNEL, &[("NAMESPACE", "default")]))).await;

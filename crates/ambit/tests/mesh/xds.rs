@@ -90,7 +90,7 @@ impl XdsServer {
         let debounce = self.opts.debounce.unwrap_or(Duration::from_millis(10));
         let cfg = ServerConfig { debounce_after: debounce, ..ServerConfig::default() };
         let auth = self.opts.token.clone().map(|t| Arc::new(Token(t)) as Arc<dyn Authenticate>);
-        let ads = AdsServer::new(resources.clone(), cfg, Hooks { authenticate: auth, authorize: None });
+        let ads = AdsServer::new(resources.clone(), cfg, Hooks { authenticate: auth, ..Hooks::default() });
         let mut builder = Server::builder();
         if let Some((cert, key)) = &self.opts.tls {
             builder = builder

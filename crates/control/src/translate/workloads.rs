@@ -1,7 +1,7 @@
 //! Pods, WorkloadEntries, ServiceEntry endpoints and EndpointSlice endpoints →
 //! `istio.workload.Workload` (`control-plane.md` §2).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use ambit_api::workload::{
@@ -104,7 +104,7 @@ pub(crate) fn workload_entry(ctx: &Ctx<'_>, n: &Name, we: &WorkloadEntry, deps: 
         .unwrap_or_else(|| n.name.clone());
     let (canonical_name, canonical_revision) = canonical(&labels, &workload_name);
     let (tunnel_protocol, native) = tunnel(&labels, annotations);
-    let mut services = HashMap::new();
+    let mut services = BTreeMap::new();
     if let Some(ns) = ctx.store.ns(&n.ns) {
         for name in &ns.services {
             let sn = Name::new(n.ns.as_str(), name.as_str());
@@ -200,7 +200,7 @@ pub(crate) fn service_entry(
         for h in hosts {
             let mut w = endpoint_workload(ctx, &n.ns, &spec, &names::EMPTY, deps);
             w.hostname = h.clone();
-            w.services = HashMap::from([(names::service_key(&n.ns, h), ports_for(&spec))]);
+            w.services = BTreeMap::from([(names::service_key(&n.ns, h), ports_for(&spec))]);
             out.push(finish(w, names::service_entry_uid(&ctx.settings.cluster_id, n, h)));
         }
     }
@@ -257,7 +257,7 @@ pub(crate) fn endpoint_slice(ctx: &Ctx<'_>, n: &Name, slice: &EndpointSlice) -> 
             namespace: n.ns.clone(),
             addresses,
             network: ctx.network.to_owned(),
-            services: HashMap::from([(key.clone(), PortList { ports: ports.clone() })]),
+            services: BTreeMap::from([(key.clone(), PortList { ports: ports.clone() })]),
             status: if ready { WorkloadStatus::Healthy } else { WorkloadStatus::Unhealthy } as i32,
             cluster_id: ctx.settings.cluster_id.clone(),
             network_mode: NetworkMode::HostNetwork as i32,
@@ -306,8 +306,8 @@ fn endpoint_workload(
 }
 
 /// §2.4: the services a pod joins, with its port list for each.
-fn pod_services(ctx: &Ctx<'_>, n: &Name, pod: &Pod, labels: &Labels) -> HashMap<String, PortList> {
-    let mut out = HashMap::new();
+fn pod_services(ctx: &Ctx<'_>, n: &Name, pod: &Pod, labels: &Labels) -> BTreeMap<String, PortList> {
+    let mut out = BTreeMap::new();
     let Some(ns) = ctx.store.ns(&n.ns) else { return out };
     let containers = named_tcp_ports(pod);
     for name in &ns.services {
@@ -348,7 +348,7 @@ fn add_kube_service(
     sn: &Name,
     svc: &KubeService,
     containers: &BTreeMap<&str, u32>,
-    out: &mut HashMap<String, PortList>,
+    out: &mut BTreeMap<String, PortList>,
 ) {
     let host = names::service_hostname(sn, &ctx.settings.domain_suffix);
     if !wins(ctx, &host, &sn.ns, &ServiceSource::Service(sn.clone())) {
@@ -366,7 +366,7 @@ fn entry_services(
     ctx: &Ctx<'_>,
     ns: &str,
     labels: &Labels,
-    out: &mut HashMap<String, PortList>,
+    out: &mut BTreeMap<String, PortList>,
     target: impl Fn(&ServiceEntry, &ambit_objects::istio::ServicePort) -> u32,
 ) {
     let Some(objects) = ctx.store.ns(ns) else { return };

@@ -24,7 +24,7 @@ pub struct Server {
 }
 
 pub async fn start(cfg: ServerConfig, auth: Option<Arc<dyn Authenticate>>) -> Server {
-    start_with(cfg, Hooks { authenticate: auth, authorize: None }).await
+    start_with(cfg, Hooks { authenticate: auth, ..Hooks::default() }).await
 }
 
 pub async fn start_with(cfg: ServerConfig, hooks: Hooks) -> Server {
