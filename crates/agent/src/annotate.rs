@@ -13,8 +13,11 @@
 //! then turns every enrolled pod's sandbox into a retry loop, each attempt leaving capture and
 //! proxy state behind. We differ on purpose (see ARCHITECTURE.md).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
+
+use ambit_objects::file::{CaptureError, CaptureState, CapturedPod};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -32,6 +35,9 @@ pub trait Annotate: Send + Sync + 'static {
         pod: &Pod,
         value: Option<&'static str>,
     ) -> BoxFuture<'static, Result<(), AnnotateError>>;
+
+    /// The pod was deleted: forget whatever was written for it (where that is not the pod itself).
+    fn forget(&self, _uid: &str) {}
 }
 
 /// Why an annotation could not be written.
@@ -68,6 +74,14 @@ pub enum AnnotateError {
         /// What happened.
         detail: String,
     },
+    /// Local mode: the capture-state file could not be written.
+    #[error("cannot write the capture state for pod {pod}: {detail}")]
+    CaptureState {
+        /// `namespace/name`.
+        pod: String,
+        /// Why.
+        detail: String,
+    },
     /// No answer within the patch timeout.
     #[error("patching pods/status of pod {pod} got no answer within {after:?}")]
     Timeout {
@@ -90,6 +104,77 @@ impl Annotate for LogAnnotate {
         tracing::debug!(pod = %format!("{}/{}", pod.namespace, pod.name), redirection = value.unwrap_or("(removed)"),
             "ambient.istio.io/redirection");
         Box::pin(async { Ok(()) })
+    }
+}
+
+/// Local mode with a capture-state folder: the value is written to `<dir>/<node>.json`
+/// ([`ambit_objects::file::CaptureState`], atomically), where the control plane's file source
+/// lays it over the pod as the annotation. The pods' YAML files are the operator's and are never
+/// rewritten.
+pub struct FileAnnotate {
+    dir: PathBuf,
+    state: Mutex<CaptureState>,
+}
+
+impl FileAnnotate {
+    /// Writes `<dir>/<node>.json`, keeping what an earlier agent on this node wrote there (its
+    /// pods keep their value across a restart; see [`FileAnnotate::retain`]).
+    pub fn new(dir: &Path, node: &str) -> Result<FileAnnotate, CaptureError> {
+        let path = CaptureState::path(dir, node)?;
+        let earlier = std::fs::read(&path)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<CaptureState>(&b).ok())
+            .filter(|s| s.node == node);
+        let state = earlier.unwrap_or_else(|| CaptureState::new(node));
+        state.write(dir)?;
+        Ok(FileAnnotate { dir: dir.to_owned(), state: Mutex::new(state) })
+    }
+
+    /// Drops the entries of pods not in `uids` (deleted while no agent ran).
+    pub fn retain(&self, uids: &HashSet<String>) -> Result<(), CaptureError> {
+        let mut st = self.lock();
+        let before = st.pods.len();
+        st.pods.retain(|p| uids.contains(&p.uid));
+        if st.pods.len() == before { Ok(()) } else { st.write(&self.dir) }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, CaptureState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Annotate for FileAnnotate {
+    fn set_redirection(
+        &self,
+        pod: &Pod,
+        value: Option<&'static str>,
+    ) -> BoxFuture<'static, Result<(), AnnotateError>> {
+        let mut st = self.lock();
+        st.pods.retain(|p| p.uid != pod.uid);
+        if let Some(v) = value {
+            st.pods.push(CapturedPod {
+                namespace: pod.namespace.clone(),
+                name: pod.name.clone(),
+                uid: pod.uid.clone(),
+                redirection: v.to_owned(),
+            });
+        }
+        let result = st.write(&self.dir).map_err(|e| AnnotateError::CaptureState {
+            pod: format!("{}/{}", pod.namespace, pod.name),
+            detail: e.to_string(),
+        });
+        Box::pin(async move { result })
+    }
+
+    fn forget(&self, uid: &str) {
+        let mut st = self.lock();
+        let before = st.pods.len();
+        st.pods.retain(|p| p.uid != uid);
+        if st.pods.len() != before
+            && let Err(error) = st.write(&self.dir)
+        {
+            tracing::warn!(%error, "cannot remove a deleted pod from the capture state");
+        }
     }
 }
 
@@ -166,6 +251,7 @@ impl Annotations {
     /// Drops whatever was wanted on a deleted pod.
     pub fn forget(&self, uid: &str) {
         self.lock().by_uid.remove(uid);
+        self.annotate.forget(uid);
     }
 
     /// Pods whose wanted annotation is not written yet.

@@ -23,18 +23,19 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use ambit_cni::{AmbitKeys, SystemRole};
+use ambit_objects::file::FileSource;
+use ambit_objects::{Filter, Kind};
 use ambit_redirect::{IptablesBackend, NftablesBackend, RuleBackend};
 use prometheus_client::registry::Registry;
 
 pub use args::AgentArgs;
 
-use crate::annotate::{Annotate, Annotations, LogAnnotate, Retry};
+use crate::annotate::{Annotate, Annotations, FileAnnotate, LogAnnotate, Retry};
 use crate::capture::RedirectCapture;
 use crate::install::{InstallError, Installer};
 use crate::kube::KubeSourceError;
 use crate::mesh::{HostPaths, Mesh};
 use crate::podns::HostNamespaces;
-use crate::source::FileSource;
 use crate::zds::ZdsServer;
 use health::Readiness;
 use metrics::AgentMetrics;
@@ -85,6 +86,7 @@ pub fn run(args: AgentArgs) -> Result<(), AgentError> {
 async fn run_async(args: AgentArgs) -> Result<(), AgentError> {
     // Settings first: a bad one is a start-up error, before anything binds.
     let enrollment = args.enrollment().map_err(AgentError::Config)?;
+    let capture_state = args.capture_state().map_err(AgentError::Config)?;
     let node_name = match &args.source_dir {
         Some(_) => args.node_name.clone(),
         None => Some(args.required_node_name().map_err(AgentError::Config)?.to_owned()),
@@ -116,13 +118,34 @@ async fn run_async(args: AgentArgs) -> Result<(), AgentError> {
     health::serve_metrics(args.metrics_addr, Arc::new(registry)).await?;
 
     // 2. The pod source.
+    let mut file_annotate = None;
     let (mut source, annotate): (Source, Arc<dyn Annotate>) = match &args.source_dir {
-        Some(dir) => (Source::Files(FileSource::new(dir, node_name.clone())), Arc::new(LogAnnotate)),
+        Some(dir) => {
+            let mut filter = Filter::kinds(&[Kind::Namespace, Kind::Pod]);
+            filter.pod_node = node_name.clone();
+            let annotate: Arc<dyn Annotate> = match capture_state {
+                Some((state_dir, node)) => {
+                    std::fs::create_dir_all(state_dir).map_err(|e| {
+                        AgentError::Config(format!(
+                            "cannot create the capture-state folder {}: {e}",
+                            state_dir.display()
+                        ))
+                    })?;
+                    let f = Arc::new(
+                        FileAnnotate::new(state_dir, node).map_err(|e| AgentError::Config(e.to_string()))?,
+                    );
+                    file_annotate = Some(f.clone());
+                    f
+                }
+                None => Arc::new(LogAnnotate),
+            };
+            (Source::Files(Box::new(FileSource::new(dir, filter))), annotate)
+        }
         None => {
             let node = node_name.as_deref().unwrap_or_default();
             let client =
                 kube::Client::try_default().await.map_err(|e| AgentError::KubeConfig(e.to_string()))?;
-            let src = crate::kube::KubeSource::start(client.clone(), node);
+            let src = crate::kube::watch(client.clone(), node);
             if let Err(e) = src.synced(args.kube_sync_timeout, |reason| readiness.not_ready(reason)).await {
                 readiness.not_ready(&e.to_string());
                 return Err(e.into());
@@ -149,12 +172,12 @@ async fn run_async(args: AgentArgs) -> Result<(), AgentError> {
 
     // 3. Learn the world, re-adopt running pods.
     readiness.not_ready("re-adopting running pods");
-    let inv = source.poll().unwrap_or_default();
-    for ns in inv.namespaces.into_values() {
-        mesh.upsert_namespace(ns);
-    }
-    for pod in inv.pods.into_values() {
-        mesh.upsert_pod(pod);
+    // Every pod is reconciled below and by the loop's first round.
+    let _ = reconcile::apply(&mesh, source.poll()).await;
+    if let Some(f) = &file_annotate
+        && let Err(e) = f.retain(&mesh.pods().into_iter().collect())
+    {
+        tracing::warn!(error = %e, "cannot drop deleted pods from the capture state");
     }
     let mut adopted = 0;
     for uid in mesh.pods() {

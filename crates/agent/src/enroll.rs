@@ -24,7 +24,7 @@ pub const AMBIENT: &str = "ambient";
 /// Value of [`DATAPLANE_MODE`] that opts a pod out.
 pub const NONE: &str = "none";
 /// Annotation the agent sets on pods it captured (`enabled`) or is still capturing (`pending`).
-pub const REDIRECTION: &str = "ambient.istio.io/redirection";
+pub use ambit_objects::REDIRECTION;
 /// Annotation of sidecar-injected pods (never ambient).
 pub const SIDECAR_STATUS: &str = "sidecar.istio.io/status";
 

@@ -191,6 +191,11 @@ impl Mesh {
         true
     }
 
+    /// The uid of the pod stored under this namespace and name.
+    pub fn uid_of(&self, namespace: &str, name: &str) -> Option<String> {
+        self.lock().by_name.get(&(namespace.to_owned(), name.to_owned())).cloned()
+    }
+
     /// Resolves when a CNI ADD is waiting for a pod the agent does not know yet: the source
     /// loop should read its source now instead of at the next poll.
     pub async fn source_wanted(&self) {
@@ -471,11 +476,6 @@ impl Mesh {
     /// Uids of every known pod.
     pub fn pods(&self) -> Vec<String> {
         self.lock().pods.keys().cloned().collect()
-    }
-
-    /// Uids of known pods no longer in `current` (deleted while we were not looking).
-    pub fn missing(&self, current: &HashSet<String>) -> Vec<String> {
-        self.lock().pods.keys().filter(|u| !current.contains(*u)).cloned().collect()
     }
 }
 

@@ -1,10 +1,11 @@
-//! The slice of Kubernetes Pod and Namespace objects the agent needs, parsed from the API's
-//! JSON (or the same objects as YAML in local mode). Unknown fields are ignored.
+//! The slice of Kubernetes Pod and Namespace objects the agent needs, taken from the typed
+//! objects `ambit-objects` delivers (from the API or from YAML in local mode): one conversion for
+//! both sources.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use serde::Deserialize;
+use ambit_objects::k8s_openapi::api::core::v1 as k8s;
 
 /// A pod, as the agent sees it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -66,16 +67,8 @@ pub struct Namespace {
 }
 
 /// Why an object is not a usable Pod or Namespace.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ModelError {
-    /// Not valid JSON of the expected shape.
-    #[error("not a valid {kind} object: {source}")]
-    Decode {
-        /// `Pod` or `Namespace`.
-        kind: &'static str,
-        /// The decoder's error.
-        source: serde_json::Error,
-    },
     /// A required field is empty.
     #[error("{kind} object has no {field}")]
     Missing {
@@ -86,96 +79,49 @@ pub enum ModelError {
     },
 }
 
-#[derive(Deserialize, Default)]
-#[serde(default, rename_all = "camelCase")]
-struct Meta {
-    uid: String,
-    name: String,
-    namespace: String,
-    generate_name: String,
-    labels: BTreeMap<String, String>,
-    annotations: BTreeMap<String, String>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default, rename_all = "camelCase")]
-struct RawPod {
-    metadata: Meta,
-    spec: RawSpec,
-    status: RawStatus,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default, rename_all = "camelCase")]
-struct RawSpec {
-    host_network: bool,
-    service_account_name: String,
-    node_name: String,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default, rename_all = "camelCase")]
-struct RawStatus {
-    phase: String,
-    #[serde(rename = "podIP")]
-    pod_ip: String,
-    #[serde(rename = "podIPs")]
-    pod_ips: Vec<RawIp>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct RawIp {
-    ip: String,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct RawNamespace {
-    metadata: Meta,
-}
-
 impl Pod {
-    /// Parses a Pod object (JSON value, as from the API or converted from YAML).
-    pub fn from_value(v: serde_json::Value) -> Result<Pod, ModelError> {
-        let raw: RawPod =
-            serde_json::from_value(v).map_err(|source| ModelError::Decode { kind: "Pod", source })?;
-        for (field, value) in [
-            ("metadata.uid", &raw.metadata.uid),
-            ("metadata.name", &raw.metadata.name),
-            ("metadata.namespace", &raw.metadata.namespace),
-        ] {
-            if value.is_empty() {
-                return Err(ModelError::Missing { kind: "Pod", field });
-            }
-        }
-        let mut ips: Vec<IpAddr> = raw.status.pod_ips.iter().filter_map(|p| p.ip.parse().ok()).collect();
+    /// The agent's view of a Pod object; it needs a uid, a name and a namespace.
+    pub fn from_k8s(pod: &k8s::Pod) -> Result<Pod, ModelError> {
+        let m = &pod.metadata;
+        let required = |field: &'static str, v: &Option<String>| match v.as_deref() {
+            Some(v) if !v.is_empty() => Ok(v.to_owned()),
+            _ => Err(ModelError::Missing { kind: "Pod", field }),
+        };
+        let uid = required("metadata.uid", &m.uid)?;
+        let name = required("metadata.name", &m.name)?;
+        let namespace = required("metadata.namespace", &m.namespace)?;
+        let (spec, status) = (pod.spec.as_ref(), pod.status.as_ref());
+        let mut ips: Vec<IpAddr> = status
+            .and_then(|s| s.pod_ips.as_ref())
+            .into_iter()
+            .flatten()
+            .filter_map(|p| p.ip.parse().ok())
+            .collect();
         if ips.is_empty()
-            && let Ok(ip) = raw.status.pod_ip.parse()
+            && let Some(ip) = status.and_then(|s| s.pod_ip.as_deref()).and_then(|ip| ip.parse().ok())
         {
             ips.push(ip);
         }
-        let phase = match raw.status.phase.as_str() {
-            "Running" => Phase::Running,
-            "Succeeded" => Phase::Succeeded,
-            "Failed" => Phase::Failed,
-            "Unknown" => Phase::Unknown,
+        let phase = match status.and_then(|s| s.phase.as_deref()) {
+            Some("Running") => Phase::Running,
+            Some("Succeeded") => Phase::Succeeded,
+            Some("Failed") => Phase::Failed,
+            Some("Unknown") => Phase::Unknown,
             _ => Phase::Pending,
         };
         Ok(Pod {
-            uid: raw.metadata.uid,
-            name: raw.metadata.name,
-            namespace: raw.metadata.namespace,
-            generate_name: raw.metadata.generate_name,
-            labels: raw.metadata.labels,
-            annotations: raw.metadata.annotations,
-            host_network: raw.spec.host_network,
-            service_account: if raw.spec.service_account_name.is_empty() {
-                "default".to_owned()
-            } else {
-                raw.spec.service_account_name
-            },
-            node_name: raw.spec.node_name,
+            uid,
+            name,
+            namespace,
+            generate_name: m.generate_name.clone().unwrap_or_default(),
+            labels: m.labels.clone().unwrap_or_default(),
+            annotations: m.annotations.clone().unwrap_or_default(),
+            host_network: spec.and_then(|s| s.host_network).unwrap_or(false),
+            service_account: spec
+                .and_then(|s| s.service_account_name.clone())
+                .filter(|sa| !sa.is_empty())
+                .unwrap_or_else(|| "default".to_owned()),
+            node_name: spec.and_then(|s| s.node_name.clone()).unwrap_or_default(),
             phase,
             ips,
         })
@@ -183,14 +129,15 @@ impl Pod {
 }
 
 impl Namespace {
-    /// Parses a Namespace object.
-    pub fn from_value(v: serde_json::Value) -> Result<Namespace, ModelError> {
-        let raw: RawNamespace =
-            serde_json::from_value(v).map_err(|source| ModelError::Decode { kind: "Namespace", source })?;
-        if raw.metadata.name.is_empty() {
-            return Err(ModelError::Missing { kind: "Namespace", field: "metadata.name" });
+    /// The agent's view of a Namespace object.
+    pub fn from_k8s(ns: &k8s::Namespace) -> Result<Namespace, ModelError> {
+        match ns.metadata.name.as_deref() {
+            Some(name) if !name.is_empty() => Ok(Namespace {
+                name: name.to_owned(),
+                labels: ns.metadata.labels.clone().unwrap_or_default(),
+            }),
+            _ => Err(ModelError::Missing { kind: "Namespace", field: "metadata.name" }),
         }
-        Ok(Namespace { name: raw.metadata.name, labels: raw.metadata.labels })
     }
 }
 
@@ -199,38 +146,48 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn k8s_pod(v: serde_json::Value) -> k8s::Pod {
+        serde_json::from_value(v).expect("a Pod object")
+    }
+
     #[test]
-    fn parses_a_pod() {
-        let p = Pod::from_value(json!({
+    fn converts_a_pod() {
+        let p = Pod::from_k8s(&k8s_pod(json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"uid": "u-1", "name": "web-0", "namespace": "demo", "generateName": "web-",
                          "labels": {"app": "web"}, "annotations": {"a": "b"}},
-            "spec": {"serviceAccountName": "web", "nodeName": "n1", "containers": []},
+            "spec": {"serviceAccountName": "web", "nodeName": "n1", "hostNetwork": true, "containers": []},
             "status": {"phase": "Running", "podIP": "10.0.0.5",
                        "podIPs": [{"ip": "10.0.0.5"}, {"ip": "fd00::5"}, {"ip": "garbage"}]}
-        }))
+        })))
         .expect("valid pod");
         assert_eq!(p.uid, "u-1");
         assert_eq!(p.generate_name, "web-");
         assert_eq!(p.service_account, "web");
+        assert_eq!(p.node_name, "n1");
         assert_eq!(p.phase, Phase::Running);
-        assert_eq!(p.ips.len(), 2);
-        assert!(!p.host_network);
+        assert_eq!(p.ips.len(), 2, "unparsable entries dropped");
+        assert!(p.host_network);
+        assert_eq!(p.annotations.get("a").map(String::as_str), Some("b"));
     }
 
     #[test]
     fn defaults_and_errors() {
-        let p = Pod::from_value(json!({"metadata": {"uid": "u", "name": "n", "namespace": "ns"},
-            "status": {"podIP": "10.1.1.1"}}))
+        let p = Pod::from_k8s(&k8s_pod(json!({"metadata": {"uid": "u", "name": "n", "namespace": "ns"},
+            "status": {"podIP": "10.1.1.1"}})))
         .expect("minimal pod");
         assert_eq!(p.service_account, "default");
         assert_eq!(p.phase, Phase::Pending);
         assert_eq!(p.ips, vec!["10.1.1.1".parse::<IpAddr>().expect("ip")]);
-        assert!(matches!(
-            Pod::from_value(json!({"metadata": {"name": "n", "namespace": "ns"}})),
-            Err(ModelError::Missing { field: "metadata.uid", .. })
-        ));
-        assert!(Pod::from_value(json!("nope")).is_err());
-        assert!(Namespace::from_value(json!({"metadata": {}})).is_err());
+        assert_eq!(
+            Pod::from_k8s(&k8s_pod(json!({"metadata": {"name": "n", "namespace": "ns"}}))),
+            Err(ModelError::Missing { kind: "Pod", field: "metadata.uid" })
+        );
+        let ns: k8s::Namespace =
+            serde_json::from_value(json!({"metadata": {"labels": {"a": "b"}}})).expect("ns");
+        assert_eq!(
+            Namespace::from_k8s(&ns),
+            Err(ModelError::Missing { kind: "Namespace", field: "metadata.name" })
+        );
     }
 }

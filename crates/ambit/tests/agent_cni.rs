@@ -306,6 +306,64 @@ fn enrolling_and_releasing_a_running_pod() {
     }
 }
 
+/// The capture-state entries (name, uid, value) of `<dir>/node.json`, empty while absent.
+fn capture_entries(dir: &Path) -> Vec<(String, String, String)> {
+    let Ok(bytes) = std::fs::read(dir.join(format!("{NODE}.json"))) else { return Vec::new() };
+    let v: serde_json::Value =
+        serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("capture state: {e}"));
+    assert_eq!(v["node"], NODE);
+    v["pods"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            let f = |k: &str| p[k].as_str().unwrap_or_default().to_owned();
+            (f("name"), f("uid"), f("redirection"))
+        })
+        .collect()
+}
+
+/// Local mode (issue 10): with `--capture-state-dir` the agent writes what it would have patched
+/// onto the pod (`ambient.istio.io/redirection`) to `<dir>/<node>.json`; a broken edit of the
+/// pod's YAML keeps the pod captured and in the proxy (the file's last good version counts) and
+/// names the file and line; deleting the file removes the pod and its entry.
+#[test]
+fn local_capture_state_and_a_broken_pod_file() {
+    if !require_root() {
+        return;
+    }
+    let _serial = serial();
+    let state = tempfile::tempdir().expect("tempdir");
+    let mut w = World::new("50ms");
+    w.write_namespace("demo", true);
+    let mut p = w.new_pod("demo", "web");
+    w.start_agent_with(&["--capture-state-dir", state.path().to_str().unwrap_or_default()]);
+    w.start_proxy();
+    w.add_ok(&mut p);
+    w.wait_proxy_state(&p.uid, Some("Up"), "after the ADD");
+    let enabled = vec![("web".to_owned(), p.uid.clone(), "enabled".to_owned())];
+    let written = wait_for(|| capture_entries(state.path()) == enabled, Duration::from_secs(5));
+    assert!(written, "capture state {:?}:\n{}", capture_entries(state.path()), w.agent_logs());
+
+    let file = w.pod_file(&p);
+    write_atomic(&file, "apiVersion: v1\nkind: Pod\nmetadata: [unclosed\n");
+    let reported = wait_for(
+        || plain(&w.agent_logs()).contains(&format!("error={}:3:", file.display())),
+        Duration::from_secs(5),
+    );
+    assert!(reported, "the broken file is not reported with its line:\n{}", w.agent_logs());
+    std::thread::sleep(Duration::from_millis(500)); // ten polls
+    assert!(fully_captured(&p.netns), "a broken edit released the pod:\n{}", capture_state(&p.netns));
+    w.wait_proxy_state(&p.uid, Some("Up"), "after the broken edit");
+    assert_eq!(capture_entries(state.path()), enabled);
+
+    w.remove_pod(&p);
+    w.wait_proxy_state(&p.uid, None, "after deleting the pod file");
+    let gone = wait_for(|| capture_entries(state.path()).is_empty(), Duration::from_secs(5));
+    assert!(gone, "capture state {:?} after the pod was deleted", capture_entries(state.path()));
+    w.rt.del(&p).unwrap_or_else(|e| panic!("DEL: {e}"));
+}
+
 /// Number of "connected to the node agent" lines in the proxy log (one per ZDS connection).
 fn proxy_connections(w: &World) -> usize {
     w.proxy_logs().matches("connected to the node agent (ZDS)").count()

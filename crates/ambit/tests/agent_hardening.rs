@@ -1,6 +1,6 @@
 //! End-to-end tests of the node agent's and the plugin's failure handling (issue 8, points
 //! 10–14): the real `ambit agent` and `ambit-cni` processes, pods created through a CNI chain,
-//! and — for the Kubernetes source — a scripted API server (`ambit_agent::kube::testing`)
+//! and — for the Kubernetes source — a scripted API server (`ambit_objects::testing`)
 //! speaking real HTTP list/watch/patch, reached through a kubeconfig file.
 //!
 //! Every test builds its own node network namespace, so the agent's health (8000) and metrics
@@ -17,7 +17,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use ambit_agent::kube::testing::ScriptedApi;
+use ambit_objects::testing::ScriptedApi;
 use common::*;
 use mesh::*;
 use serde_json::{Value, json};
@@ -286,7 +286,7 @@ fn kube_health_is_served_before_the_initial_list() {
         node_http_get(b.node(), HEALTH, "/readyz").expect("readyz"),
         (
             503,
-            "not ready: waiting for the initial list of pods and namespaces from the Kubernetes API server\n"
+            "not ready: waiting for the initial list of namespaces and pods from the Kubernetes API server\n"
                 .to_owned()
         )
     );

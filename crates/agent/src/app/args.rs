@@ -16,6 +16,12 @@ pub struct AgentArgs {
     /// KUBECONFIG) is watched, and NODE_NAME is required.
     #[arg(long, env = "AMBIT_SOURCE_DIR")]
     pub source_dir: Option<PathBuf>,
+    /// Local mode: write each pod's `ambient.istio.io/redirection` value (what the agent patches
+    /// onto the pod in Kubernetes) to `<dir>/<NODE_NAME>.json`, atomically, for the control
+    /// plane's file source to lay over the pods it reads. The pods' YAML files are never
+    /// rewritten. Requires --source-dir and NODE_NAME.
+    #[arg(long, env = "AMBIT_CAPTURE_STATE_DIR")]
+    pub capture_state_dir: Option<PathBuf>,
     /// How often the source folder is checked for changes.
     #[arg(long, env = "AMBIT_SOURCE_POLL", default_value = "250ms", value_parser = parse_duration)]
     pub source_poll: Duration,
@@ -156,6 +162,28 @@ impl AgentArgs {
     }
 }
 
+impl AgentArgs {
+    /// The capture-state folder and node name, when local mode writes capture state.
+    pub fn capture_state(&self) -> Result<Option<(&std::path::Path, &str)>, String> {
+        let Some(dir) = &self.capture_state_dir else { return Ok(None) };
+        if self.source_dir.is_none() {
+            return Err(
+                "AMBIT_CAPTURE_STATE_DIR (--capture-state-dir) is for local mode (--source-dir); with the \
+                 Kubernetes source the agent writes the annotation onto the pod"
+                    .to_owned(),
+            );
+        }
+        match self.node_name.as_deref().map(str::trim) {
+            Some(n) if !n.is_empty() => Ok(Some((dir.as_path(), n))),
+            _ => Err(
+                "AMBIT_CAPTURE_STATE_DIR (--capture-state-dir) needs NODE_NAME (--node-name): the state is \
+                 written to <dir>/<NODE_NAME>.json"
+                    .to_owned(),
+            ),
+        }
+    }
+}
+
 /// `250ms`, `2s` or `1m`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
@@ -207,6 +235,18 @@ mod tests {
             );
         }
         assert_eq!(args(&["--node-name", "n1"]).required_node_name(), Ok("n1"));
+    }
+
+    #[test]
+    fn capture_state_needs_local_mode_and_a_node_name() {
+        assert_eq!(args(&[]).capture_state(), Ok(None));
+        let e = args(&["--capture-state-dir", "/s"]).capture_state().expect_err("no source dir");
+        assert!(e.starts_with("AMBIT_CAPTURE_STATE_DIR (--capture-state-dir) is for local mode"), "{e}");
+        let e =
+            args(&["--capture-state-dir", "/s", "--source-dir", "/o"]).capture_state().expect_err("no node");
+        assert!(e.ends_with("the state is written to <dir>/<NODE_NAME>.json"), "{e}");
+        let a = args(&["--capture-state-dir", "/s", "--source-dir", "/o", "--node-name", "n1"]);
+        assert_eq!(a.capture_state(), Ok(Some((std::path::Path::new("/s"), "n1"))));
     }
 
     #[test]

@@ -13,21 +13,24 @@ use super::AgentError;
 use super::metrics::AgentMetrics;
 use crate::annotate::Annotations;
 use crate::install::Installer;
-use crate::kube::{KubeSource, KubeSourceError};
+use crate::kube::KubeSourceError;
 use crate::mesh::Mesh;
-use crate::source::{FileSource, Inventory};
+use crate::model::{Namespace, Pod};
+use ambit_objects::file::FileSource;
+use ambit_objects::kube::KubeSource;
+use ambit_objects::{Change, Kind, Object};
 
 /// Where pods and namespaces come from.
 pub enum Source {
     /// A folder of YAML objects (local mode).
-    Files(FileSource),
+    Files(Box<FileSource>),
     /// The Kubernetes API.
     Kube(KubeSource),
 }
 
 impl Source {
-    /// The current inventory when something changed.
-    pub fn poll(&mut self) -> Option<Inventory> {
+    /// The changes since the last call.
+    pub fn poll(&mut self) -> Vec<Change> {
         match self {
             Source::Files(f) => f.poll(),
             Source::Kube(k) => k.poll(),
@@ -40,6 +43,54 @@ impl Source {
             Source::Files(_) => std::future::pending().await,
             Source::Kube(k) => k.failed().await,
         }
+    }
+}
+
+/// Applies the source's changes to the mesh core; the uids of the pods to reconcile. A pod
+/// whose uid changed under the same name (recreated) replaces the old one, which is removed, and
+/// so is a pod that no longer converts (no uid).
+pub async fn apply(mesh: &Mesh, changes: Vec<Change>) -> HashSet<String> {
+    let mut dirty = HashSet::new();
+    for change in changes {
+        match change {
+            Change::Upsert(Object::Namespace(ns)) => match Namespace::from_k8s(&ns) {
+                Ok(ns) => dirty.extend(mesh.upsert_namespace(ns)),
+                Err(e) => tracing::warn!(error = %e, "namespace skipped"),
+            },
+            Change::Upsert(Object::Pod(p)) => {
+                let m = &p.metadata;
+                let (namespace, name) =
+                    (m.namespace.as_deref().unwrap_or_default(), m.name.as_deref().unwrap_or_default());
+                let pod = Pod::from_k8s(&p);
+                let uid = pod.as_ref().ok().map(|p| p.uid.as_str());
+                if let Some(old) = mesh.uid_of(namespace, name).filter(|old| Some(old.as_str()) != uid) {
+                    remove(mesh, &old).await;
+                }
+                match pod {
+                    Ok(pod) => {
+                        let uid = pod.uid.clone();
+                        if mesh.upsert_pod(pod) {
+                            dirty.insert(uid);
+                        }
+                    }
+                    Err(e) => tracing::warn!(pod = %format!("{namespace}/{name}"), error = %e, "pod skipped"),
+                }
+            }
+            Change::Delete(key) if key.kind == Kind::Pod => {
+                if let Some(uid) = mesh.uid_of(&key.namespace, &key.name) {
+                    remove(mesh, &uid).await;
+                }
+            }
+            // A deleted namespace's pods are deleted on their own.
+            other => tracing::debug!(object = %other.key(), "change not used by the agent"),
+        }
+    }
+    dirty
+}
+
+async fn remove(mesh: &Mesh, uid: &str) {
+    if let Err(e) = mesh.delete_pod(uid).await {
+        tracing::warn!(%uid, error = %e, "removing a deleted pod failed");
     }
 }
 
@@ -152,22 +203,9 @@ impl Follower {
                 dirty.extend(self.mesh.enrolled());
                 next_verify = tokio::time::Instant::now() + self.verify_interval;
             }
-            if let Some(inv) = self.source.poll() {
-                let current: HashSet<String> = inv.pods.keys().cloned().collect();
-                for uid in self.mesh.missing(&current) {
-                    if let Err(e) = self.mesh.delete_pod(&uid).await {
-                        tracing::warn!(%uid, error = %e, "removing a deleted pod failed");
-                    }
-                }
-                for ns in inv.namespaces.into_values() {
-                    dirty.extend(self.mesh.upsert_namespace(ns));
-                }
-                for pod in inv.pods.into_values() {
-                    let uid = pod.uid.clone();
-                    if self.mesh.upsert_pod(pod) {
-                        dirty.insert(uid);
-                    }
-                }
+            let changes = self.source.poll();
+            if !changes.is_empty() {
+                dirty.extend(apply(&self.mesh, changes).await);
                 if let Some(plugin) = &mut self.plugin {
                     plugin.update(self.mesh.system_pods());
                 }

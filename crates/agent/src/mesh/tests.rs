@@ -359,3 +359,42 @@ async fn enrollment_cache_marks_namespaces_where_pods_may_be_enrolled() {
     // A sibling of the labelled pod created while the agent is down must not start uncaptured.
     assert!(cache.namespaces["mixed"], "a pod selected by its own label");
 }
+
+fn k8s_pod(uid: Option<&str>, name: &str) -> ambit_objects::Object {
+    let pod: ambit_objects::Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "namespace": "demo", "uid": uid},
+        "spec": {"serviceAccountName": "sa", "containers": []},
+        "status": {"phase": "Running", "podIP": "10.0.0.9"}
+    }))
+    .expect("pod");
+    pod.into()
+}
+
+/// The main loop's changes: a pod recreated under its name (new uid) replaces the enrolled one,
+/// which leaves the proxy; a pod that stops converting (no uid) is removed too; a Delete removes.
+#[tokio::test]
+async fn source_changes_replace_recreated_pods_and_remove_deleted_ones() {
+    use crate::app::reconcile::apply;
+    use ambit_objects::{Change, Kind, ObjectKey};
+    let s = setup().await;
+    let seen = fake_proxy(&s.path, None).await;
+    s.mesh.upsert_namespace(ns("demo", true));
+    let dirty = apply(&s.mesh, vec![Change::Upsert(k8s_pod(Some("u1"), "web"))]).await;
+    assert_eq!(dirty, HashSet::from(["u1".to_owned()]));
+    assert_eq!(s.mesh.cni_add(&s.event("web", "demo")).await.expect("add"), AddOutcome::Enrolled);
+    assert_eq!(s.mesh.enrolled(), HashSet::from(["u1".to_owned()]));
+
+    let dirty = apply(&s.mesh, vec![Change::Upsert(k8s_pod(Some("u2"), "web"))]).await;
+    assert_eq!(dirty, HashSet::from(["u2".to_owned()]));
+    assert_eq!(s.mesh.uid_of("demo", "web").as_deref(), Some("u2"));
+    assert!(s.mesh.enrolled().is_empty(), "the old uid left the mesh");
+    until("del u1 sent", || seen.lock().expect("lock").iter().any(|l| l == "del u1")).await;
+    assert_eq!(s.mesh.pods(), ["u2"]);
+
+    apply(&s.mesh, vec![Change::Upsert(k8s_pod(None, "web"))]).await;
+    assert!(s.mesh.pods().is_empty(), "a pod without uid replaces nothing and is not kept");
+
+    apply(&s.mesh, vec![Change::Upsert(k8s_pod(Some("u3"), "db"))]).await;
+    apply(&s.mesh, vec![Change::Delete(ObjectKey::new(Kind::Pod, "demo", "db"))]).await;
+    assert!(s.mesh.pods().is_empty());
+}

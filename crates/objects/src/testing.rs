@@ -1,13 +1,17 @@
 //! A scripted Kubernetes API server for tests: plain HTTP/1.1 on a TCP socket, speaking the real
-//! list and watch protocol for pods and namespaces (resourceVersions, `ADDED`/`MODIFIED`/
-//! `DELETED` events, `BOOKMARK`s, `410 Gone` that forces a relist) and the `pods/status` merge
-//! patch, so the agent's Kubernetes source is driven through the real `kube::Client` and a
-//! kubeconfig file rather than mocks. The test scripts it: objects come and go, watches expire,
-//! lists are held back, a resource and verb can be forbidden (403).
+//! list and watch protocol for any kind (resourceVersions, `ADDED`/`MODIFIED`/`DELETED` events,
+//! `BOOKMARK`s, `410 Gone` that forces a relist), the `pods/status` merge patch and
+//! `TokenReview`s, so the sources (and the agent, and the CA's authenticator) are driven through
+//! the real `kube::Client` and a kubeconfig file rather than mocks. The test scripts it: objects
+//! come and go, watches expire, lists are held back, a resource and verb can be forbidden (403)
+//! or a resource not served at all (404: its CRD is not installed), tokens are known or not.
 //!
-//! Only what the agent uses is implemented: `GET /api/v1/pods` and `GET /api/v1/namespaces`
-//! (list, or watch with `watch=true`; `fieldSelector=spec.nodeName=…` on pods), and `PATCH
-//! /api/v1/namespaces/{ns}/pods/{name}/status`. Everything else answers 404.
+//! Served: `GET /api/v1/<resource>` and `GET /apis/<group>/<version>/<resource>` (list, or watch
+//! with `watch=true`; `fieldSelector=spec.nodeName=…` is honoured), `PATCH
+//! /api/v1/namespaces/{ns}/pods/{name}/status` (JSON merge patch) and `POST
+//! /apis/authentication.k8s.io/v1/tokenreviews`. Everything else answers 404. Resources are named
+//! as RBAC names them: `pods`, `authorizationpolicies.security.istio.io`
+//! ([`crate::kube::resource`]).
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -25,6 +29,8 @@ use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tokio::sync::{broadcast, mpsc, watch};
 
+use crate::Kind;
+
 /// One request the server received.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Seen {
@@ -34,13 +40,16 @@ pub struct Seen {
     pub path: String,
     /// The decoded query parameters.
     pub query: BTreeMap<String, String>,
+    /// The JSON body of a TokenReview.
+    pub body: Option<Value>,
 }
 
 impl Seen {
-    /// `list`, `watch` or `patch`, as RBAC names the verb.
+    /// `list`, `watch`, `patch` or `create`, as RBAC names the verb.
     pub fn verb(&self) -> &'static str {
         match self.method.as_str() {
             "PATCH" => "patch",
+            "POST" => "create",
             _ if self.query.get("watch").is_some_and(|w| w == "true" || w == "1") => "watch",
             _ => "list",
         }
@@ -55,9 +64,10 @@ pub struct ScriptedApi {
     _stop: tokio::sync::oneshot::Sender<()>,
 }
 
-/// A watched resource (`pods` or `namespaces`).
+/// One resource's objects and history.
 struct Resource {
-    kind: &'static str,
+    kind: String,
+    api_version: String,
     objects: BTreeMap<String, Value>,
     /// `(resourceVersion, event type, object)`, every change in order.
     log: Vec<(u64, &'static str, Value)>,
@@ -75,10 +85,28 @@ enum Live {
 
 struct State {
     rv: u64,
-    pods: Resource,
-    namespaces: Resource,
+    resources: BTreeMap<String, Resource>,
     forbidden: Vec<(String, String)>,
+    unserved: Vec<String>,
+    tokens: BTreeMap<String, TokenIdentity>,
+    user: String,
     seen: Vec<Seen>,
+}
+
+/// Who a scripted token authenticates as, and for which audiences.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TokenIdentity {
+    /// `system:serviceaccount:<ns>:<name>`.
+    pub username: String,
+    /// The user's uid.
+    pub uid: String,
+    /// Groups.
+    pub groups: Vec<String>,
+    /// The token's audiences; a review asking for others is refused, as the API server does.
+    pub audiences: Vec<String>,
+    /// `extra` (the pod name and uid a bound token carries, e.g.
+    /// `authentication.kubernetes.io/pod-name`).
+    pub extra: BTreeMap<String, Vec<String>>,
 }
 
 type Body = UnsyncBoxBody<Bytes, Infallible>;
@@ -99,9 +127,11 @@ impl ScriptedApi {
             tokio::net::TcpListener::from_std(listener).unwrap_or_else(|e| panic!("listener: {e}"));
         let state = Arc::new(Mutex::new(State {
             rv: 100,
-            pods: Resource::new("Pod"),
-            namespaces: Resource::new("Namespace"),
+            resources: BTreeMap::new(),
             forbidden: Vec::new(),
+            unserved: Vec::new(),
+            tokens: BTreeMap::new(),
+            user: "system:serviceaccount:ambit-system:ambit-agent".to_owned(),
             seen: Vec::new(),
         }));
         let (release_lists, lists_released) = watch::channel(true);
@@ -156,33 +186,80 @@ impl ScriptedApi {
         kube::Client::try_from(cfg).unwrap_or_else(|e| panic!("kube client: {e}"))
     }
 
+    /// Creates or replaces an object of any kind Ambit reads (an `ADDED` or `MODIFIED` event);
+    /// its `metadata.resourceVersion` is set here.
+    pub fn put(&self, object: Value) {
+        let (resource, key) = locate(&object);
+        self.lock().put(&resource, key, object);
+    }
+
+    /// Deletes an object with a `DELETED` event.
+    pub fn delete(&self, kind: Kind, namespace: &str, name: &str) {
+        self.lock().delete(&crate::kube::resource(kind), &key(namespace, name), true);
+    }
+
+    /// Deletes an object without any event, as if the event was lost while no watch was open:
+    /// only a relist shows it gone.
+    pub fn delete_silently(&self, kind: Kind, namespace: &str, name: &str) {
+        self.lock().delete(&crate::kube::resource(kind), &key(namespace, name), false);
+    }
+
+    /// The stored object.
+    pub fn object(&self, kind: Kind, namespace: &str, name: &str) -> Option<Value> {
+        let mut st = self.lock();
+        st.resource(&crate::kube::resource(kind)).objects.get(&key(namespace, name)).cloned()
+    }
+
     /// Creates or replaces a namespace (an `ADDED` or `MODIFIED` event).
     pub fn put_namespace(&self, name: &str, labels: &[(&str, &str)]) {
         let labels: BTreeMap<&str, &str> = labels.iter().copied().collect();
-        let obj = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "uid": format!("ns-{name}"), "labels": labels}});
-        self.lock().put(true, name.to_owned(), obj);
+        self.put(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "uid": format!("ns-{name}"), "labels": labels}}));
     }
 
-    /// Creates or replaces a pod (an `ADDED` or `MODIFIED` event). `pod` is the object; its
-    /// `metadata.resourceVersion` is set here.
+    /// Creates or replaces a pod (an `ADDED` or `MODIFIED` event).
     pub fn put_pod(&self, pod: Value) {
-        let key = format!(
-            "{}/{}",
-            pod["metadata"]["namespace"].as_str().unwrap_or_default(),
-            pod["metadata"]["name"].as_str().unwrap_or_default()
-        );
-        self.lock().put(false, key, pod);
+        self.put(pod);
     }
 
     /// Deletes a pod with a `DELETED` event.
     pub fn delete_pod(&self, namespace: &str, name: &str) {
-        self.lock().delete(&format!("{namespace}/{name}"), true);
+        self.delete(Kind::Pod, namespace, name);
     }
 
-    /// Deletes a pod without any event, as if the event was lost while no watch was open: only
-    /// a relist shows it gone.
+    /// Deletes a pod without any event (see [`ScriptedApi::delete_silently`]).
     pub fn delete_pod_silently(&self, namespace: &str, name: &str) {
-        self.lock().delete(&format!("{namespace}/{name}"), false);
+        self.delete_silently(Kind::Pod, namespace, name);
+    }
+
+    /// The stored pod object.
+    pub fn pod(&self, namespace: &str, name: &str) -> Option<Value> {
+        self.object(Kind::Pod, namespace, name)
+    }
+
+    /// Makes `token` authenticate as `identity` in TokenReviews.
+    pub fn add_token(&self, token: &str, identity: TokenIdentity) {
+        self.lock().tokens.insert(token.to_owned(), identity);
+    }
+
+    /// Makes `token` unknown again.
+    pub fn revoke_token(&self, token: &str) {
+        self.lock().tokens.remove(token);
+    }
+
+    /// The user named in 403 messages (default: the agent's service account).
+    pub fn set_user(&self, user: &str) {
+        self.lock().user = user.to_owned();
+    }
+
+    /// Answers `404` to every request on `resource` (its CRD is not installed) until
+    /// [`ScriptedApi::serve`].
+    pub fn unserve(&self, resource: &str) {
+        self.lock().unserved.push(resource.to_owned());
+    }
+
+    /// Serves `resource` again.
+    pub fn serve(&self, resource: &str) {
+        self.lock().unserved.retain(|r| r != resource);
     }
 
     /// Sends a `BOOKMARK` with the current resourceVersion to the open watches of `resource`.
@@ -204,8 +281,9 @@ impl ScriptedApi {
         let _ = r.live.send(Live::Expire);
     }
 
-    /// Answers `403 Forbidden` to `verb` (`list`, `watch`, `patch`) on `resource` (`pods`,
-    /// `namespaces`, `pods/status`) from now on.
+    /// Answers `403 Forbidden` to `verb` (`list`, `watch`, `patch`, `create`) on `resource`
+    /// (`pods`, `namespaces`, `pods/status`, `tokenreviews`, `gateways.gateway.networking.k8s.io`)
+    /// from now on.
     pub fn forbid(&self, resource: &str, verb: &str) {
         self.lock().forbidden.push((resource.to_owned(), verb.to_owned()));
     }
@@ -230,20 +308,21 @@ impl ScriptedApi {
         self.lock().seen.iter().filter(|s| s.verb() == verb && s.path == path).count()
     }
 
-    /// The stored pod object.
-    pub fn pod(&self, namespace: &str, name: &str) -> Option<Value> {
-        self.lock().pods.objects.get(&format!("{namespace}/{name}")).cloned()
-    }
-
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
 impl Resource {
-    fn new(kind: &'static str) -> Resource {
+    fn new(resource: &str) -> Resource {
+        let (kind, api_version) = Kind::ALL
+            .iter()
+            .find(|k| crate::kube::resource(**k) == resource)
+            .map(|k| (k.name().to_owned(), k.api_version().to_owned()))
+            .unwrap_or_else(|| ("Unknown".to_owned(), "v1".to_owned()));
         Resource {
             kind,
+            api_version,
             objects: BTreeMap::new(),
             log: Vec::new(),
             compacted: 0,
@@ -259,32 +338,66 @@ impl Resource {
 
 impl State {
     fn resource(&mut self, name: &str) -> &mut Resource {
-        if name == "namespaces" { &mut self.namespaces } else { &mut self.pods }
+        self.resources.entry(name.to_owned()).or_insert_with(|| Resource::new(name))
     }
 
-    fn put(&mut self, namespace: bool, key: String, mut obj: Value) {
+    fn put(&mut self, resource: &str, key: String, mut obj: Value) {
         self.rv += 1;
         let rv = self.rv;
         obj["metadata"]["resourceVersion"] = Value::String(rv.to_string());
-        let r = if namespace { &mut self.namespaces } else { &mut self.pods };
+        let r = self.resource(resource);
         let kind = if r.objects.insert(key, obj.clone()).is_some() { "MODIFIED" } else { "ADDED" };
         r.record(rv, kind, obj);
     }
 
-    fn delete(&mut self, key: &str, announce: bool) {
+    fn delete(&mut self, resource: &str, key: &str, announce: bool) {
         self.rv += 1;
         let rv = self.rv;
-        if let Some(mut obj) = self.pods.objects.remove(key)
+        let r = self.resource(resource);
+        if let Some(mut obj) = r.objects.remove(key)
             && announce
         {
             obj["metadata"]["resourceVersion"] = Value::String(rv.to_string());
-            self.pods.record(rv, "DELETED", obj);
+            r.record(rv, "DELETED", obj);
         }
     }
 
     fn forbidden(&self, resource: &str, verb: &str) -> bool {
         self.forbidden.iter().any(|(r, v)| r == resource && v == verb)
     }
+}
+
+/// `namespace/name`, or `name` for cluster-scoped objects.
+fn key(namespace: &str, name: &str) -> String {
+    if namespace.is_empty() { name.to_owned() } else { format!("{namespace}/{name}") }
+}
+
+/// The resource and key of an object given by a test.
+fn locate(object: &Value) -> (String, String) {
+    let (api_version, kind) =
+        (object["apiVersion"].as_str().unwrap_or_default(), object["kind"].as_str().unwrap_or_default());
+    let Some(k) = Kind::of(api_version, kind) else {
+        panic!("the scripted API server does not serve {kind} of {api_version}")
+    };
+    let m = &object["metadata"];
+    (
+        crate::kube::resource(k),
+        key(m["namespace"].as_str().unwrap_or_default(), m["name"].as_str().unwrap_or_default()),
+    )
+}
+
+/// The resource a list/watch path names: `/api/v1/pods`, `/apis/<group>/<version>/<plural>`.
+fn path_resource(segments: &[&str]) -> Option<String> {
+    match segments {
+        ["api", "v1", plural] => Some((*plural).to_owned()),
+        ["apis", group, _version, plural] => Some(format!("{plural}.{group}")),
+        _ => None,
+    }
+}
+
+/// What a 403 names: the plural and the group of a resource.
+fn plural_and_group(resource: &str) -> (&str, &str) {
+    resource.split_once('.').unwrap_or((resource, ""))
 }
 
 async fn handle(
@@ -296,20 +409,80 @@ async fn handle(
         method: req.method().to_string(),
         path: req.uri().path().to_owned(),
         query: req.uri().query().map(parse_query).unwrap_or_default(),
+        body: None,
     };
     let lock = |s: &Arc<Mutex<State>>| s.lock().unwrap_or_else(|p| p.into_inner()).seen.push(seen.clone());
     lock(&state);
     let segments: Vec<&str> = seen.path.trim_matches('/').split('/').collect();
+    let user = state.lock().unwrap_or_else(|p| p.into_inner()).user.clone();
     match (req.method(), segments.as_slice()) {
-        (&Method::GET, ["api", "v1", resource @ ("pods" | "namespaces")]) => {
-            let resource = if *resource == "pods" { "pods" } else { "namespaces" };
-            let verb = seen.verb();
-            if state.lock().unwrap_or_else(|p| p.into_inner()).forbidden(resource, verb) {
+        (&Method::POST, ["apis", "authentication.k8s.io", "v1", "tokenreviews"]) => {
+            if state.lock().unwrap_or_else(|p| p.into_inner()).forbidden("tokenreviews", "create") {
                 return status(
                     403,
                     "Forbidden",
                     &format!(
-                        "{resource} is forbidden: User \"system:serviceaccount:ambit-system:ambit-agent\" cannot {verb} resource \"{resource}\" in API group \"\" at the cluster scope"
+                        "tokenreviews.authentication.k8s.io is forbidden: User \"{user}\" cannot create resource \"tokenreviews\" in API group \"authentication.k8s.io\" at the cluster scope"
+                    ),
+                );
+            }
+            let body = match req.into_body().collect().await {
+                Ok(b) => b.to_bytes(),
+                Err(_) => return status(400, "BadRequest", "unreadable body"),
+            };
+            let Ok(review) = serde_json::from_slice::<Value>(&body) else {
+                return status(400, "BadRequest", "the TokenReview is not JSON");
+            };
+            if let Some(s) = state.lock().unwrap_or_else(|p| p.into_inner()).seen.last_mut() {
+                s.body = Some(review.clone());
+            }
+            let token = review["spec"]["token"].as_str().unwrap_or_default();
+            let wanted: Vec<String> = review["spec"]["audiences"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+                .unwrap_or_default();
+            let identity = state.lock().unwrap_or_else(|p| p.into_inner()).tokens.get(token).cloned();
+            let review_status = match identity {
+                None => {
+                    json!({"authenticated": false, "error": "[invalid bearer token, token lookup failed]"})
+                }
+                Some(id) => {
+                    let common: Vec<&String> = if wanted.is_empty() {
+                        id.audiences.iter().collect()
+                    } else {
+                        wanted.iter().filter(|a| id.audiences.contains(a)).collect()
+                    };
+                    if !wanted.is_empty() && common.is_empty() {
+                        json!({"authenticated": false, "error": format!(
+                            "[invalid bearer token, token audiences {:?} is invalid for the target audiences {:?}]",
+                            id.audiences, wanted)})
+                    } else {
+                        json!({"authenticated": true, "audiences": common, "user": {
+                            "username": id.username, "uid": id.uid, "groups": id.groups, "extra": id.extra}})
+                    }
+                }
+            };
+            let mut answer = review;
+            answer["status"] = review_status;
+            json_response(201, &answer)
+        }
+        (&Method::GET, segments) if path_resource(segments).is_some() => {
+            let resource = path_resource(segments).unwrap_or_default();
+            let verb = seen.verb();
+            let (forbidden, unserved) = {
+                let st = state.lock().unwrap_or_else(|p| p.into_inner());
+                (st.forbidden(&resource, verb), st.unserved.contains(&resource))
+            };
+            if unserved {
+                return status(404, "NotFound", "the server could not find the requested resource");
+            }
+            if forbidden {
+                let (plural, group) = plural_and_group(&resource);
+                return status(
+                    403,
+                    "Forbidden",
+                    &format!(
+                        "{resource} is forbidden: User \"{user}\" cannot {verb} resource \"{plural}\" in API group \"{group}\" at the cluster scope"
                     ),
                 );
             }
@@ -320,11 +493,11 @@ async fn handle(
                 .map(str::to_owned);
             if verb == "watch" {
                 let from = seen.query.get("resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(0);
-                watch_response(&state, resource, from, node)
+                watch_response(&state, &resource, from, node)
             } else {
                 let mut released = released;
                 let _ = released.wait_for(|r| *r).await;
-                list_response(&state, resource, node.as_deref())
+                list_response(&state, &resource, node.as_deref())
             }
         }
         (&Method::PATCH, ["api", "v1", "namespaces", ns, "pods", name, "status"]) => {
@@ -333,7 +506,7 @@ async fn handle(
                     403,
                     "Forbidden",
                     &format!(
-                        "pods \"{name}\" is forbidden: User \"system:serviceaccount:ambit-system:ambit-agent\" cannot patch resource \"pods/status\" in API group \"\" in the namespace \"{ns}\""
+                        "pods \"{name}\" is forbidden: User \"{user}\" cannot patch resource \"pods/status\" in API group \"\" in the namespace \"{ns}\""
                     ),
                 );
             }
@@ -346,12 +519,12 @@ async fn handle(
                 return status(400, "BadRequest", "the patch is not JSON");
             };
             let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
-            let Some(mut pod) = st.pods.objects.get(&key).cloned() else {
+            let Some(mut pod) = st.resource("pods").objects.get(&key).cloned() else {
                 return status(404, "NotFound", &format!("pods \"{name}\" not found"));
             };
             merge(&mut pod, &patch);
-            st.put(false, key.clone(), pod);
-            let pod = st.pods.objects.get(&key).cloned().unwrap_or_default();
+            st.put("pods", key.clone(), pod);
+            let pod = st.resource("pods").objects.get(&key).cloned().unwrap_or_default();
             json_response(200, &pod)
         }
         _ => status(404, "NotFound", "the server could not find the requested resource"),
@@ -364,7 +537,7 @@ fn list_response(state: &Arc<Mutex<State>>, resource: &str, node: Option<&str>) 
     let r = st.resource(resource);
     let items: Vec<&Value> = r.objects.values().filter(|o| on_node(o, node)).collect();
     let list = json!({
-        "apiVersion": "v1",
+        "apiVersion": r.api_version,
         "kind": format!("{}List", r.kind),
         "metadata": {"resourceVersion": rv.to_string()},
         "items": items,
@@ -382,7 +555,7 @@ fn watch_response(
     let gone = json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "metadata": {},
         "status": "Failure", "message": format!("too old resource version: {from}"), "reason": "Expired", "code": 410}});
     let line = |v: &Value| Bytes::from(format!("{v}\n"));
-    let mut live = {
+    let (mut live, kind, api_version) = {
         let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
         let r = st.resource(resource);
         if from < r.compacted {
@@ -395,9 +568,8 @@ fn watch_response(
                 let _ = tx.send(line(&json!({"type": kind, "object": obj})));
             }
         }
-        r.live.subscribe()
+        (r.live.subscribe(), r.kind.clone(), r.api_version.clone())
     };
-    let kind = if resource == "pods" { "Pod" } else { "Namespace" };
     tokio::spawn(async move {
         loop {
             let item = match live.recv().await {
@@ -411,7 +583,7 @@ fn watch_response(
                 }
                 Live::Event(..) => Ok(()),
                 Live::Bookmark(rv) => tx.send(line(&json!({"type": "BOOKMARK", "object": {
-                    "kind": kind, "apiVersion": "v1", "metadata": {"resourceVersion": rv.to_string()}}}))),
+                    "kind": kind, "apiVersion": api_version, "metadata": {"resourceVersion": rv.to_string()}}}))),
                 Live::Expire => {
                     let _ = tx.send(line(&gone));
                     return;

@@ -1,0 +1,342 @@
+use std::path::Path;
+
+use super::*;
+
+fn write(dir: &Path, name: &str, text: &str) {
+    // Via a rename, as editors and `kubectl`-style tools do; the stamp changes with the inode.
+    let tmp = dir.join(format!(".{name}.tmp"));
+    std::fs::write(&tmp, text).expect("write");
+    std::fs::rename(&tmp, dir.join(name)).expect("rename");
+}
+
+fn pod(name: &str, node: &str, extra_label: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: demo\n  uid: uid-{name}\n  labels:\n    app: {extra_label}\n\
+         spec:\n  nodeName: {node}\n  containers:\n  - name: app\n    image: app\nstatus:\n  podIP: 10.0.0.1\n"
+    )
+}
+
+fn keys(changes: &[Change]) -> Vec<String> {
+    changes
+        .iter()
+        .map(|c| match c {
+            Change::Upsert(o) => format!("upsert {}", o.key()),
+            Change::Delete(k) => format!("delete {k}"),
+        })
+        .collect()
+}
+
+fn errors(src: &FileSource) -> Vec<String> {
+    src.errors().iter().map(ToString::to_string).collect()
+}
+
+#[test]
+fn reads_documents_lists_and_filters() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write(
+        dir.path(),
+        "mesh.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: demo\n---\n{}---\n{}---\n\
+             apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata:\n  name: vs\n  namespace: demo\n---\n\
+             apiVersion: security.istio.io/v1\nkind: PeerAuthentication\nmetadata:\n  name: strict\n  namespace: demo\n\
+             spec:\n  mtls:\n    mode: STRICT\n",
+            pod("a", "n1", "a"),
+            pod("b", "n2", "b")
+        ),
+    );
+    write(
+        dir.path(),
+        "list.yml",
+        "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Service\n  metadata:\n    name: web\n    namespace: demo\n",
+    );
+    write(dir.path(), "notes.txt", "not read");
+    write(dir.path(), ".hidden.yaml", "kind: [unclosed");
+
+    let mut all = FileSource::new(dir.path(), Filter::all());
+    assert!(!all.is_synced());
+    let got = keys(&all.poll());
+    assert_eq!(
+        got,
+        [
+            "upsert Namespace demo",
+            "upsert Pod demo/a",
+            "upsert Pod demo/b",
+            "upsert Service demo/web",
+            "upsert PeerAuthentication demo/strict"
+        ],
+        "unknown kinds (VirtualService) are skipped, List items read"
+    );
+    assert!(all.is_synced());
+    assert!(all.errors().is_empty(), "{:?}", errors(&all));
+    assert!(all.poll().is_empty(), "unchanged");
+
+    let mut agent = FileSource::new(dir.path(), Filter::kinds(&[Kind::Namespace, Kind::Pod]).pods_on("n1"));
+    assert_eq!(
+        keys(&agent.poll()),
+        ["upsert Namespace demo", "upsert Pod demo/a"],
+        "kinds and node filtered"
+    );
+}
+
+#[test]
+fn one_edited_object_among_many_is_one_upsert() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pods = |changed: &str| -> String {
+        (0..50)
+            .map(|i| pod(&format!("p{i}"), "n1", if i == 17 { changed } else { "same" }))
+            .collect::<Vec<_>>()
+            .join("---\n")
+    };
+    write(dir.path(), "pods.yaml", &pods("before"));
+    write(dir.path(), "other.yaml", &pod("q", "n1", "q"));
+    let mut src = FileSource::new(dir.path(), Filter::all());
+    assert_eq!(src.poll().len(), 51);
+    write(dir.path(), "pods.yaml", &pods("after"));
+    let changes = src.poll();
+    assert_eq!(keys(&changes), ["upsert Pod demo/p17"]);
+    let Change::Upsert(Object::Pod(p)) = &changes[0] else { panic!("a pod upsert") };
+    assert_eq!(p.metadata.labels.as_ref().and_then(|l| l.get("app")).map(String::as_str), Some("after"));
+    // Rewriting the same content changes the stamp but no object.
+    write(dir.path(), "pods.yaml", &pods("after"));
+    assert!(src.poll().is_empty());
+}
+
+#[test]
+fn deleting_a_file_deletes_its_objects() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write(dir.path(), "a.yaml", &format!("{}---\n{}", pod("a1", "n1", "x"), pod("a2", "n1", "x")));
+    write(dir.path(), "b.yaml", &pod("b", "n1", "x"));
+    let mut src = FileSource::new(dir.path(), Filter::all());
+    assert_eq!(src.poll().len(), 3);
+    std::fs::remove_file(dir.path().join("a.yaml")).expect("remove");
+    assert_eq!(keys(&src.poll()), ["delete Pod demo/a1", "delete Pod demo/a2"]);
+    assert!(src.poll().is_empty());
+}
+
+#[test]
+fn a_broken_edit_keeps_the_old_objects_and_names_file_and_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let good = format!("{}---\n{}", pod("a", "n1", "x"), pod("b", "n1", "x"));
+    write(dir.path(), "pods.yaml", &good);
+    let mut src = FileSource::new(dir.path(), Filter::all());
+    assert_eq!(src.poll().len(), 2);
+    let path = dir.path().join("pods.yaml").display().to_string();
+
+    // Not YAML: an unclosed flow sequence on line 3.
+    write(dir.path(), "pods.yaml", "apiVersion: v1\nkind: Pod\nmetadata: [unclosed\n");
+    assert!(src.poll().is_empty(), "no object of the broken file is deleted");
+    assert_eq!(errors(&src), [format!("{path}:3:11: not valid YAML: unclosed bracket '['")]);
+
+    // YAML, but the second document is a Pod that does not decode (labels must be a map);
+    // the error names that document's line.
+    let bad_doc = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: b\n  namespace: demo\n  labels: [1, 2]\n";
+    let text = format!("{}---\n{bad_doc}", pod("a", "n1", "changed"));
+    write(dir.path(), "pods.yaml", &text);
+    assert!(src.poll().is_empty(), "a file with one bad document is not applied at all");
+    let line = text.lines().position(|l| l == "---").expect("separator") + 2;
+    assert_eq!(
+        errors(&src),
+        [format!("{path}:{line}:1: not a valid Pod: invalid type: sequence, expected a map")]
+    );
+
+    // A document without apiVersion is reported, not skipped.
+    write(dir.path(), "pods.yaml", "kind: Pod\nmetadata:\n  name: a\n");
+    src.poll();
+    assert_eq!(
+        errors(&src),
+        [format!("{path}:1:1: not a Kubernetes object: the document has no apiVersion")]
+    );
+
+    // So is a List item that is not an object.
+    write(dir.path(), "pods.yaml", "apiVersion: v1\nkind: List\nitems:\n- just a string\n");
+    src.poll();
+    assert_eq!(
+        errors(&src),
+        [format!(
+            "{path}:1:1: not a Kubernetes object: a document must be a mapping with apiVersion, kind and metadata"
+        )]
+    );
+
+    // Fixed: the error goes, and only what differs from the last good version changes.
+    write(dir.path(), "pods.yaml", &format!("{}---\n{}", pod("a", "n1", "x"), pod("b", "n1", "fixed")));
+    assert_eq!(keys(&src.poll()), ["upsert Pod demo/b"]);
+    assert!(src.errors().is_empty());
+}
+
+#[test]
+fn the_same_object_in_two_files_is_an_error_and_the_first_keeps_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write(dir.path(), "b.yaml", &pod("web", "n1", "from-b"));
+    let mut src = FileSource::new(dir.path(), Filter::all());
+    assert_eq!(src.poll().len(), 1);
+    // a.yaml sorts first but comes later: b.yaml keeps the pod, a.yaml is refused.
+    write(dir.path(), "a.yaml", &format!("{}---\n{}", pod("other", "n1", "x"), pod("web", "n1", "from-a")));
+    assert!(src.poll().is_empty(), "nothing of the refused file is applied");
+    let (a, b) = (dir.path().join("a.yaml"), dir.path().join("b.yaml"));
+    let line = pod("other", "n1", "x").lines().count() + 2;
+    assert_eq!(
+        errors(&src),
+        [format!(
+            "{}:{line}:1: Pod demo/web is defined twice: also in {} at line 1; delete one of them",
+            a.display(),
+            b.display()
+        )]
+    );
+    // Removing it from b.yaml lets a.yaml in, with no error left.
+    write(dir.path(), "b.yaml", "");
+    let changes = src.poll();
+    assert_eq!(keys(&changes), ["upsert Pod demo/other", "upsert Pod demo/web"]);
+    assert!(src.errors().is_empty(), "{:?}", errors(&src));
+    // Twice in one file is an error too.
+    write(dir.path(), "c.yaml", &format!("{}---\n{}", pod("c", "n1", "x"), pod("c", "n1", "yes")));
+    assert!(src.poll().is_empty());
+    let c = dir.path().join("c.yaml");
+    assert_eq!(
+        errors(&src),
+        [format!(
+            "{}:{line}:1: Pod demo/c is defined twice: also in {} at line 1; delete one of them",
+            c.display(),
+            c.display()
+        )]
+    );
+}
+
+#[test]
+fn an_object_moved_between_files_in_one_step_is_no_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write(dir.path(), "z.yaml", &pod("web", "n1", "x"));
+    let mut src = FileSource::new(dir.path(), Filter::all());
+    assert_eq!(src.poll().len(), 1);
+    write(dir.path(), "a.yaml", &pod("web", "n1", "x"));
+    write(dir.path(), "z.yaml", "");
+    assert!(src.poll().is_empty(), "same object, other file: no change");
+    assert!(src.errors().is_empty(), "{:?}", errors(&src));
+    std::fs::remove_file(dir.path().join("z.yaml")).expect("remove");
+    assert!(src.poll().is_empty());
+    std::fs::remove_file(dir.path().join("a.yaml")).expect("remove");
+    assert_eq!(keys(&src.poll()), ["delete Pod demo/web"]);
+}
+
+#[test]
+fn a_missing_folder_is_reported_and_keeps_the_objects() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sub = dir.path().join("src");
+    std::fs::create_dir(&sub).expect("mkdir");
+    write(&sub, "a.yaml", &pod("a", "n1", "x"));
+    let mut src = FileSource::new(&sub, Filter::all());
+    assert_eq!(src.poll().len(), 1);
+    std::fs::rename(&sub, dir.path().join("moved")).expect("rename");
+    assert!(src.poll().is_empty());
+    let errs = errors(&src);
+    assert!(errs.len() == 1 && errs[0].starts_with(&format!("{}: cannot read: ", sub.display())), "{errs:?}");
+}
+
+#[test]
+fn too_large_files_are_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = std::fs::File::create(dir.path().join("big.yaml")).expect("create");
+    f.set_len(MAX_FILE_BYTES + 1).expect("grow");
+    let mut src = FileSource::new(dir.path(), Filter::all());
+    assert!(src.poll().is_empty());
+    assert_eq!(
+        errors(&src),
+        [format!(
+            "{}: the file has {} bytes, more than the {MAX_FILE_BYTES} read; split it into several files",
+            dir.path().join("big.yaml").display(),
+            MAX_FILE_BYTES + 1
+        )]
+    );
+}
+
+fn redirection(change: &Change) -> Option<String> {
+    let Change::Upsert(Object::Pod(p)) = change else { panic!("a pod upsert: {change:?}") };
+    p.metadata.annotations.as_ref().and_then(|a| a.get(crate::REDIRECTION)).cloned()
+}
+
+#[test]
+fn capture_state_is_laid_over_pods() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (objects, state) = (dir.path().join("objects"), dir.path().join("state"));
+    std::fs::create_dir_all(&objects).expect("mkdir");
+    std::fs::create_dir_all(&state).expect("mkdir");
+    write(&objects, "pods.yaml", &format!("{}---\n{}", pod("a", "n1", "x"), pod("b", "n2", "x")));
+    let mut src = FileSource::new(&objects, Filter::all()).with_capture_state(&state);
+    let first = src.poll();
+    assert_eq!(first.len(), 2);
+    assert!(first.iter().all(|c| redirection(c).is_none()));
+
+    let entry = |name: &str, uid: &str, value: &str| CapturedPod {
+        namespace: "demo".into(),
+        name: name.into(),
+        uid: uid.into(),
+        redirection: value.into(),
+    };
+    let mut n1 = CaptureState::new("n1");
+    n1.pods = vec![entry("a", "uid-a", "enabled"), entry("b", "uid-b", "enabled")];
+    n1.write(&state).expect("write");
+    let changes = src.poll();
+    // b runs on n2: n1's agent cannot speak for it.
+    assert_eq!(keys(&changes), ["upsert Pod demo/a"]);
+    assert_eq!(redirection(&changes[0]).as_deref(), Some("enabled"));
+    assert!(src.poll().is_empty());
+
+    // Another uid (a pod recreated under the same name) does not inherit the value.
+    n1.pods = vec![entry("a", "uid-old", "enabled")];
+    n1.write(&state).expect("write");
+    let changes = src.poll();
+    assert_eq!(keys(&changes), ["upsert Pod demo/a"]);
+    assert_eq!(redirection(&changes[0]), None);
+
+    let mut n2 = CaptureState::new("n2");
+    n2.pods = vec![entry("b", "uid-b", "pending")];
+    n2.write(&state).expect("write");
+    let changes = src.poll();
+    assert_eq!(keys(&changes), ["upsert Pod demo/b"]);
+    assert_eq!(redirection(&changes[0]).as_deref(), Some("pending"));
+
+    // A broken state file keeps what it said; the error names it.
+    std::fs::write(state.join("n2.json"), "{\"node\": \"n2\", \"pods\": [}").expect("write");
+    assert!(src.poll().is_empty());
+    let errs = errors(&src);
+    assert!(
+        errs.len() == 1 && errs[0].starts_with(&format!("{}:1:", state.join("n2.json").display())),
+        "{errs:?}"
+    );
+    // Removing the file removes the annotation.
+    std::fs::remove_file(state.join("n2.json")).expect("remove");
+    let changes = src.poll();
+    assert_eq!(keys(&changes), ["upsert Pod demo/b"]);
+    assert_eq!(redirection(&changes[0]), None);
+    assert!(src.errors().is_empty());
+}
+
+#[test]
+fn capture_state_is_written_atomically() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut s = CaptureState::new("node-1");
+    s.pods = vec![
+        CapturedPod {
+            namespace: "demo".into(),
+            name: "z".into(),
+            uid: "u2".into(),
+            redirection: "enabled".into(),
+        },
+        CapturedPod {
+            namespace: "demo".into(),
+            name: "a".into(),
+            uid: "u1".into(),
+            redirection: "pending".into(),
+        },
+    ];
+    s.write(dir.path()).expect("write");
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .expect("read")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["node-1.json"], "no temporary file left");
+    let back: CaptureState =
+        serde_json::from_slice(&std::fs::read(dir.path().join("node-1.json")).expect("read")).expect("json");
+    assert_eq!(back.pods.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["a", "z"], "sorted");
+    assert!(matches!(CaptureState::new("../x").write(dir.path()), Err(CaptureError::NodeName(_))));
+}
