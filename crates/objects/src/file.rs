@@ -507,7 +507,11 @@ fn items(value: serde_json::Value) -> Result<Vec<serde_json::Value>, Problem> {
         (None, Some(_)) => Err(Problem::NotAnObject("the document has no apiVersion")),
         (Some("v1"), Some("List")) => match value {
             serde_json::Value::Object(mut map) => match map.remove("items") {
-                Some(serde_json::Value::Array(items)) => Ok(items),
+                // Each item is checked like a document (a List in a List too; YAML's nesting
+                // limit bounds the depth).
+                Some(serde_json::Value::Array(list)) => {
+                    list.into_iter().map(items).collect::<Result<Vec<_>, _>>().map(|v| v.concat())
+                }
                 None | Some(serde_json::Value::Null) => Ok(Vec::new()),
                 Some(_) => Err(Problem::NotAnObject("the items of a List must be a sequence")),
             },

@@ -148,6 +148,16 @@ fn a_broken_edit_keeps_the_old_objects_and_names_file_and_line() {
         [format!("{path}:1:1: not a Kubernetes object: the document has no apiVersion")]
     );
 
+    // So is a List item that is not an object.
+    write(dir.path(), "pods.yaml", "apiVersion: v1\nkind: List\nitems:\n- just a string\n");
+    src.poll();
+    assert_eq!(
+        errors(&src),
+        [format!(
+            "{path}:1:1: not a Kubernetes object: a document must be a mapping with apiVersion, kind and metadata"
+        )]
+    );
+
     // Fixed: the error goes, and only what differs from the last good version changes.
     write(dir.path(), "pods.yaml", &format!("{}---\n{}", pod("a", "n1", "x"), pod("b", "n1", "fixed")));
     assert_eq!(keys(&src.poll()), ["upsert Pod demo/b"]);
