@@ -112,7 +112,7 @@ fn two_nodes_on_the_control_plane() {
     }
     let (status, metrics) = c.control_get("/metrics");
     assert_eq!(status, 200);
-    let issued = metric(&metrics, "citadel_server_success_cert_issuance_count_total").unwrap_or_default();
+    let issued = metric(&metrics, "ambit_ca_certificates_signed_total").unwrap_or_default();
     assert!(
         issued >= 4.0,
         "the control plane signed {issued} certificates (want one per enrolled pod):\n{metrics}"

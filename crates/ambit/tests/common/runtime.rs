@@ -150,6 +150,8 @@ impl CniRuntime {
             "ipam": {
                 "type": "host-local",
                 "ranges": [[{"subnet": subnet, "gateway": gateway.to_string()}]],
+                // A default route through the node, for other nodes' pods and service VIPs.
+                "routes": [{"dst": "0.0.0.0/0"}],
                 "dataDir": dir.path().join("ipam"),
             },
         })];

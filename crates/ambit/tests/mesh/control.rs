@@ -78,8 +78,9 @@ impl PodSpec {
         }
     }
 
-    /// With one more label.
+    /// With label `k=v` (replacing any value `k` had).
     pub fn label(mut self, k: &str, v: &str) -> PodSpec {
+        self.labels.retain(|(key, _)| key != k);
         self.labels.push((k.into(), v.into()));
         self
     }

@@ -19,7 +19,9 @@ use ambit_objects::file::FileSource;
 use ambit_objects::kube::KubeSource;
 use ambit_objects::{Change, Filter, Object, Source};
 use ambit_xds::server::istio::NodeCheck;
-use ambit_xds::server::{AdsServer, Changes, Hooks, Principal, Resources, ServerConfig, ServerResource};
+use ambit_xds::server::{
+    AdsServer, Changes, Hooks, Principal, Resources, ServerConfig, ServerMetrics, ServerResource,
+};
 use futures::future::BoxFuture;
 use prometheus_client::registry::Registry;
 use prost::Message;
@@ -197,18 +199,20 @@ async fn serve(args: ControlArgs) -> Result<(), ControlError> {
         ready: false,
         ..ServerConfig::default()
     };
+    let xds_metrics = ServerMetrics::register(&mut registry);
     let secure_ads = AdsServer::new(
         resources.clone(),
         cfg.clone(),
         Hooks {
             authenticate: Some(Arc::new(XdsAuth(chain.clone()))),
             authorize: Some(Arc::new(NodeCheck::default())),
+            metrics: xds_metrics.clone(),
         },
     );
     let plain_ads = AdsServer::new(
         resources.clone(),
         cfg,
-        Hooks { authenticate: None, authorize: Some(Arc::new(NodeCheck::default())) },
+        Hooks { authenticate: None, authorize: Some(Arc::new(NodeCheck::default())), metrics: xds_metrics },
     );
 
     // The translation thread: the first state now, then every change.
@@ -324,7 +328,7 @@ async fn open_source(
         if let Some(c) = &args.capture_state_dir {
             s = s.with_capture_state(c);
         }
-        return Ok((Objects::Files(s), None));
+        return Ok((Objects::Files(Box::new(s)), None));
     }
     let client = kube::Client::try_default().await.map_err(|e| {
         ControlError::Kube(format!(
@@ -342,7 +346,7 @@ async fn open_source(
 /// Where the objects come from.
 enum Objects {
     /// Local mode.
-    Files(FileSource),
+    Files(Box<FileSource>),
     /// The Kubernetes API.
     Kube(KubeSource),
 }
@@ -350,7 +354,7 @@ enum Objects {
 impl Objects {
     fn source(&mut self) -> &mut dyn Source {
         match self {
-            Objects::Files(s) => s,
+            Objects::Files(s) => s.as_mut(),
             Objects::Kube(s) => s,
         }
     }
