@@ -70,8 +70,8 @@ pub struct ControlArgs {
     pub root_ca_dir: PathBuf,
     /// More DNS names for the serving certificate (comma separated), besides
     /// `istiod.<ns>.svc`, `istiod-remote.<ns>.svc` and `istio-pilot.<ns>.svc`.
-    #[arg(long, env = "ISTIOD_CUSTOM_HOST", default_value = "")]
-    pub custom_host: String,
+    #[arg(long, env = "ISTIOD_CUSTOM_HOST")]
+    pub custom_host: Option<String>,
     /// Lifetime of a workload certificate when the request asks for none.
     #[arg(long, env = "DEFAULT_WORKLOAD_CERT_TTL", default_value = "24h", value_parser = parse_duration)]
     pub default_cert_ttl: Duration,
@@ -128,6 +128,36 @@ pub fn parse_addr(s: &str) -> Result<Listen, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::CommandFactory;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        control: ControlArgs,
+    }
+
+    /// `ambit control --help` names, for every setting, its environment variable and default.
+    #[test]
+    fn help_lists_every_setting_with_its_variable_and_default() {
+        let mut cmd = Cli::command();
+        let help = cmd.render_long_help().to_string();
+        let mut settings = 0;
+        for arg in cmd.get_arguments().filter(|a| a.get_id() != "help") {
+            settings += 1;
+            let env =
+                arg.get_env().unwrap_or_else(|| panic!("--{} has no environment variable", arg.get_id()));
+            let env = env.to_string_lossy();
+            assert!(help.contains(&format!("[env: {env}")), "help does not name {env}:\n{help}");
+            for d in arg.get_default_values() {
+                let d = d.to_string_lossy();
+                assert!(
+                    help.contains(&format!("[default: {d}]")),
+                    "help does not show the default {d:?} of {env}"
+                );
+            }
+        }
+        assert!(settings >= 25, "{settings} settings");
+    }
 
     #[test]
     fn addresses() {

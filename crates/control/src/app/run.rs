@@ -250,7 +250,7 @@ async fn serve(args: ControlArgs) -> Result<(), ControlError> {
             &args.namespace,
             Some(&args.revision),
             &format!("istiod.{}.svc", args.namespace),
-            &split(&args.custom_host),
+            &split(args.custom_host.as_deref().unwrap_or_default()),
         );
         let tls_cfg = tls::server_config(&authority, &names)?;
         let mut routes = tonic::service::RoutesBuilder::default();
