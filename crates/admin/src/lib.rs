@@ -104,6 +104,30 @@ impl Readiness {
     }
 }
 
+/// Resolves when the process receives SIGTERM or SIGINT (never, if the handlers cannot be
+/// installed).
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+    else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+/// Writes `bytes` to `path` through a temporary file beside it and a rename, so a reader sees
+/// the old content or the new one, never a part.
+pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = std::path::PathBuf::from(tmp);
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
+}
+
 /// A plain-text response.
 pub fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
     Response::builder()

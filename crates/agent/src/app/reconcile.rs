@@ -195,7 +195,7 @@ impl Follower {
     pub async fn run(&mut self) -> Result<(), AgentError> {
         let mut cache_written = String::new();
         let mut dirty: HashSet<String> = self.mesh.pods().into_iter().collect();
-        let mut stop = std::pin::pin!(shutdown());
+        let mut stop = std::pin::pin!(ambit_admin::shutdown_signal());
         let mut next_verify = tokio::time::Instant::now() + self.verify_interval;
         loop {
             // Reconciling an enrolled pod verifies its capture (and repairs drift).
@@ -222,7 +222,7 @@ impl Follower {
             dirty = failed;
             let cache = self.mesh.enrollment_cache().to_json();
             if cache != cache_written {
-                match write_atomic(&self.cache_path, cache.as_bytes()) {
+                match ambit_admin::write_atomic(&self.cache_path, cache.as_bytes()) {
                     Ok(()) => cache_written = cache,
                     Err(e) => {
                         tracing::warn!(file = %self.cache_path.display(), error = %e, "cannot write the enrollment cache")
@@ -241,23 +241,5 @@ impl Follower {
                 e = self.source.failed() => return Err(AgentError::Kube(e)),
             }
         }
-    }
-}
-
-fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path)
-}
-
-async fn shutdown() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
-    else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
     }
 }

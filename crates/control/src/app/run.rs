@@ -304,7 +304,7 @@ async fn serve(args: ControlArgs) -> Result<(), ControlError> {
             Ok(Err(e)) => Err(e.into()),
             Err(e) => Err(ControlError::Config(format!("a server task failed: {e}"))),
         },
-        _ = shutdown_signal() => {
+        _ = ambit_admin::shutdown_signal() => {
             tracing::info!("shutting down");
             Ok(())
         }
@@ -570,23 +570,9 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<(), ControlError> {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).map_err(err)?;
     }
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes).map_err(err)?;
-    std::fs::rename(&tmp, path).map_err(err)
+    ambit_admin::write_atomic(path, bytes).map_err(err)
 }
 
 fn split(list: &str) -> Vec<String> {
     list.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned).collect()
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
-    else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
 }
