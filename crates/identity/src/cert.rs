@@ -234,6 +234,21 @@ pub fn peer_identity(chain: &[CertificateDer<'_>]) -> Option<Identity> {
     spiffe_identity(chain.first()?).ok()
 }
 
+/// The URI and DNS names of a certificate's SAN extension, in order (what Istio's CA takes as a
+/// client certificate's identities).
+pub fn certificate_names(der: &[u8]) -> Result<Vec<String>, SanError> {
+    let (_, cert) = X509Certificate::from_der(der).map_err(|e| SanError::Parse(e.to_string()))?;
+    let san = cert.subject_alternative_name().map_err(|e| SanError::Parse(e.to_string()))?;
+    Ok(san
+        .iter()
+        .flat_map(|san| san.value.general_names.iter())
+        .filter_map(|name| match name {
+            GeneralName::URI(n) | GeneralName::DNSName(n) => Some((*n).to_owned()),
+            _ => None,
+        })
+        .collect())
+}
+
 /// The SPIFFE identity of a certificate: exactly one URI SAN, and it must be a SPIFFE id.
 pub(crate) fn spiffe_identity(der: &[u8]) -> Result<Identity, SanError> {
     let (_, cert) = X509Certificate::from_der(der).map_err(|e| SanError::Parse(e.to_string()))?;

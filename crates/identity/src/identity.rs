@@ -15,7 +15,7 @@ pub struct Identity {
 }
 
 /// Why a string is not a SPIFFE workload identity.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum IdentityError {
     /// The scheme is not `spiffe://`.
     #[error("identity {0:?} does not start with spiffe://")]

@@ -11,7 +11,14 @@ mod manager;
 pub mod testing;
 mod tls;
 
-pub use ca::{CaClient, CaClientConfig, CaError, CertSigner, FakeCa, dev_ca_init};
-pub use cert::{CertDump, CertEntry, CertificateError, SanError, WorkloadCertificate, peer_identity};
+pub use ca::{
+    AuthorityError, BACKDATE, CaClient, CaClientConfig, CaError, CertSigner, DEFAULT_WORKLOAD_TTL, FakeCa,
+    KeyAlgorithm, MAX_WORKLOAD_TTL, SELF_SIGNED_ROOT_TTL, ServerCertificate, SignError, SigningAuthority,
+    TtlPolicy, Validity, dev_ca_init, go_duration,
+};
+pub use cert::{
+    CertDump, CertEntry, CertificateError, SanError, WorkloadCertificate, certificate_names, peer_identity,
+};
+pub use csr::{ACCEPTED_KEYS, CsrError, MAX_CSR_BYTES, MAX_RSA_BITS, MIN_RSA_BITS};
 pub use identity::{Identity, IdentityError};
 pub use manager::{CertError, CertManager, CertStateDump, Priority};

@@ -7,14 +7,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use rcgen::{
-    BasicConstraints, CertificateParams, CertificateSigningRequestParams, DistinguishedName, DnType,
-    ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, PKCS_ECDSA_P256_SHA256, PublicKeyData,
-    SanType, SerialNumber,
-};
 use time::OffsetDateTime;
-use x509_parser::prelude::{FromDer, X509Certificate};
 
+use super::authority::{AuthorityError, KeyAlgorithm, SignError, SigningAuthority, Validity};
 use super::{CaError, CertSigner};
 use crate::cert::WorkloadCertificate;
 use crate::{Identity, csr};
@@ -25,11 +20,14 @@ const ROOT_CERT: &str = "root-cert.pem";
 const ROOT_KEY: &str = "root-key.pem";
 /// Lifetime of a root made by [`dev_ca_init`] or [`FakeCa::generate`].
 const ROOT_LIFETIME: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+/// Trust domain written into the dev root's subject.
+const DEV_ROOT_ORG: &str = "Ambit";
 
-/// In-process CA (FAKE_CA=true) signing with a root from a directory or a fresh in-memory ECDSA root.
+/// In-process CA (FAKE_CA=true) signing with a root from a directory or a fresh in-memory ECDSA
+/// root, through the same [`SigningAuthority`] as the control plane's CA. Unlike that CA it
+/// issues exactly the lifetime asked for, starting now (tests rely on exact lifetimes).
 pub struct FakeCa {
-    issuer: Issuer<'static, KeyPair>,
-    root_pem: String,
+    authority: SigningAuthority,
 }
 
 impl FakeCa {
@@ -42,43 +40,33 @@ impl FakeCa {
         };
         let cert_pem = read(&cert_path)?;
         let key_pem = read(&key_path)?;
-        let invalid = |path: &Path, reason: String| CaError::InvalidRoot { path: path.to_owned(), reason };
-        let key = KeyPair::from_pem(&key_pem)
-            .map_err(|e| invalid(&key_path, format!("not a PEM RSA or ECDSA private key: {e}")))?;
-
-        let cert_der = rustls_pki_types::pem::PemObject::from_pem_slice(cert_pem.as_bytes())
-            .map_err(|e| invalid(&cert_path, format!("no PEM certificate: {e}")))?;
-        let cert_der: rustls_pki_types::CertificateDer<'static> = cert_der;
-        let (_, cert) = X509Certificate::from_der(&cert_der)
-            .map_err(|e| invalid(&cert_path, format!("not an X.509 certificate: {e}")))?;
-        if cert.tbs_certificate.subject_pki.raw != key.subject_public_key_info().as_slice() {
-            return Err(invalid(
-                &key_path,
-                format!("the key does not belong to the certificate in {}", cert_path.display()),
-            ));
-        }
-        if !cert.is_ca() {
-            return Err(invalid(&cert_path, "not a CA certificate".to_owned()));
-        }
-        let issuer =
-            Issuer::from_ca_cert_der(&cert_der, key).map_err(|e| invalid(&cert_path, e.to_string()))?;
-        let mut root_pem = cert_pem;
-        if !root_pem.ends_with('\n') {
-            root_pem.push('\n');
-        }
-        Ok(FakeCa { issuer, root_pem })
+        let authority = SigningAuthority::from_pem(&cert_pem, &key_pem, "", &cert_pem).map_err(|e| {
+            let path = match e {
+                AuthorityError::Key(_) | AuthorityError::KeyMismatch => &key_path,
+                _ => &cert_path,
+            };
+            CaError::InvalidRoot { path: path.clone(), reason: e.to_string() }
+        })?;
+        Ok(FakeCa { authority })
     }
 
     /// Creates a CA with a fresh in-memory ECDSA P-256 root.
     pub fn generate() -> Self {
         // Generating a P-256 key and self-signing fixed, valid parameters cannot fail.
-        let (key, params, cert) = new_root().expect("self-signed P-256 root");
-        FakeCa { issuer: Issuer::new(params, key), root_pem: cert }
+        let (authority, _, _) =
+            SigningAuthority::self_signed(DEV_ROOT_ORG, KeyAlgorithm::EcdsaP256, ROOT_LIFETIME)
+                .expect("self-signed P-256 root");
+        FakeCa { authority }
     }
 
     /// The root certificate (PEM) that certificates from this CA chain to.
     pub fn root_pem(&self) -> &str {
-        &self.root_pem
+        self.authority.root_bundle_pem()
+    }
+
+    /// The signing authority behind this CA.
+    pub fn authority(&self) -> &SigningAuthority {
+        &self.authority
     }
 
     /// Signs a PEM CSR for `identity`, returning `[leaf, root]` as the Istio CA does.
@@ -88,26 +76,16 @@ impl FakeCa {
         identity: &Identity,
         ttl: Duration,
     ) -> Result<Vec<String>, CaError> {
-        let request = CertificateSigningRequestParams::from_pem(csr_pem).map_err(CaError::InvalidCsr)?;
         let now = OffsetDateTime::now_utc();
-        let mut params = CertificateParams::default();
-        params.distinguished_name = DistinguishedName::new();
-        let uri = identity.to_string().try_into().map_err(CaError::Signing)?;
-        params.subject_alt_names = vec![SanType::URI(uri)];
-        params.not_before = now;
-        params.not_after = time::Duration::try_from(ttl)
+        let not_after = time::Duration::try_from(ttl)
             .ok()
             .and_then(|ttl| now.checked_add(ttl))
             .ok_or(CaError::Ttl(ttl))?;
-        params.serial_number = Some(random_serial());
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
-        params.extended_key_usages =
-            vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
-        params.use_authority_key_identifier_extension = true;
-        let leaf = CertificateSigningRequestParams { params, public_key: request.public_key }
-            .signed_by(&self.issuer)
-            .map_err(CaError::Signing)?;
-        Ok(vec![leaf.pem(), self.root_pem.clone()])
+        let validity = Validity { not_before: now, not_after };
+        self.authority.sign(csr_pem, &[identity.to_string()], validity).map_err(|e| match e {
+            SignError::Csr(e) => CaError::InvalidCsr(e),
+            other => CaError::Signing(other),
+        })
     }
 
     /// Mints a certificate for `identity` directly (fresh key, CSR, signature).
@@ -143,9 +121,11 @@ pub fn dev_ca_init(dir: &Path, force: bool) -> Result<(), CaError> {
         }
     }
     fs::create_dir_all(dir).map_err(|source| CaError::WriteFile { path: dir.to_owned(), source })?;
-    let (key, _, cert_pem) = new_root().map_err(CaError::Signing)?;
+    let (_, cert_pem, key_pem) =
+        SigningAuthority::self_signed(DEV_ROOT_ORG, KeyAlgorithm::EcdsaP256, ROOT_LIFETIME)
+            .map_err(|e| CaError::InvalidRoot { path: cert_path.clone(), reason: e.to_string() })?;
     // Key first: a directory with a certificate but no key is useless, the reverse is harmless.
-    write_file(&key_path, key.serialize_pem().as_bytes(), 0o600, force)?;
+    write_file(&key_path, key_pem.as_bytes(), 0o600, force)?;
     write_file(&cert_path, cert_pem.as_bytes(), 0o644, force)?;
     Ok(())
 }
@@ -164,31 +144,4 @@ fn write_file(path: &Path, contents: &[u8], mode: u32, force: bool) -> Result<()
     file.set_permissions(fs::Permissions::from_mode(mode)).map_err(err)?;
     file.write_all(contents).map_err(err)?;
     file.sync_all().map_err(err)
-}
-
-/// A self-signed ECDSA P-256 CA: key, parameters (for an [`Issuer`]) and PEM certificate.
-fn new_root() -> Result<(KeyPair, CertificateParams, String), rcgen::Error> {
-    let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
-    let mut params = CertificateParams::default();
-    let mut dn = DistinguishedName::new();
-    dn.push(DnType::OrganizationName, "Ambit");
-    dn.push(DnType::CommonName, "Ambit dev root CA");
-    params.distinguished_name = dn;
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.key_usages =
-        vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
-    let now = OffsetDateTime::now_utc();
-    params.not_before = now - time::Duration::hours(1);
-    params.not_after = now + ROOT_LIFETIME;
-    params.serial_number = Some(random_serial());
-    let cert = params.self_signed(&key)?;
-    Ok((key, params, cert.pem()))
-}
-
-/// A positive 128-bit serial number.
-fn random_serial() -> SerialNumber {
-    let mut bytes: [u8; 16] = rand::random();
-    bytes[0] &= 0x7f;
-    bytes[0] |= 0x01;
-    SerialNumber::from_slice(&bytes)
 }

@@ -8,9 +8,14 @@ use futures::future::BoxFuture;
 use crate::Identity;
 use crate::cert::CertificateError;
 
+mod authority;
 mod client;
 mod fake;
 
+pub use authority::{
+    AuthorityError, BACKDATE, DEFAULT_WORKLOAD_TTL, KeyAlgorithm, MAX_WORKLOAD_TTL, SELF_SIGNED_ROOT_TTL,
+    ServerCertificate, SignError, SigningAuthority, TtlPolicy, Validity, go_duration,
+};
 pub use client::{CaClient, CaClientConfig};
 pub use fake::{FakeCa, dev_ca_init};
 
@@ -37,10 +42,10 @@ pub enum CaError {
     Certificate(#[from] CertificateError),
     /// The in-process CA received a CSR it cannot parse or verify.
     #[error("the certificate signing request is invalid: {0}")]
-    InvalidCsr(rcgen::Error),
+    InvalidCsr(crate::csr::CsrError),
     /// The in-process CA failed to sign.
     #[error("the in-process CA cannot sign the certificate: {0}")]
-    Signing(rcgen::Error),
+    Signing(SignError),
     /// The requested TTL cannot be represented in a certificate.
     #[error("requested certificate lifetime {0:?} is too large; lower SECRET_TTL")]
     Ttl(Duration),

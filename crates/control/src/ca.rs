@@ -1,1 +1,0 @@
-//! The CA server (`control-plane.md` §6).
