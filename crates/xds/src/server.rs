@@ -54,7 +54,8 @@ pub struct ServerResource {
     /// The payload.
     pub resource: prost_types::Any,
     /// Names sent along when this resource is sent to a named/on-demand subscriber (a Service
-    /// brings its workloads); they join that subscription.
+    /// brings its workloads); they join that subscription. A publish that changes only this
+    /// list pushes nothing: the next subscriber gets the new list.
     pub also: Vec<String>,
     /// The node it lives on (a workload's `node`): an on-demand stream whose node metadata
     /// `NODE_NAME` names this node receives it unrequested, on its first response and on
@@ -215,12 +216,15 @@ impl Resources {
             let set = &mut state.sets[i];
             for res in c.upserts {
                 let version = resource_version(&res.resource);
-                if set.by_name.get(&res.name).is_some_and(|old| {
-                    old.version == version
-                        && old.res.aliases == res.aliases
-                        && old.res.also == res.also
-                        && old.res.node == res.node
-                }) {
+                if let Some(old) = set.by_name.get_mut(&res.name)
+                    && old.version == version
+                    && old.res.aliases == res.aliases
+                    && old.res.node == res.node
+                {
+                    // Only the names sent along changed (a service's members): kept for the
+                    // next subscriber, pushed to nobody (istiod: members added later are not
+                    // pushed to who subscribed to the service).
+                    old.res.also = res.also;
                     continue;
                 }
                 if let Some(old) = set.by_name.remove(&res.name) {

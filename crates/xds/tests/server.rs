@@ -411,3 +411,37 @@ async fn a_client_that_never_reads_holds_only_a_set_of_names() {
         c.ack(&p).await;
     }
 }
+
+/// A publish that changes only the names a resource brings along (a service's members) pushes
+/// nothing to anyone; the next subscriber gets the new list.
+#[tokio::test]
+async fn a_change_of_also_alone_is_stored_and_pushed_to_nobody() {
+    let s = start(fast(), None).await;
+    let mut svc = r("ns/svc", "svc");
+    svc.also = strings(&["uid-1"]);
+    s.resources.publish([upsert(A, vec![svc.clone(), r("uid-1", "w1"), r("uid-2", "w2")])]).unwrap();
+    let on_demand = |name: &str| DeltaDiscoveryRequest {
+        node: Some(node("n")),
+        resource_names_subscribe: strings(&[name]),
+        ..req(A)
+    };
+    let mut wild = Client::open(&s.url, None).await.unwrap();
+    wild.wildcard(A, &[]).await;
+    let p = wild.recv().await;
+    wild.ack(&p).await;
+    let mut first = Client::open(&s.url, None).await.unwrap();
+    first.send(on_demand("ns/svc")).await;
+    let p = first.recv().await;
+    assert_eq!(names(&p), strings(&["ns/svc", "uid-1"]));
+    first.ack(&p).await;
+
+    svc.also = strings(&["uid-1", "uid-2"]);
+    s.resources.publish([upsert(A, vec![svc])]).unwrap();
+    wild.quiet(200).await;
+    first.quiet(0).await;
+
+    let mut second = Client::open(&s.url, None).await.unwrap();
+    second.send(on_demand("ns/svc")).await;
+    let p = second.recv().await;
+    assert_eq!(names(&p), strings(&["ns/svc", "uid-1", "uid-2"]));
+}

@@ -393,3 +393,36 @@ async fn a_forbidden_token_review_names_the_missing_permission() {
         "the API server refused the TokenReview (403): tokenreviews.authentication.k8s.io is forbidden: User \"system:serviceaccount:istio-system:ambit\" cannot create resource \"tokenreviews\"; grant the control plane's service account `create` on `tokenreviews.authentication.k8s.io` (ClusterRole system:auth-delegator)"
     );
 }
+
+/// A reviewer that answers every review with one status.
+struct StaticReviewer(k8s_openapi::api::authentication::v1::TokenReviewStatus);
+
+impl TokenReviewer for StaticReviewer {
+    fn review<'a>(
+        &'a self,
+        _: &'a str,
+        _: &'a [String],
+    ) -> BoxFuture<'a, Result<k8s_openapi::api::authentication::v1::TokenReviewStatus, ReviewError>> {
+        Box::pin(std::future::ready(Ok(self.0.clone())))
+    }
+}
+
+#[tokio::test]
+async fn a_review_that_is_not_authenticated_is_refused_even_without_an_error() {
+    use k8s_openapi::api::authentication::v1::{TokenReviewStatus, UserInfo};
+    let status = TokenReviewStatus {
+        authenticated: Some(false),
+        audiences: Some(vec!["istio-ca".to_owned()]),
+        user: Some(UserInfo {
+            username: Some("system:serviceaccount:default:web".to_owned()),
+            groups: Some(vec!["system:serviceaccounts".to_owned()]),
+            ..UserInfo::default()
+        }),
+        error: None,
+    };
+    let auth = KubeJwtAuthenticator::new(Arc::new(StaticReviewer(status)), kube_config());
+    let chain = AuthChain::new().with_kubernetes(Arc::new(auth));
+    let md = metadata(&[("authorization", "Bearer web")]);
+    let got = reason(chain.authenticate(AuthRequest { metadata: &md, peer: None }).await);
+    assert_eq!(got, "kubernetes token: the token is not authenticated");
+}
