@@ -1,0 +1,249 @@
+//! `ambit control` on the Kubernetes source, end to end: the real binary, `KUBECONFIG` pointing
+//! at the scripted API server of `ambit-objects` (real HTTP list/watch and TokenReviews), and
+//! real gRPC clients over TLS. Node proxies authenticate with ServiceAccount tokens reviewed by
+//! the API server; node authorization uses the pods the control plane watches. No root needed.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::time::Duration;
+
+use ambit_api::ca::IstioCertificateRequest;
+use ambit_api::ca::istio_certificate_service_client::IstioCertificateServiceClient;
+use ambit_api::type_url::ADDRESS;
+use ambit_api::xds::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use ambit_api::xds::{DeltaDiscoveryRequest, Node};
+use ambit_objects::testing::{ScriptedApi, TokenIdentity};
+use common::*;
+use serde_json::json;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+
+const ZTUNNEL_TOKEN: &str = "token-of-ztunnel-on-node-a";
+const WRONG_AUDIENCE: &str = "token-for-another-audience";
+
+fn pod(ns: &str, name: &str, uid: &str, sa: &str, node: &str, ip: &str) -> serde_json::Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "uid": uid, "labels": {"app": name}},
+        "spec": {"serviceAccountName": sa, "nodeName": node, "containers": [{"name": "c", "image": "i"}]},
+        "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+            "conditions": [{"type": "Ready", "status": "True"}]}})
+}
+
+fn token(sa_ns: &str, sa: &str, audiences: &[&str], pod: Option<(&str, &str)>) -> TokenIdentity {
+    let mut extra = BTreeMap::new();
+    if let Some((name, uid)) = pod {
+        extra.insert("authentication.kubernetes.io/pod-name".to_owned(), vec![name.to_owned()]);
+        extra.insert("authentication.kubernetes.io/pod-uid".to_owned(), vec![uid.to_owned()]);
+    }
+    TokenIdentity {
+        username: format!("system:serviceaccount:{sa_ns}:{sa}"),
+        uid: format!("uid-sa-{sa}"),
+        groups: vec!["system:serviceaccounts".into(), format!("system:serviceaccounts:{sa_ns}")],
+        audiences: audiences.iter().map(|a| (*a).to_owned()).collect(),
+        extra,
+    }
+}
+
+fn csr() -> String {
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
+    let mut params = rcgen::CertificateParams::default();
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params.serialize_request(&key).expect("csr").pem().expect("pem")
+}
+
+fn ca_request(token: &str, impersonate: &str) -> tonic::Request<IstioCertificateRequest> {
+    let metadata = prost_types::Struct {
+        fields: BTreeMap::from([(
+            "ImpersonatedIdentity".to_owned(),
+            prost_types::Value { kind: Some(prost_types::value::Kind::StringValue(impersonate.to_owned())) },
+        )]),
+    };
+    let mut req = tonic::Request::new(IstioCertificateRequest {
+        csr: csr(),
+        validity_duration: 3600,
+        metadata: Some(metadata),
+    });
+    req.metadata_mut().insert("authorization", format!("Bearer {token}").parse().expect("ascii"));
+    req
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("port")
+}
+
+#[test]
+fn control_plane_on_the_kubernetes_api() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("rt");
+    let api = rt.block_on(ScriptedApi::start());
+    api.put_namespace("istio-system", &[]);
+    api.put_namespace("demo", &[("istio.io/dataplane-mode", "ambient")]);
+    api.put(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a",
+        "labels": {"topology.kubernetes.io/region": "r1", "topology.kubernetes.io/zone": "z1"}}}));
+    api.put_pod(pod("istio-system", "ztunnel-b4x2k", "uid-ztunnel", "ztunnel", "node-a", "10.0.0.2"));
+    api.put_pod(pod("demo", "web", "uid-web", "web", "node-a", "10.1.0.5"));
+    api.put_pod(pod("demo", "db", "uid-db", "db", "node-b", "10.1.0.6"));
+    api.add_token(
+        ZTUNNEL_TOKEN,
+        token("istio-system", "ztunnel", &["istio-ca"], Some(("ztunnel-b4x2k", "uid-ztunnel"))),
+    );
+    api.add_token(
+        WRONG_AUDIENCE,
+        token("istio-system", "ztunnel", &["not-istio-ca"], Some(("ztunnel-b4x2k", "uid-ztunnel"))),
+    );
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig);
+    let (grpc, ready) = (free_port(), free_port());
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ambit"));
+    cmd.args(["control", "--state-dir"])
+        .arg(dir.path().join("state"))
+        .arg("--root-ca-dir")
+        .arg(dir.path().join("no-cacerts"))
+        .args([
+            "--secure-grpc-addr",
+            &format!("127.0.0.1:{grpc}"),
+            "--grpc-addr",
+            "",
+            "--monitoring-addr",
+            "",
+        ])
+        .args(["--http-addr", &format!("127.0.0.1:{ready}"), "--debounce-after", "10ms"])
+        .env_clear()
+        .env("KUBECONFIG", &kubeconfig)
+        .env("RUST_LOG", "info");
+    let mut control = ChildGuard::spawn("control", cmd);
+    let up = wait_for(
+        || {
+            control.try_wait().is_none()
+                && http_get(std::net::SocketAddr::from(([127, 0, 0, 1], ready)), "/ready")
+                    .is_ok_and(|(s, _)| s == 200)
+        },
+        Duration::from_secs(30),
+    );
+    assert!(up, "ambit control did not become ready on the Kubernetes source:\n{}", control.logs());
+    let root =
+        std::fs::read_to_string(dir.path().join("state/ca/root-cert.pem")).expect("the persisted root");
+
+    rt.block_on(async {
+        let tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(&root))
+            .domain_name("istiod.istio-system.svc");
+        let channel: Channel = Endpoint::from_shared(format!("https://127.0.0.1:{grpc}"))
+            .expect("uri")
+            .tls_config(tls)
+            .expect("tls")
+            .connect()
+            .await
+            .expect("connect over TLS");
+        let mut ca = IstioCertificateServiceClient::new(channel.clone());
+        let call = |r| {
+            let mut ca = ca.clone();
+            async move {
+                ca.create_certificate(r)
+                    .await
+                    .map(|r| r.into_inner().cert_chain.len())
+                    .map_err(|s| (s.code(), s.message().to_owned()))
+            }
+        };
+        // The node proxy of node-a may get a certificate for a pod on node-a ...
+        assert_eq!(call(ca_request(ZTUNNEL_TOKEN, "spiffe://cluster.local/ns/demo/sa/web")).await, Ok(2));
+        // ... not for one that runs on node-b only.
+        assert_eq!(
+            call(ca_request(ZTUNNEL_TOKEN, "spiffe://cluster.local/ns/demo/sa/db")).await,
+            Err((tonic::Code::Unauthenticated, "request impersonation authentication failure".into()))
+        );
+        // A token for another audience is not accepted.
+        assert_eq!(
+            call(ca_request(WRONG_AUDIENCE, "spiffe://cluster.local/ns/demo/sa/web")).await,
+            Err((tonic::Code::Unauthenticated, "request authenticate failure".into()))
+        );
+        // The pod moves to node-a: now allowed (node authorization follows the watch).
+        api.put_pod(pod("demo", "db", "uid-db", "db", "node-a", "10.1.0.6"));
+        let mut allowed = false;
+        for _ in 0..50 {
+            if call(ca_request(ZTUNNEL_TOKEN, "spiffe://cluster.local/ns/demo/sa/db")).await == Ok(2) {
+                allowed = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(allowed, "db on node-a is still refused");
+        let _ = &mut ca;
+
+        // xDS with the same token: every workload, then a deleted pod's removal.
+        let mut meta = prost_types::Struct::default();
+        for (k, v) in [("NAMESPACE", "istio-system"), ("SERVICE_ACCOUNT", "ztunnel"), ("NODE_NAME", "node-a")]
+        {
+            meta.fields.insert(
+                k.into(),
+                prost_types::Value { kind: Some(prost_types::value::Kind::StringValue(v.into())) },
+            );
+        }
+        let node = Node {
+            id: "ztunnel~10.0.0.2~ztunnel-b4x2k.istio-system~istio-system.svc.cluster.local".into(),
+            metadata: Some(meta),
+            ..Node::default()
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel::<DeltaDiscoveryRequest>(8);
+        tx.send(DeltaDiscoveryRequest {
+            node: Some(node),
+            type_url: ADDRESS.into(),
+            resource_names_subscribe: vec!["*".into()],
+            ..DeltaDiscoveryRequest::default()
+        })
+        .await
+        .expect("send");
+        let mut req = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+        req.metadata_mut().insert("authorization", format!("Bearer {ZTUNNEL_TOKEN}").parse().expect("ascii"));
+        let mut stream = AggregatedDiscoveryServiceClient::new(channel.clone())
+            .delta_aggregated_resources(req)
+            .await
+            .expect("stream")
+            .into_inner();
+        let first = stream.message().await.expect("recv").expect("open");
+        let mut names: Vec<String> = first.resources.iter().map(|r| r.name.clone()).collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "Kubernetes//Pod/demo/db",
+                "Kubernetes//Pod/demo/web",
+                "Kubernetes//Pod/istio-system/ztunnel-b4x2k"
+            ]
+        );
+        tx.send(DeltaDiscoveryRequest {
+            type_url: ADDRESS.into(),
+            response_nonce: first.nonce.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("ack");
+        api.delete_pod("demo", "web");
+        let push = tokio::time::timeout(Duration::from_secs(10), stream.message())
+            .await
+            .expect("a push")
+            .expect("recv")
+            .expect("open");
+        assert_eq!(push.removed_resources, ["Kubernetes//Pod/demo/web"]);
+        assert!(push.resources.is_empty(), "{push:?}");
+
+        // A stream with the wrong audience's token is refused.
+        let (_tx2, rx2) = tokio::sync::mpsc::channel::<DeltaDiscoveryRequest>(1);
+        let mut req = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx2));
+        req.metadata_mut()
+            .insert("authorization", format!("Bearer {WRONG_AUDIENCE}").parse().expect("ascii"));
+        let refused =
+            match AggregatedDiscoveryServiceClient::new(channel).delta_aggregated_resources(req).await {
+                Err(s) => (s.code(), s.message().to_owned()),
+                Ok(r) => match r.into_inner().message().await {
+                    Err(s) => (s.code(), s.message().to_owned()),
+                    Ok(m) => panic!("a stream with a token for another audience was served: {m:?}"),
+                },
+            };
+        assert_eq!(refused, (tonic::Code::Unauthenticated, "authentication failure".into()));
+    });
+    let reviews = api.count("create", "/apis/authentication.k8s.io/v1/tokenreviews");
+    assert!(reviews >= 5, "{reviews} token reviews");
+}
