@@ -118,6 +118,33 @@ fn two_nodes_on_the_control_plane() {
         "the control plane signed {issued} certificates (want one per enrolled pod):\n{metrics}"
     );
 
+    // What the control plane shows: both node proxies connected, with what they acked; the
+    // translated workloads; the xDS metrics.
+    let (status, body) = c.control_get("/debug/connections");
+    assert_eq!(status, 200, "{body}");
+    let conns: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(conns["connected"], 2, "{body}");
+    let mut nodes: Vec<&str> =
+        conns["streams"].as_array().into_iter().flatten().filter_map(|s| s["node_name"].as_str()).collect();
+    nodes.sort_unstable();
+    assert_eq!(nodes, ["node", "node2"], "{body}");
+    for stream in conns["streams"].as_array().into_iter().flatten() {
+        for t in stream["types"].as_array().into_iter().flatten() {
+            assert!(!t["acked_nonces"].as_array().is_none_or(Vec::is_empty), "nothing acked on {t}");
+        }
+    }
+    let (status, body) = c.control_get(&format!("/debug/config_dump?type=address&name={}", client.uid()));
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(&client.ip4().to_string()) && body.contains("HBONE"), "{body}");
+    assert_eq!(c.control_get("/debug/config_dump?type=routes").0, 400);
+    let pushes: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("pilot_xds_pushes{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(pushes >= 4.0, "pilot_xds_pushes: {pushes}\n{metrics}");
+    assert!(metrics.contains("pilot_xds{"), "no pilot_xds gauge:\n{metrics}");
+
     // The Service VIP reaches both endpoints (the named target port resolved per pod).
     let vip: SocketAddr = format!("{VIP}:80").parse().expect("vip");
     for n in 0..20 {
