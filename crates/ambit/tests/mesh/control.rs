@@ -193,7 +193,8 @@ impl ControlCluster {
         );
     }
 
-    /// Starts `ambit control` and waits until it is ready; points the proxies at it.
+    /// Starts `ambit control` (default poll and debounce, as users run it) and waits until it is
+    /// ready; points the proxies at it.
     pub fn start_control(&mut self) {
         self.start_control_with(&[]);
     }
@@ -221,10 +222,6 @@ impl ControlCluster {
             &monitoring,
             "--http-addr",
             &ready,
-            "--config-poll",
-            "50ms",
-            "--debounce-after",
-            "10ms",
         ];
         args.extend_from_slice(extra);
         let mut cmd = self.control_node.exec(ambit(), &args);
