@@ -130,6 +130,29 @@ fn node() -> Node {
     }
 }
 
+/// The next Address response (Authorization ones are acked and skipped), acked.
+async fn next_address(
+    stream: &mut tonic::Streaming<DeltaDiscoveryResponse>,
+    tx: &tokio::sync::mpsc::Sender<DeltaDiscoveryRequest>,
+) -> DeltaDiscoveryResponse {
+    loop {
+        let r = tokio::time::timeout(Duration::from_secs(30), stream.message())
+            .await
+            .expect("a push within 30 s")
+            .expect("recv")
+            .expect("stream open");
+        let ack = DeltaDiscoveryRequest {
+            type_url: r.type_url.clone(),
+            response_nonce: r.nonce.clone(),
+            ..DeltaDiscoveryRequest::default()
+        };
+        tx.send(ack).await.expect("ack");
+        if r.type_url == ADDRESS {
+            return r;
+        }
+    }
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
@@ -217,33 +240,13 @@ fn control_plane_scale() {
                 std::fs::write(&tmp, pods_file(file, n, Some((pod, u)))).expect("edit");
                 let t = Instant::now();
                 std::fs::rename(&tmp, &path).expect("rename");
-                let r = loop {
-                    let r = tokio::time::timeout(Duration::from_secs(30), stream.message())
-                        .await
-                        .expect("a push within 30 s")
-                        .expect("recv")
-                        .expect("stream open");
-                    tx.send(ack(&r)).await.expect("ack");
-                    if r.type_url == ADDRESS {
-                        break r;
-                    }
-                };
+                let r = next_address(&mut stream, &tx).await;
                 latencies.push(t.elapsed());
                 sizes.push(r.resources.len() + r.removed_resources.len());
                 // Put the file back (another change, not timed) so the next edit is one pod.
                 std::fs::write(&tmp, pods_file(file, n, None)).expect("restore");
                 std::fs::rename(&tmp, &path).expect("rename");
-                loop {
-                    let r = tokio::time::timeout(Duration::from_secs(30), stream.message())
-                        .await
-                        .expect("a push within 30 s")
-                        .expect("recv")
-                        .expect("stream open");
-                    tx.send(ack(&r)).await.expect("ack");
-                    if r.type_url == ADDRESS {
-                        break;
-                    }
-                }
+                next_address(&mut stream, &tx).await;
             }
             (synced, addresses, bytes, authorizations, rss_served, latencies, sizes)
         });
