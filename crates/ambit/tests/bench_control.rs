@@ -16,6 +16,8 @@
 //!   rename to the control plane seeing the proxy ACK the push (the proxy ACKs after applying);
 //!   `/debug/connections` is polled every millisecond for it.
 //!
+//! Pods and services are written `BENCH_CONTROL_PER_FILE` (default 1000) to a file.
+//!
 //! `cargo test --release -p ambit --test bench_control -- --ignored --nocapture` (no root needed).
 
 mod common;
@@ -31,7 +33,15 @@ use ambit_api::xds::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Node};
 use common::*;
 use prost::Message;
 
-const PODS_PER_FILE: usize = 1000;
+/// Objects per generated file (`BENCH_CONTROL_PER_FILE`, default 1000): an edit of one pod
+/// re-reads its whole file.
+fn per_file() -> usize {
+    std::env::var("BENCH_CONTROL_PER_FILE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(1000)
+}
 const NAMESPACES: usize = 100;
 const NODES: usize = 100;
 
@@ -50,7 +60,7 @@ fn updates() -> usize {
 /// The pods of one file (`file` 0-based); pod `changed.0` gets version label `changed.1`.
 fn pods_file(file: usize, n: usize, changed: Option<(usize, usize)>) -> String {
     let mut y = String::new();
-    for i in file * PODS_PER_FILE..((file + 1) * PODS_PER_FILE).min(n) {
+    for i in file * per_file()..((file + 1) * per_file()).min(n) {
         let svc = i / 10;
         let ns = svc % NAMESPACES;
         // The version label is the workload's canonical revision: a new value changes it.
@@ -91,9 +101,9 @@ fn write_mesh(dir: &Path, n: usize) {
     y.push_str("---\napiVersion: security.istio.io/v1\nkind: PeerAuthentication\nmetadata:\n  name: default\n  namespace: istio-system\nspec:\n  mtls:\n    mode: STRICT\n");
     std::fs::write(dir.join("mesh.yaml"), y).expect("mesh.yaml");
     let services = n.div_ceil(10);
-    for chunk in 0..services.div_ceil(PODS_PER_FILE) {
+    for chunk in 0..services.div_ceil(per_file()) {
         let mut y = String::new();
-        for svc in chunk * PODS_PER_FILE..((chunk + 1) * PODS_PER_FILE).min(services) {
+        for svc in chunk * per_file()..((chunk + 1) * per_file()).min(services) {
             // The pods of a service are i = 10·svc … 10·svc + 9, all in its namespace.
             let ns = svc % NAMESPACES;
             let _ = write!(
@@ -106,7 +116,7 @@ fn write_mesh(dir: &Path, n: usize) {
         }
         std::fs::write(dir.join(format!("svc-{chunk:04}.yaml")), y).expect("services");
     }
-    for file in 0..n.div_ceil(PODS_PER_FILE) {
+    for file in 0..n.div_ceil(per_file()) {
         std::fs::write(dir.join(format!("pods-{file:04}.yaml")), pods_file(file, n, None)).expect("pods");
     }
 }
@@ -224,7 +234,7 @@ fn control_plane_scale() {
         std::fs::create_dir_all(&config).expect("config dir");
         let t = Instant::now();
         write_mesh(&config, n);
-        println!("N={n}: wrote the YAML folder in {:?}", t.elapsed());
+        println!("N={n}: wrote the YAML folder ({} objects per file) in {:?}", per_file(), t.elapsed());
         let (grpc, monitoring, ready) = (free_port(), free_port(), free_port());
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_ambit"));
         cmd.args(["control", "--config"])
@@ -296,7 +306,7 @@ fn control_plane_scale() {
             let mut nonce = proxy_address_nonce(monitoring, "node-1").map(|(n, _)| n).unwrap_or_default();
             for u in 0..updates() {
                 let pod = (u * 7919) % n;
-                let file = pod / PODS_PER_FILE;
+                let file = pod / per_file();
                 let path = config.join(format!("pods-{file:04}.yaml"));
                 let tmp = config.join(".edit.tmp");
                 std::fs::write(&tmp, pods_file(file, n, Some((pod, u)))).expect("edit");
