@@ -10,7 +10,11 @@
 //! - bytes on the wire per workload: the first Address response's encoded size / N;
 //! - one pod changed among N: `BENCH_CONTROL_UPDATES` (default 50) edits of one pod's file (a
 //!   new `version` label, so its canonical revision changes), each timed from the file's rename to the push arriving at the client
-//!   (p50, p99), with the number of resources in each push (must be exactly 1).
+//!   (p50, p99), with the number of resources in each push (must be exactly 1);
+//! - the same edit to a proxy's applied state: a real `ambit proxy` (shared mode, wildcard
+//!   subscription, plaintext xDS, no pods) is connected too, and each edit is also timed from the
+//!   rename to the control plane seeing the proxy ACK the push (the proxy ACKs after applying);
+//!   `/debug/connections` is polled every millisecond for it.
 //!
 //! `cargo test --release -p ambit --test bench_control -- --ignored --nocapture` (no root needed).
 
@@ -130,6 +134,78 @@ fn node() -> Node {
     }
 }
 
+/// The next Address response (Authorization ones are acked and skipped), acked.
+async fn next_address(
+    stream: &mut tonic::Streaming<DeltaDiscoveryResponse>,
+    tx: &tokio::sync::mpsc::Sender<DeltaDiscoveryRequest>,
+) -> DeltaDiscoveryResponse {
+    loop {
+        let r = tokio::time::timeout(Duration::from_secs(30), stream.message())
+            .await
+            .expect("a push within 30 s")
+            .expect("recv")
+            .expect("stream open");
+        let ack = DeltaDiscoveryRequest {
+            type_url: r.type_url.clone(),
+            response_nonce: r.nonce.clone(),
+            ..DeltaDiscoveryRequest::default()
+        };
+        tx.send(ack).await.expect("ack");
+        if r.type_url == ADDRESS {
+            return r;
+        }
+    }
+}
+
+/// The proxy's Address subscription on the control plane's `/debug/connections`: the nonce
+/// last sent and whether the proxy has ACKed it.
+fn proxy_address_nonce(monitoring: u16, node: &str) -> Option<(String, bool)> {
+    let (status, body) =
+        http_get(std::net::SocketAddr::from(([127, 0, 0, 1], monitoring)), "/debug/connections").ok()?;
+    if status != 200 {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+    let stream = v["streams"].as_array()?.iter().find(|s| s["node_name"] == node)?;
+    let t = stream["types"].as_array()?.iter().find(|t| t["type_url"] == ADDRESS)?;
+    let last = t["last_nonce"].as_str()?.to_owned();
+    let acked = t["acked_nonces"].as_array()?.last().and_then(|n| n.as_str()) == Some(last.as_str());
+    Some((last, acked))
+}
+
+/// Waits until the proxy has ACKed an Address push other than `before`; returns its nonce.
+fn proxy_applied(monitoring: u16, node: &str, before: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some((nonce, true)) = proxy_address_nonce(monitoring, node)
+            && nonce != before
+        {
+            return nonce;
+        }
+        assert!(Instant::now() < deadline, "the proxy did not ACK a new Address push within 60 s");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A shared-mode `ambit proxy` subscribed (wildcard) to the control plane's plaintext port,
+/// as node `node` with no pods (its ZDS socket does not exist).
+fn spawn_proxy(dir: &Path, grpc: u16, node: &str) -> ChildGuard {
+    let url = format!("http://127.0.0.1:{grpc}");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ambit"));
+    cmd.arg("proxy")
+        .env("PROXY_MODE", "shared")
+        .env("XDS_ADDRESS", &url)
+        .env("CA_ADDRESS", &url)
+        .env("FAKE_CA", "false")
+        .env("NODE_NAME", node)
+        .env("INPOD_UDS", dir.join("no-agent.sock"))
+        .env("AMBIT_ADMIN_ADDR", format!("127.0.0.1:{}", free_port()))
+        .env("AMBIT_STATS_ADDR", format!("127.0.0.1:{}", free_port()))
+        .env("AMBIT_READINESS_ADDR", format!("127.0.0.1:{}", free_port()))
+        .env("RUST_LOG", "warn");
+    ChildGuard::spawn("proxy", cmd)
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
@@ -166,6 +242,13 @@ fn control_plane_scale() {
         assert!(up, "ambit control did not become ready:\n{}", control.logs());
         let ready_after = started.elapsed();
         let rss_ready = rss_kib(control.pid());
+        let proxy = spawn_proxy(dir.path(), grpc, "node-1");
+        let synced = wait_for(
+            || proxy_address_nonce(monitoring, "node-1").is_some_and(|(_, acked)| acked),
+            Duration::from_secs(600),
+        );
+        assert!(synced, "the proxy did not sync:\n{}", proxy.logs());
+        let proxy_synced = started.elapsed();
 
         let figures = rt.block_on(async {
             let url = format!("http://127.0.0.1:{grpc}");
@@ -208,7 +291,9 @@ fn control_plane_scale() {
 
             // One pod changed among N: rewrite its file with a new label value.
             let mut latencies = Vec::new();
+            let mut applied = Vec::new();
             let mut sizes = Vec::new();
+            let mut nonce = proxy_address_nonce(monitoring, "node-1").map(|(n, _)| n).unwrap_or_default();
             for u in 0..updates() {
                 let pod = (u * 7919) % n;
                 let file = pod / PODS_PER_FILE;
@@ -217,38 +302,23 @@ fn control_plane_scale() {
                 std::fs::write(&tmp, pods_file(file, n, Some((pod, u)))).expect("edit");
                 let t = Instant::now();
                 std::fs::rename(&tmp, &path).expect("rename");
-                let r = loop {
-                    let r = tokio::time::timeout(Duration::from_secs(30), stream.message())
-                        .await
-                        .expect("a push within 30 s")
-                        .expect("recv")
-                        .expect("stream open");
-                    tx.send(ack(&r)).await.expect("ack");
-                    if r.type_url == ADDRESS {
-                        break r;
-                    }
-                };
+                let r = next_address(&mut stream, &tx).await;
                 latencies.push(t.elapsed());
                 sizes.push(r.resources.len() + r.removed_resources.len());
+                nonce = proxy_applied(monitoring, "node-1", &nonce);
+                applied.push(t.elapsed());
                 // Put the file back (another change, not timed) so the next edit is one pod.
                 std::fs::write(&tmp, pods_file(file, n, None)).expect("restore");
                 std::fs::rename(&tmp, &path).expect("rename");
-                loop {
-                    let r = tokio::time::timeout(Duration::from_secs(30), stream.message())
-                        .await
-                        .expect("a push within 30 s")
-                        .expect("recv")
-                        .expect("stream open");
-                    tx.send(ack(&r)).await.expect("ack");
-                    if r.type_url == ADDRESS {
-                        break;
-                    }
-                }
+                next_address(&mut stream, &tx).await;
+                nonce = proxy_applied(monitoring, "node-1", &nonce);
             }
-            (synced, addresses, bytes, authorizations, rss_served, latencies, sizes)
+            (synced, addresses, bytes, authorizations, rss_served, latencies, applied, sizes)
         });
-        let (synced, addresses, bytes, authorizations, rss_served, mut latencies, sizes) = figures;
+        let (synced, addresses, bytes, authorizations, rss_served, mut latencies, mut applied, sizes) =
+            figures;
         latencies.sort();
+        applied.sort();
         let rss_end = rss_kib(control.pid());
         println!(
             "N={n}: ready {ready_after:?}; first Address response at {synced:?} ({addresses} resources, {bytes} bytes = {:.0} B/workload); {authorizations} authorizations",
@@ -267,6 +337,13 @@ fn control_plane_scale() {
             latencies.last().copied().unwrap_or_default(),
             latencies.len(),
             sizes.iter().collect::<std::collections::BTreeSet<_>>()
+        );
+        println!(
+            "N={n}: proxy synced (first Address push ACKed) at {proxy_synced:?}; one pod edited → proxy applied and ACKed: p50 {:?} p99 {:?} max {:?}; proxy RSS {} MiB",
+            percentile(&applied, 0.5),
+            percentile(&applied, 0.99),
+            applied.last().copied().unwrap_or_default(),
+            rss_kib(proxy.pid()) / 1024
         );
         assert!(sizes.iter().all(|s| *s == 1), "a push of one changed pod carried {sizes:?} resources");
         control.stop(Duration::from_secs(5));

@@ -117,6 +117,10 @@ fn two_nodes_on_the_control_plane() {
         issued >= 4.0,
         "the control plane signed {issued} certificates (want one per enrolled pod):\n{metrics}"
     );
+    // No pod's certificate was refused on the way, though each proxy asked as its pod started,
+    // possibly before the control plane's poll had the pod (the CA waits for its index).
+    let refused = metric(&metrics, "ambit_ca_requests_refused_total{reason=\"impersonation\"}");
+    assert_eq!(refused.unwrap_or_default(), 0.0, "impersonation refused:\n{metrics}");
 
     // What the control plane shows: both node proxies connected, with what they acked; the
     // translated workloads; the xDS metrics.

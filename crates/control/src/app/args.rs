@@ -82,6 +82,10 @@ pub struct ControlArgs {
     /// for the pods on their node (ImpersonatedIdentity). Default: `<namespace>/ztunnel`.
     #[arg(long, env = "CA_TRUSTED_NODE_ACCOUNTS")]
     pub trusted_node_accounts: Option<String>,
+    /// How long an impersonation request for a pod the control plane does not know on the
+    /// caller's node yet waits for the pod to arrive before it is refused (0: refuse at once).
+    #[arg(long, env = "CA_POD_WAIT", default_value = "2s", value_parser = parse_duration)]
+    pub ca_pod_wait: Duration,
     /// Audiences a Kubernetes token must carry (comma separated).
     #[arg(long, env = "TOKEN_AUDIENCES", default_value = "istio-ca")]
     pub token_audiences: String,

@@ -17,7 +17,7 @@ use ambit_api::xds::aggregated_discovery_service_server::AggregatedDiscoveryServ
 use ambit_identity::{Identity, KeyAlgorithm, TtlPolicy};
 use ambit_objects::file::FileSource;
 use ambit_objects::kube::KubeSource;
-use ambit_objects::{Change, Filter, Object, Source};
+use ambit_objects::{Change, Filter, Kind, Object, ObjectKey, Source};
 use ambit_xds::server::istio::NodeCheck;
 use ambit_xds::server::{
     AdsServer, Changes, Hooks, Principal, Resources, ServerConfig, ServerMetrics, ServerResource,
@@ -32,7 +32,7 @@ use super::debug::{self, DebugRequest};
 use crate::auth::{
     AuthChain, AuthRequest, Authenticate, KubeJwtAuthenticator, KubeJwtConfig, KubeTokenReviewer,
 };
-use crate::auth::{NodeAuthorizer, NodeTokens, PodIndex, PodInfo, TrustedNodeAccounts};
+use crate::auth::{CatchUp, NodeAuthorizer, NodeTokens, PodIndex, PodInfo, TrustedNodeAccounts};
 use crate::ca::CaService;
 use crate::ca::material::{self, MaterialConfig};
 use crate::pods::NodePods;
@@ -151,6 +151,7 @@ async fn serve(args: ControlArgs) -> Result<(), ControlError> {
     }
     let pods = Arc::new(RwLock::new(NodePods::default()));
     pods.write().unwrap_or_else(PoisonError::into_inner).apply(&first);
+    let (pod_updates, pod_updates_rx) = tokio::sync::watch::channel(0u64);
 
     // Authentication: client certificates, then node tokens (local) or Kubernetes tokens.
     let node_identity: Identity = format!("spiffe://{}/ns/{}/sa/ztunnel", args.trust_domain, args.namespace)
@@ -184,8 +185,11 @@ async fn serve(args: ControlArgs) -> Result<(), ControlError> {
     let trusted = args.trusted_node_accounts.clone().unwrap_or_else(|| format!("{}/ztunnel", args.namespace));
     let trusted: TrustedNodeAccounts =
         trusted.parse().map_err(|e: crate::auth::TrustedNodeAccountsError| ControlError::Config(e.0))?;
-    let authorizer =
-        Arc::new(NodeAuthorizer::new(trusted, Arc::new(SharedPods(pods.clone())), &args.trust_domain));
+    let catch_up = CatchUp { max_wait: args.ca_pod_wait, ..CatchUp::default() };
+    let authorizer = Arc::new(
+        NodeAuthorizer::new(trusted, Arc::new(SharedPods(pods.clone())), &args.trust_domain)
+            .with_catch_up(pod_updates_rx, catch_up),
+    );
     let ttl = TtlPolicy { default_ttl: args.default_cert_ttl, max_ttl: args.max_cert_ttl };
     let ca = CaService::new(authority.clone(), chain.clone(), Some(authorizer), ttl);
     ca.metrics().register(&mut registry);
@@ -224,6 +228,7 @@ async fn serve(args: ControlArgs) -> Result<(), ControlError> {
         translator,
         publisher,
         pods: pods.clone(),
+        pod_updates,
         tokens,
         debug: debug_rx,
         poll: args.config_poll,
@@ -365,6 +370,8 @@ struct Worker {
     translator: Translator,
     publisher: Publisher,
     pods: Arc<RwLock<NodePods>>,
+    /// Bumped after each batch that changed a pod (node authorization waits on it).
+    pod_updates: tokio::sync::watch::Sender<u64>,
     tokens: Option<Arc<NodeTokens>>,
     debug: mpsc::Receiver<DebugRequest>,
     poll: Duration,
@@ -396,6 +403,12 @@ impl Worker {
     fn apply(&mut self, changes: Vec<Change>) {
         let started = Instant::now();
         self.pods.write().unwrap_or_else(PoisonError::into_inner).apply(&changes);
+        let pod_changed = |c: &Change| {
+            matches!(c, Change::Upsert(Object::Pod(_)) | Change::Delete(ObjectKey { kind: Kind::Pod, .. }))
+        };
+        if changes.iter().any(pod_changed) {
+            self.pod_updates.send_modify(|g| *g = g.wrapping_add(1));
+        }
         if let Some(tokens) = &self.tokens {
             for c in &changes {
                 if let Change::Upsert(o @ Object::Node(_)) = c

@@ -21,7 +21,7 @@ pub use self::kube::{
     REVIEW_TIMEOUT, ReviewError, TokenReviewer,
 };
 pub use self::node::{
-    NodeAuthError, NodeAuthorizer, PodIndex, PodInfo, TrustedNodeAccounts, TrustedNodeAccountsError,
+    CatchUp, NodeAuthError, NodeAuthorizer, PodIndex, PodInfo, TrustedNodeAccounts, TrustedNodeAccountsError,
 };
 pub use self::node_token::{NodeTokenError, NodeTokens, TOKEN_SUFFIX};
 

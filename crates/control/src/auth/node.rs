@@ -4,8 +4,10 @@
 use std::collections::BTreeSet;
 use std::str::FromStr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use ambit_identity::Identity;
+use tokio::sync::{Semaphore, watch};
 
 use super::{AuthMethod, Caller};
 
@@ -142,18 +144,96 @@ pub enum NodeAuthError {
     },
 }
 
+impl NodeAuthError {
+    /// Whether the refusal may only mean that the pod index has not caught up yet: the pod
+    /// is not known, or is known under an older uid, or not on the node. A node proxy asks for
+    /// a pod's certificate as soon as the pod starts, which can be before the control plane's
+    /// watch (or file poll) has delivered the pod.
+    pub fn may_be_stale(&self) -> bool {
+        matches!(
+            self,
+            NodeAuthError::PodNotFound { .. }
+                | NodeAuthError::PodUid { .. }
+                | NodeAuthError::NoPodOnNode { .. }
+        )
+    }
+}
+
+/// How long a refusal that the pod index may not have caught up with waits for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CatchUp {
+    /// Longest wait per request (0 refuses at once, as istiod does).
+    pub max_wait: Duration,
+    /// Requests waiting at once; beyond it requests are decided at once.
+    pub max_waiting: usize,
+}
+
+impl Default for CatchUp {
+    fn default() -> Self {
+        CatchUp { max_wait: Duration::from_secs(2), max_waiting: 256 }
+    }
+}
+
 /// Decides whether a node proxy may obtain a certificate for an identity.
 pub struct NodeAuthorizer {
     trusted: TrustedNodeAccounts,
     pods: Arc<dyn PodIndex>,
     trust_domain: String,
+    /// Pod index updates (a generation that changes with every batch of pod changes), and how
+    /// long a possibly stale refusal waits for them.
+    updates: Option<(watch::Receiver<u64>, CatchUp, Semaphore)>,
 }
 
 impl NodeAuthorizer {
     /// An authorizer trusting `trusted` node accounts (local-mode node-token callers are always
     /// trusted on their node), looking pods up in `pods`, issuing only in `trust_domain`.
     pub fn new(trusted: TrustedNodeAccounts, pods: Arc<dyn PodIndex>, trust_domain: &str) -> Self {
-        NodeAuthorizer { trusted, pods, trust_domain: trust_domain.to_owned() }
+        NodeAuthorizer { trusted, pods, trust_domain: trust_domain.to_owned(), updates: None }
+    }
+
+    /// Lets [`authorize_when_known`](Self::authorize_when_known) wait for the pod index: a
+    /// refusal that [may be stale](NodeAuthError::may_be_stale) is re-decided at each change
+    /// of `updates` until `catch_up.max_wait` has passed.
+    pub fn with_catch_up(mut self, updates: watch::Receiver<u64>, catch_up: CatchUp) -> Self {
+        self.updates = Some((updates, catch_up, Semaphore::new(catch_up.max_waiting)));
+        self
+    }
+
+    /// [`authorize`](Self::authorize), but a refusal that may only mean the pod index lags
+    /// waits (bounded in time and in how many requests wait at once) for the index to catch
+    /// up before it stands. The final decision is always made on the index.
+    pub async fn authorize_when_known(
+        &self,
+        caller: &Caller,
+        requested: &str,
+    ) -> Result<Identity, NodeAuthError> {
+        let first = self.authorize(caller, requested);
+        let Some((updates, catch_up, waiting)) = &self.updates else { return first };
+        match &first {
+            Err(e) if e.may_be_stale() && !catch_up.max_wait.is_zero() => {}
+            _ => return first,
+        }
+        let Ok(_slot) = waiting.try_acquire() else {
+            tracing::debug!("CA: too many requests waiting for the pod index; deciding now");
+            return first;
+        };
+        let mut updates = updates.clone();
+        updates.mark_unchanged();
+        // A change between the first decision and `mark_unchanged` is covered by deciding
+        // once more before waiting.
+        let deadline = tokio::time::Instant::now() + catch_up.max_wait;
+        loop {
+            let decision = self.authorize(caller, requested);
+            match &decision {
+                Err(e) if e.may_be_stale() => {}
+                _ => return decision,
+            }
+            match tokio::time::timeout_at(deadline, updates.changed()).await {
+                Ok(Ok(())) => {}
+                // Timed out, or the index is gone: the refusal stands.
+                Ok(Err(_)) | Err(_) => return decision,
+            }
+        }
     }
 
     /// The identity `caller` may impersonate for `requested`, or why not (§6.3, in order:

@@ -426,3 +426,83 @@ async fn a_review_that_is_not_authenticated_is_refused_even_without_an_error() {
     let got = reason(chain.authenticate(AuthRequest { metadata: &md, peer: None }).await);
     assert_eq!(got, "kubernetes token: the token is not authenticated");
 }
+
+/// An authorizer over `pods` that waits up to 2 s (at most `max_waiting` requests) for pod
+/// index updates sent on the returned channel.
+fn catching_up(pods: Arc<FakePods>, max_waiting: usize) -> (NodeAuthorizer, tokio::sync::watch::Sender<u64>) {
+    let (tx, rx) = tokio::sync::watch::channel(0);
+    let catch_up = CatchUp { max_wait: std::time::Duration::from_secs(2), max_waiting };
+    let auth = NodeAuthorizer::new("istio-system/ztunnel".parse().expect("accounts"), pods, TD)
+        .with_catch_up(rx, catch_up);
+    (auth, tx)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pod_the_index_gets_late_is_authorized_when_it_arrives() {
+    let pods = pods();
+    let (auth, updates) = catching_up(pods.clone(), 8);
+    let auth = Arc::new(auth);
+    let ztunnel = sa_caller("istio-system", "ztunnel", Some(("zt-1", "uid-zt-1")));
+    let api = "spiffe://cluster.local/ns/default/sa/api";
+    let started = tokio::time::Instant::now();
+    let waiting = tokio::spawn({
+        let (auth, ztunnel) = (auth.clone(), ztunnel.clone());
+        async move { auth.authorize_when_known(&ztunnel, api).await }
+    });
+    // An unrelated index update: decided again, still refused, still waiting.
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    updates.send_modify(|g| *g += 1);
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert!(!waiting.is_finished(), "decided before the pod arrived");
+    pods.insert("default", "api-1", "uid-api-1", "api", "node-a");
+    updates.send_modify(|g| *g += 1);
+    assert_eq!(waiting.await.expect("task"), Ok(Identity::new(TD, "default", "api")));
+    assert_eq!(started.elapsed(), std::time::Duration::from_millis(300), "decided at the update");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pod_that_never_arrives_is_refused_after_the_wait_and_other_refusals_at_once() {
+    let (auth, _updates) = catching_up(pods(), 1);
+    let ztunnel = sa_caller("istio-system", "ztunnel", Some(("zt-1", "uid-zt-1")));
+    let db = "spiffe://cluster.local/ns/default/sa/db";
+    let started = tokio::time::Instant::now();
+    assert_eq!(
+        auth.authorize_when_known(&ztunnel, db).await.expect_err("refused").to_string(),
+        "no pod with service account db in namespace default runs on node node-a"
+    );
+    assert_eq!(started.elapsed(), std::time::Duration::from_secs(2));
+
+    // Refusals no pod can cure are not held.
+    let started = tokio::time::Instant::now();
+    let web = sa_caller("default", "web", Some(("web-1", "uid-web-1")));
+    assert!(matches!(auth.authorize_when_known(&web, db).await, Err(NodeAuthError::Untrusted { .. })));
+    assert!(matches!(
+        auth.authorize_when_known(&ztunnel, "spiffe://other.td/ns/default/sa/db").await,
+        Err(NodeAuthError::TrustDomain { .. })
+    ));
+    assert_eq!(started.elapsed(), std::time::Duration::ZERO);
+
+    // With the one waiting slot taken, a second request is decided at once.
+    let auth = Arc::new(auth);
+    let first = tokio::spawn({
+        let (auth, ztunnel) = (auth.clone(), ztunnel.clone());
+        async move { auth.authorize_when_known(&ztunnel, db).await }
+    });
+    tokio::task::yield_now().await;
+    let started = tokio::time::Instant::now();
+    assert!(matches!(auth.authorize_when_known(&ztunnel, db).await, Err(NodeAuthError::NoPodOnNode { .. })));
+    assert_eq!(started.elapsed(), std::time::Duration::ZERO, "the second request waited");
+    assert!(matches!(first.await.expect("task"), Err(NodeAuthError::NoPodOnNode { .. })));
+}
+
+#[tokio::test]
+async fn without_catch_up_a_refusal_is_immediate() {
+    let auth = authorizer();
+    let ztunnel = sa_caller("istio-system", "ztunnel", Some(("zt-1", "uid-zt-1")));
+    let started = std::time::Instant::now();
+    assert!(matches!(
+        auth.authorize_when_known(&ztunnel, "spiffe://cluster.local/ns/default/sa/db").await,
+        Err(NodeAuthError::NoPodOnNode { .. })
+    ));
+    assert!(started.elapsed() < std::time::Duration::from_millis(500));
+}

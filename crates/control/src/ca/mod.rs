@@ -126,7 +126,9 @@ impl CaService {
         let impersonated = string_field(IMPERSONATED_IDENTITY);
         if !impersonated.is_empty() {
             let decision = match &self.node_authorizer {
-                Some(authorizer) => authorizer.authorize(&caller, impersonated).map_err(|e| e.to_string()),
+                Some(authorizer) => {
+                    authorizer.authorize_when_known(&caller, impersonated).await.map_err(|e| e.to_string())
+                }
                 None => Err("impersonation is disabled (no trusted node accounts)".to_owned()),
             };
             match decision {
