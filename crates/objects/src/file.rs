@@ -447,6 +447,25 @@ fn read(
 }
 
 /// The documents of a YAML text, each with the position it starts at.
+/// The YAML text parser, for the fuzz targets (`fuzzing` feature): the objects of one file's
+/// text, each decoded as the source decodes it (errors as values, never a panic).
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub fn fuzz_parse(text: &str) -> Vec<Result<Object, String>> {
+    match documents(text) {
+        Err((_, message)) => vec![Err(message)],
+        Ok(docs) => docs
+            .into_iter()
+            .flat_map(|(value, _)| match items(value) {
+                Ok(items) => {
+                    items.into_iter().map(|v| Object::from_value(v).map_err(|e| e.to_string())).collect()
+                }
+                Err(p) => vec![Err(p.to_string())],
+            })
+            .collect(),
+    }
+}
+
 /// Documents with the position each starts at.
 type Documents = Vec<(serde_json::Value, Position)>;
 

@@ -72,6 +72,8 @@ fn all() -> Vec<(&'static str, Vec<Vec<u8>>)> {
         ("nftables_reply", ambit_redirect::fuzzing::nftables_seeds()),
         ("dns_query", dns_queries()),
         ("dns_upstream_reply", dns_replies()),
+        ("objects_yaml", texts(&OBJECT_FILES)),
+        ("ca_csr", csrs()),
     ]
 }
 
@@ -332,4 +334,28 @@ fn dns_replies() -> Vec<Vec<u8>> {
         out.push(m.to_vec().unwrap_or_else(|e| panic!("encode reply: {e}")));
     }
     out
+}
+
+/// Files of a local-mode folder: each kind Ambit reads, several documents, a List.
+const OBJECT_FILES: [&str; 4] = [
+    "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: demo\n  labels:\n    istio.io/dataplane-mode: ambient\n---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: web-0\n  namespace: demo\n  uid: 7d3c\n  labels:\n    app: web\nspec:\n  nodeName: node\n  serviceAccountName: web\n  containers:\n  - name: app\n    ports:\n    - name: http\n      containerPort: 8080\nstatus:\n  phase: Running\n  podIP: 10.1.0.5\n  podIPs:\n  - ip: 10.1.0.5\n  conditions:\n  - type: Ready\n    status: \"True\"\n",
+    "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n  namespace: demo\nspec:\n  selector:\n    app: web\n  clusterIP: 10.96.0.10\n  clusterIPs: [10.96.0.10, fd00::10]\n  ipFamilies: [IPv4, IPv6]\n  ports:\n  - name: http\n    port: 80\n    targetPort: http\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-abc\n  namespace: demo\n  labels:\n    kubernetes.io/service-name: web\naddressType: IPv4\nendpoints:\n- addresses: [10.1.0.9]\nports:\n- name: http\n  port: 8080\n",
+    "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata:\n  name: allow\n  namespace: demo\nspec:\n  selector:\n    matchLabels:\n      app: web\n  action: ALLOW\n  rules:\n  - from:\n    - source:\n        principals: [cluster.local/ns/demo/sa/client]\n        ipBlocks: [10.0.0.0/8]\n    to:\n    - operation:\n        ports: [\"8080\"]\n    when:\n    - key: destination.port\n      values: [\"8080\"]\n---\napiVersion: security.istio.io/v1\nkind: PeerAuthentication\nmetadata:\n  name: strict\n  namespace: demo\nspec:\n  selector:\n    matchLabels:\n      app: web\n  mtls:\n    mode: STRICT\n  portLevelMtls:\n    9090:\n      mode: DISABLE\n",
+    "apiVersion: v1\nkind: List\nitems:\n- apiVersion: networking.istio.io/v1\n  kind: ServiceEntry\n  metadata:\n    name: ext\n    namespace: demo\n  spec:\n    hosts: [a.example.com]\n    addresses: [240.240.0.1/32]\n    resolution: STATIC\n    ports:\n    - number: 80\n      name: http\n      protocol: HTTP\n    endpoints:\n    - address: 2.3.4.5\n- apiVersion: networking.istio.io/v1\n  kind: WorkloadEntry\n  metadata:\n    name: vm\n    namespace: demo\n  spec:\n    address: 1.2.3.4\n    ports:\n      http: 8180\n- apiVersion: gateway.networking.k8s.io/v1\n  kind: Gateway\n  metadata:\n    name: waypoint\n    namespace: demo\n  spec:\n    gatewayClassName: istio-waypoint\n    listeners:\n    - name: mesh\n      port: 15008\n      protocol: HBONE\n  status:\n    addresses:\n    - type: Hostname\n      value: waypoint.demo.svc.cluster.local\n",
+];
+
+/// CSRs as node proxies send them: ECDSA P-256 and P-384, RSA 2048, with a SPIFFE URI SAN.
+fn csrs() -> Vec<Vec<u8>> {
+    let algs: [&'static rcgen::SignatureAlgorithm; 3] =
+        [&rcgen::PKCS_ECDSA_P256_SHA256, &rcgen::PKCS_ECDSA_P384_SHA384, &rcgen::PKCS_RSA_SHA256];
+    algs.iter()
+        .filter_map(|alg| {
+            let key = rcgen::KeyPair::generate_for(alg).ok()?;
+            let mut params = rcgen::CertificateParams::default();
+            params.distinguished_name = rcgen::DistinguishedName::new();
+            let uri = "spiffe://cluster.local/ns/demo/sa/web".try_into().ok()?;
+            params.subject_alt_names = vec![rcgen::SanType::URI(uri)];
+            Some(params.serialize_request(&key).ok()?.pem().ok()?.into_bytes())
+        })
+        .collect()
 }
