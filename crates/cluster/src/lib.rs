@@ -1,0 +1,15 @@
+//! A Kubernetes-like cluster on one Linux host, for `ambit up`, the end-to-end tests and the
+//! benchmarks: one implementation of the topology they all build.
+//!
+//! - [`ip`]: the `ip` commands that create and configure network namespaces and links, with
+//!   errors that carry the command and what it printed.
+//! - [`cni`]: a container runtime's CNI side, as libcni does it: the node's network list read
+//!   from its CNI configuration directory, plugins found on `CNI_PATH` and run one by one with
+//!   the `K8S_*` arguments kubelet passes, ADD / CHECK / DEL with the cached result.
+//!
+//! Everything here needs root (network namespaces, veths, bridges).
+
+pub mod cni;
+pub mod ip;
+pub mod testing;
+pub mod topology;
