@@ -11,5 +11,6 @@
 
 pub mod cni;
 pub mod ip;
+pub mod sandbox;
 pub mod testing;
 pub mod topology;
