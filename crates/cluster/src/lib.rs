@@ -12,5 +12,6 @@
 pub mod cni;
 pub mod ip;
 pub mod sandbox;
+pub mod supervise;
 pub mod testing;
 pub mod topology;
