@@ -12,6 +12,7 @@
 pub mod cni;
 pub mod ip;
 pub mod sandbox;
+pub mod state;
 pub mod supervise;
 pub mod testing;
 pub mod topology;
