@@ -14,6 +14,7 @@
 pub mod file;
 pub mod gateway;
 pub mod istio;
+#[cfg(feature = "kube")]
 pub mod kube;
 mod object;
 #[cfg(any(test, feature = "testing"))]
