@@ -60,10 +60,7 @@ pub enum CniError {
         problem: String,
     },
     /// A plugin failed (non-zero exit, an error object, or output that is not JSON).
-    #[error(
-        "CNI {} of {}: plugin {} failed{}",
-        .0.command, .0.pod, .0.plugin, failure_text(.0.code, &.0.msg, &.0.details, &.0.stderr)
-    )]
+    #[error("{0}")]
     Plugin(Box<PluginFailure>),
     /// A plugin ran longer than [`PLUGIN_TIMEOUT`] and was killed.
     #[error("CNI {command} of {pod}: plugin {plugin} did not finish within {timeout:?}; killed")]
@@ -121,21 +118,25 @@ pub struct PluginFailure {
     pub stderr: String,
 }
 
-fn failure_text(code: Option<u64>, msg: &str, details: &str, stderr: &str) -> String {
-    let mut s = String::new();
-    if let Some(code) = code {
-        s.push_str(&format!(" (code {code})"));
+impl std::fmt::Display for PluginFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.plugin.is_empty() {
+            // Not a plugin's own report (a failure wrapped as one): the message says it all.
+            return f.write_str(&self.msg);
+        }
+        write!(f, "CNI {} of {}: plugin {} failed", self.command, self.pod, self.plugin)?;
+        if let Some(code) = self.code {
+            write!(f, " (code {code})")?;
+        }
+        write!(f, ": {}", self.msg)?;
+        if !self.details.is_empty() {
+            write!(f, " — {}", self.details)?;
+        }
+        if !self.stderr.is_empty() {
+            write!(f, " [stderr: {}]", self.stderr)?;
+        }
+        Ok(())
     }
-    s.push_str(": ");
-    s.push_str(msg);
-    if !details.is_empty() {
-        s.push_str(" — ");
-        s.push_str(details);
-    }
-    if !stderr.is_empty() {
-        s.push_str(&format!(" [stderr: {stderr}]"));
-    }
-    s
 }
 
 /// A network list: what one configuration file describes.

@@ -12,8 +12,7 @@ use super::pcap::Capture;
 use super::process::ChildGuard;
 use super::sockets::{connect_tcp_in, connect_with, listen_tcp_in, run_in};
 
-/// Where `ip netns` keeps its named namespaces.
-pub(super) const NETNS_DIR: &str = "/var/run/netns";
+pub(super) use ambit_cluster::ip::NETNS_DIR;
 /// Highest host index handed out in the cluster subnet (.1 is the first node's bridge).
 const MAX_HOST: u8 = 250;
 
