@@ -7,35 +7,14 @@ use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
 use std::process::{Command, Output};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use ambit_cluster::testing::require_root;
 use ambit_redirect::host::{IptablesProbeSnat, NftProbeSnat, ProbeEntryRemoval, kubelet_uid};
 use ambit_redirect::{
     Family, IptablesBackend, NftablesBackend, PodCapture, RuleBackend, Verification, Xtables, in_netns,
     render_iptables, render_nftables,
 };
-
-/// True when root and `ip netns` work; under `CI=true` a missing privilege fails the test.
-fn require_root() -> bool {
-    static PROBE: OnceLock<Result<(), String>> = OnceLock::new();
-    let probe = PROBE.get_or_init(|| {
-        if !nix::unistd::geteuid().is_root() {
-            return Err("not running as root".into());
-        }
-        Netns::try_new("probe").map(drop)
-    });
-    match probe {
-        Ok(()) => true,
-        Err(why) if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("redirect netns test cannot run in CI: {why}; run the test suite as root")
-        }
-        Err(why) => {
-            eprintln!("skipping: needs root ({why})");
-            false
-        }
-    }
-}
 
 /// A named network namespace, deleted on drop (also when the test fails).
 struct Netns {

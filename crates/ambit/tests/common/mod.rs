@@ -55,21 +55,7 @@ pub use sockets::{connect_tcp_in, listen_tcp_in, original_dst, run_in};
 /// Timeout applied to every connect made by the harness.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Returns true when the test may use root and `ip netns`; otherwise fails under `CI=true` or
-/// prints "skipping: needs root" and returns false so the caller can return early.
-pub fn require_root() -> bool {
-    static PROBE: OnceLock<Result<(), String>> = OnceLock::new();
-    match PROBE.get_or_init(probe_privileges) {
-        Ok(()) => true,
-        Err(why) if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("netns e2e test cannot run in CI: {why}; run the test suite as root (CI=true)")
-        }
-        Err(why) => {
-            eprintln!("skipping: needs root ({why})");
-            false
-        }
-    }
-}
+pub use ambit_cluster::testing::require_root;
 
 /// Polls `cond` every 20 ms until it holds (true) or `timeout` passes (false).
 pub fn wait_for(mut cond: impl FnMut() -> bool, timeout: Duration) -> bool {
@@ -185,22 +171,6 @@ fn bad_data(msg: String) -> io::Error {
 }
 
 /// Checks effective uid 0 and that a network namespace can really be created and deleted.
-fn probe_privileges() -> Result<(), String> {
-    if !nix::unistd::geteuid().is_root() {
-        return Err("not running as root".into());
-    }
-    let name = format!("amb{}-probe-{:04x}", std::process::id(), rand::random::<u16>());
-    let added = Command::new("ip").args(["netns", "add", &name]).output();
-    match added {
-        Ok(out) if out.status.success() => {
-            let _ = Command::new("ip").args(["netns", "del", &name]).output();
-            Ok(())
-        }
-        Ok(out) => Err(format!("`ip netns add` failed: {}", String::from_utf8_lossy(&out.stderr).trim())),
-        Err(e) => Err(format!("cannot run `ip` (is iproute2 installed?): {e}")),
-    }
-}
-
 /// Accepts one connection, waiting at most `timeout`; `None` if nothing arrived.
 pub fn accept_timeout(
     listener: &std::net::TcpListener,
