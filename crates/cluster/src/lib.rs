@@ -11,6 +11,7 @@
 
 pub mod cni;
 pub mod ip;
+pub mod node;
 pub mod sandbox;
 pub mod state;
 pub mod supervise;
