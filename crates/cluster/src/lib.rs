@@ -1,6 +1,7 @@
 //! A Kubernetes-like cluster on one Linux host, for `ambit up`, the end-to-end tests and the
 //! benchmarks: one implementation of the topology they all build.
 //!
+//! - [`down`]: taking a cluster down, from its record or its tag alone, idempotently.
 //! - [`ip`]: the `ip` commands that create and configure network namespaces and links, with
 //!   errors that carry the command and what it printed.
 //! - [`cni`]: a container runtime's CNI side, as libcni does it: the node's network list read
@@ -10,6 +11,7 @@
 //! Everything here needs root (network namespaces, veths, bridges).
 
 pub mod cni;
+pub mod down;
 pub mod ip;
 pub mod node;
 pub mod sandbox;

@@ -127,11 +127,16 @@ impl ClusterState {
 
     /// Whether the owner still runs (a pid that exists and is not a zombie).
     pub fn owner_alive(&self) -> bool {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.owner)).unwrap_or_default();
-        // The state is the field after the parenthesised command name.
-        let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next());
-        matches!(state, Some(s) if s != "Z" && s != "X")
+        pid_alive(self.owner)
     }
+}
+
+/// Whether process `pid` exists and is not a zombie.
+pub fn pid_alive(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The state is the field after the parenthesised command name.
+    let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next());
+    matches!(state, Some(s) if s != "Z" && s != "X")
 }
 
 #[cfg(test)]
