@@ -475,13 +475,18 @@ impl Runtime {
             .stderr(Stdio::piped());
         let started = Instant::now();
         let mut child = cmd.spawn().map_err(exec_err)?;
-        let input = serde_json::to_vec(conf).unwrap_or_default();
-        if let Some(mut pipe) = child.stdin.take() {
-            // A plugin that exits without reading its stdin is judged by its exit status.
-            let _ = pipe.write_all(&input);
-        }
+        // Output is drained before the input is written: a plugin that answers before reading
+        // all of its stdin never blocks on a full pipe.
         let out_reader = drain(child.stdout.take());
         let err_reader = drain(child.stderr.take());
+        let input = serde_json::to_vec(conf).unwrap_or_default();
+        if let Some(mut pipe) = child.stdin.take() {
+            // On a thread of its own, so a plugin that never reads its stdin still meets the
+            // time bound; one that exits without reading it is judged by its exit status.
+            std::thread::spawn(move || {
+                let _ = pipe.write_all(&input);
+            });
+        }
         let status = loop {
             match child.try_wait().map_err(exec_err)? {
                 Some(status) => break status,

@@ -26,7 +26,7 @@ fn probe() -> Result<(), String> {
     if !nix::unistd::geteuid().is_root() {
         return Err("not running as root".into());
     }
-    let name = format!("ambprobe{}", std::process::id());
+    let name = format!("ambc{}0-probe", std::process::id());
     crate::ip::add_netns(&name).map_err(|e| e.to_string())?;
     crate::ip::delete_netns(&name).map_err(|e| e.to_string())
 }

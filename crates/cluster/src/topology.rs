@@ -32,7 +32,7 @@ pub const MAX_MEMBERS: usize = 250;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NetworkSpec {
     /// Prefix of every namespace name, e.g. `ambit` (`ambit-fabric`, `ambit-node1`). 1–14
-    /// characters of `[a-z0-9]`. Tests use `ambc<pid>x<n>`, which the CI's leak check knows.
+    /// characters of `[a-z0-9]`. Tests use `ambc<pid><n>`, which the CI's leak check knows.
     pub tag: String,
     /// The node names, in order (node i gets pod CIDR `10.<pods>.<i+1>.0/24`).
     pub nodes: Vec<String>,

@@ -17,7 +17,7 @@ fn down_removes_a_cluster_whose_owner_still_runs_and_is_idempotent() {
     if !require_root() {
         return;
     }
-    let tag = format!("ambc{}x4", std::process::id());
+    let tag = format!("ambc{}4", std::process::id());
     let tmp = tempfile::tempdir().expect("tmp");
     let run = tmp.path().join("run");
     std::fs::create_dir_all(&run).expect("run dir");

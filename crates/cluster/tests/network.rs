@@ -49,7 +49,7 @@ fn nodes_route_to_each_others_pods_and_teardown_removes_everything() {
     if !require_root() {
         return;
     }
-    let tag = format!("ambc{}x1", std::process::id());
+    let tag = format!("ambc{}1", std::process::id());
     let net = Guard(spec(&tag).build().expect("build"));
     let net = &net.0;
     let (n1, n2, control) = (&net.nodes[0], &net.nodes[1], &net.hosts[0]);
@@ -80,7 +80,7 @@ fn a_failed_build_removes_what_it_made_and_leftovers_are_found_by_tag() {
     if !require_root() {
         return;
     }
-    let tag = format!("ambc{}x2", std::process::id());
+    let tag = format!("ambc{}2", std::process::id());
     // A leftover member namespace makes the build fail before anything is created.
     ip::add_netns(&format!("{tag}-node2")).expect("leftover");
     let err = spec(&tag).build().expect_err("node2 exists");

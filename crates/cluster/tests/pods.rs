@@ -32,7 +32,7 @@ fn a_pod_gets_its_nodes_cidr_through_the_cni_chain_and_is_reachable_across_nodes
     if !require_root() {
         return;
     }
-    let tag = format!("ambc{}x3", std::process::id());
+    let tag = format!("ambc{}3", std::process::id());
     let spec = NetworkSpec {
         tag: tag.clone(),
         nodes: vec!["node1".into(), "node2".into()],
