@@ -129,19 +129,10 @@ pub fn prepare(run_dir: &Path, member: &Member) -> Result<PreparedNode, NodeErro
 mod tests {
     use super::*;
     use crate::cni::NetworkList;
-    use crate::topology::NetworkSpec;
 
     #[test]
     fn a_prepared_node_has_its_network_and_keeps_what_was_chained_in() {
-        let net = NetworkSpec {
-            tag: "ambit".into(),
-            nodes: vec!["node1".into()],
-            hosts: vec!["control".into()],
-            segment: (250, 0),
-            pods: 244,
-        }
-        .plan()
-        .expect("plan");
+        let net = crate::topology::sample_network();
         let tmp = tempfile::tempdir().expect("tmp");
         let node = match prepare(tmp.path(), &net.nodes[0]) {
             Ok(n) => n,

@@ -142,18 +142,9 @@ pub fn pid_alive(pid: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::topology::NetworkSpec;
 
     fn state(dir: &Path) -> ClusterState {
-        let network = NetworkSpec {
-            tag: "ambit".into(),
-            nodes: vec!["node1".into()],
-            hosts: vec!["control".into()],
-            segment: (250, 0),
-            pods: 244,
-        }
-        .plan()
-        .expect("plan");
+        let network = crate::topology::sample_network();
         ClusterState {
             version: VERSION,
             run_dir: dir.to_owned(),

@@ -292,6 +292,20 @@ pub fn remove_tagged(tag: &str) -> (Vec<String>, Vec<CommandError>) {
     (removed, errors)
 }
 
+/// One node `node1` and one host `control`, tag `ambit` (planned, not built): for unit tests.
+#[cfg(test)]
+pub(crate) fn sample_network() -> Network {
+    NetworkSpec {
+        tag: "ambit".into(),
+        nodes: vec!["node1".into()],
+        hosts: vec!["control".into()],
+        segment: (250, 0),
+        pods: 244,
+    }
+    .plan()
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
