@@ -4,7 +4,7 @@
 //! was written), and doing it twice is not an error.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::ip::CommandError;
 use crate::state::{ClusterState, StateError};
@@ -50,7 +50,7 @@ pub fn down(run_dir: &Path, tag: &str, grace: Duration) -> Removed {
         && s.owner != std::process::id()
         && s.owner_alive()
     {
-        stop(s.owner, grace);
+        crate::supervise::stop_pid(s.owner, grace);
         removed.owner = Some(s.owner);
     }
     let tags: Vec<String> = state
@@ -75,21 +75,6 @@ pub fn down(run_dir: &Path, tag: &str, grace: Duration) -> Removed {
         }
     }
     removed
-}
-
-/// SIGTERM `pid`, wait up to `grace` for it to go, then SIGKILL.
-fn stop(pid: u32, grace: Duration) {
-    use nix::sys::signal::{Signal, kill};
-    let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap_or(i32::MAX));
-    let _ = kill(pid, Signal::SIGTERM);
-    let deadline = Instant::now() + grace;
-    while Instant::now() < deadline {
-        if !crate::state::pid_alive(pid.as_raw().unsigned_abs()) {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let _ = kill(pid, Signal::SIGKILL);
 }
 
 /// Removes a cgroup directory tree bottom-up (cgroup directories are removed with rmdir once

@@ -261,17 +261,24 @@ fn spawn(spec: &ProcessSpec) -> Result<Child, SuperviseError> {
 
 /// SIGTERM, wait up to `grace`, then SIGKILL; always reaps.
 fn terminate(child: &mut Child, grace: Duration) {
-    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
-    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+    stop_pid(child.id(), grace);
+    let _ = child.wait();
+}
+
+/// SIGTERM `pid`, wait up to `grace` for it to be gone (or a zombie), then SIGKILL. For a
+/// process of ours the caller still reaps it.
+pub fn stop_pid(pid: u32, grace: Duration) {
+    use nix::sys::signal::{Signal, kill};
+    let target = nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap_or(i32::MAX));
+    let _ = kill(target, Signal::SIGTERM);
     let deadline = Instant::now() + grace;
     while Instant::now() < deadline {
-        if matches!(child.try_wait(), Ok(Some(_))) {
+        if !crate::state::pid_alive(pid) {
             return;
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    let _ = child.kill();
-    let _ = child.wait();
+    let _ = kill(target, Signal::SIGKILL);
 }
 
 fn describe(status: ExitStatus) -> String {
