@@ -9,6 +9,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod app;
+mod demo;
+mod status;
+mod up;
+
 /// Ambit: a sidecar-less service-mesh data plane.
 #[derive(Parser)]
 #[command(name = "ambit", version, about)]
@@ -30,6 +35,22 @@ enum Command {
     /// API or a folder of YAML, become the proxies' Address and Authorization resources over
     /// delta ADS, and the Istio CA signs workload certificates with node authorization.
     Control(Box<ambit_control::app::ControlArgs>),
+    /// The whole mesh on this Linux host (root): nodes and pods as network namespaces, pods
+    /// created through the real CNI chain, `ambit control` and per node `ambit agent` and
+    /// `ambit proxy`, supervised. Returns once the cluster is ready.
+    Up(Box<up::UpArgs>),
+    /// Removes the local cluster: every process, network namespace, link, cgroup and file.
+    /// Idempotent; works after a crash or a killed `ambit up`.
+    Down(up::DownArgs),
+    /// The local cluster at a glance: nodes, pods (enrolled, identity, proxy listening),
+    /// services, policies, certificates, denials, restarts.
+    Status(up::StatusArgs),
+    /// Adds or changes the objects of a YAML file in the local cluster (checked first).
+    Apply(up::ApplyArgs),
+    /// Removes the objects of a YAML file from the local cluster (checked first).
+    Delete(up::ApplyArgs),
+    /// The demo applications `ambit up` runs in pods (`echo`, `client`).
+    App(app::AppArgs),
     /// Development certificate authority for FAKE_CA_ROOT.
     DevCa {
         #[command(subcommand)]
@@ -78,7 +99,7 @@ fn prepare_fd_table() {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if !matches!(cli.command, Command::DevCa { .. }) {
+    if matches!(cli.command, Command::Proxy(_) | Command::Agent(_) | Command::Control(_)) {
         prepare_fd_table();
     }
     match cli.command {
@@ -124,6 +145,18 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Up(args) => up::up(*args),
+        Command::Down(args) => up::down(args),
+        Command::Status(args) => up::status(args),
+        Command::Apply(args) => up::apply(args, false),
+        Command::Delete(args) => up::apply(args, true),
+        Command::App(args) => match app::run(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("ambit app: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::DevCa { command: DevCaCommand::Init { dir, force } } => {
             match ambit_identity::dev_ca_init(&dir, force) {
                 Ok(()) => {

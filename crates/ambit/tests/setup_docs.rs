@@ -33,8 +33,7 @@ fn has_word(text: &str, word: &str) -> bool {
 }
 
 /// The shell scripts the README and TESTING.md tell people to run, and what they source.
-const SCRIPTS: [&str; 5] =
-    [".ci/run", "examples/demo.sh", "benches/e2e.sh", "scripts/netns-lib.sh", "scripts/fuzz.sh"];
+const SCRIPTS: [&str; 4] = [".ci/run", "examples/demo/run.sh", "benches/e2e.sh", "scripts/fuzz.sh"];
 
 /// Tools the scripts use that a fresh Debian 12 lacks, and the package that brings each.
 const TOOLS: [(&str, &str); 11] = [
@@ -80,7 +79,7 @@ fn readme_quick_start_is_two_root_commands_without_sudo() {
         .map(|l| l.split(" #").next().unwrap_or_default().trim())
         .filter(|l| !l.is_empty())
         .collect();
-    assert_eq!(commands, ["bash examples/demo.sh", "bash .ci/run"], "README Quick start commands");
+    assert_eq!(commands, ["bash examples/demo/run.sh", "bash .ci/run"], "README Quick start commands");
     let heading = section.lines().next().unwrap_or_default();
     assert!(heading.contains("as root") && heading.contains("Debian 12"), "{heading}");
     for (i, block) in readme.split("```").enumerate().filter(|(i, _)| i % 2 == 1) {
@@ -95,16 +94,11 @@ fn scripts_use_no_sudo_and_install_what_they_run() {
     for need in ["build-essential", "curl", "python3"] {
         assert!(ci_installs.iter().any(|p| p == need), ".ci/run does not install {need}: {ci_installs:?}");
     }
-    let lib = read("scripts/netns-lib.sh");
     for script in SCRIPTS {
         let text = read(script);
         let code = without_comments(&text);
         assert!(!has_word(&code, "sudo"), "{script} runs sudo");
-        if script == "scripts/netns-lib.sh" {
-            continue; // sourced: its tools are checked with the scripts that source it
-        }
-        let sources_lib = code.contains("scripts/netns-lib.sh");
-        let used = if sources_lib { format!("{code}\n{}", without_comments(&lib)) } else { code.clone() };
+        let used = code.clone();
         // .ci/run runs scripts/fuzz.sh, so fuzz.sh may rely on what .ci/run installs.
         let mut provided = installs(&text);
         if script == "scripts/fuzz.sh" {

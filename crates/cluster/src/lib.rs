@@ -11,11 +11,14 @@
 //! Everything here needs root (network namespaces, veths, bridges).
 
 pub mod cni;
+pub mod desired;
 pub mod down;
 pub mod ip;
 pub mod node;
+pub mod probe;
 pub mod sandbox;
 pub mod state;
 pub mod supervise;
 pub mod testing;
 pub mod topology;
+pub mod up;

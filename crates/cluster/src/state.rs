@@ -29,12 +29,22 @@ pub struct ClusterState {
     pub cgroup_root: PathBuf,
     /// The pods: `namespace/name` → node, netns, IP.
     pub pods: Vec<PodState>,
-    /// What the cluster is doing (`starting: …`, `ready`, `failed: …`, `stopping`).
+    /// What the cluster is doing (`building the network`, `starting node node1`, `ready`,
+    /// `stopping`).
     pub phase: String,
+    /// The supervised processes (components and containers).
+    #[serde(default)]
+    pub processes: Vec<crate::supervise::ProcessStatus>,
+    /// What is wrong with the desired folder now (nothing of a bad version is applied).
+    #[serde(default)]
+    pub errors: Vec<String>,
+    /// Recent events (restarts, pods created and deleted), oldest first.
+    #[serde(default)]
+    pub events: Vec<String>,
 }
 
 /// One pod of the record.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct PodState {
     /// Kubernetes namespace.
     pub namespace: String,
@@ -50,6 +60,18 @@ pub struct PodState {
     pub container_id: String,
     /// Its IPv4 address, once CNI ADD succeeded.
     pub ip: Option<std::net::Ipv4Addr>,
+    /// Its service account.
+    #[serde(default)]
+    pub service_account: String,
+    /// `Running` (created), `Ready` (its declared ports listen) or `Failed` (see `message`).
+    #[serde(default)]
+    pub phase: String,
+    /// Why it failed.
+    #[serde(default)]
+    pub message: String,
+    /// How long its CNI ADD took, in milliseconds.
+    #[serde(default)]
+    pub cni_add_ms: f64,
 }
 
 /// The record could not be read or written.
@@ -159,8 +181,12 @@ mod tests {
                 netns: "ambit-pod-1".into(),
                 container_id: "c".into(),
                 ip: Some("10.244.1.2".parse().expect("ip")),
+                ..PodState::default()
             }],
             phase: "ready".into(),
+            processes: Vec::new(),
+            errors: Vec::new(),
+            events: Vec::new(),
         }
     }
 

@@ -48,8 +48,12 @@ fn down_removes_a_cluster_whose_owner_still_runs_and_is_idempotent() {
             netns: sb.netns.clone(),
             container_id: sb.pod.container_id.clone(),
             ip: None,
+            ..PodState::default()
         }],
         phase: "ready".into(),
+        processes: Vec::new(),
+        errors: Vec::new(),
+        events: Vec::new(),
     };
     state.save().expect("record");
     // The sandbox is left running, as after a killed `ambit up`.

@@ -388,24 +388,26 @@ fn yaml_files(dir: &Path) -> std::io::Result<BTreeMap<PathBuf, std::fs::Metadata
     Ok(files)
 }
 
-/// Reads and parses one file: its objects that `filter` admits.
-fn read(
-    path: &Path,
-    meta: &std::fs::Metadata,
-    filter: &Filter,
-) -> Result<BTreeMap<ObjectKey, Placed>, Box<FileError>> {
+/// One file's documents as the folder source reads them, not decoded yet: every document (and
+/// every item of a `v1` `List`) as JSON, with the position of the document it came from. The
+/// file's size is bounded by [`MAX_FILE_BYTES`]; it must be UTF-8 YAML whose documents are
+/// mappings with `apiVersion` and `kind`. `ambit up` reads its desired objects with this, so both
+/// readers accept exactly the same files.
+pub fn values(path: &Path) -> Result<Vec<(serde_json::Value, Position)>, Box<FileError>> {
     let fail = |at: Option<Position>, problem| Box::new(FileError { path: path.to_owned(), at, problem });
     let too_large = |size| fail(None, Problem::TooLarge { size, limit: MAX_FILE_BYTES });
-    if meta.len() > MAX_FILE_BYTES {
-        return Err(too_large(meta.len()));
+    let mut file = std::fs::File::open(path).map_err(|e| fail(None, Problem::Read(e.to_string())))?;
+    let size = file.metadata().map_err(|e| fail(None, Problem::Read(e.to_string())))?.len();
+    if size > MAX_FILE_BYTES {
+        return Err(too_large(size));
     }
     let mut bytes = Vec::new();
-    let read = std::fs::File::open(path).and_then(|f| {
+    {
         use std::io::Read;
-        f.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes)
-    });
-    if let Err(e) = read {
-        return Err(fail(None, Problem::Read(e.to_string())));
+        (&mut file)
+            .take(MAX_FILE_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| fail(None, Problem::Read(e.to_string())))?;
     }
     if bytes.len() as u64 > MAX_FILE_BYTES {
         return Err(too_large(bytes.len() as u64));
@@ -420,33 +422,48 @@ fn read(
         )
     })?;
     let documents = documents(&text).map_err(|(at, message)| fail(at, Problem::Yaml(message)))?;
-    let mut objects: BTreeMap<ObjectKey, Placed> = BTreeMap::new();
+    let mut out = Vec::new();
     for (value, at) in documents {
-        for value in items(value).map_err(|p| fail(Some(at), p))? {
-            let object = match Object::from_value(value) {
-                Ok(o) => o,
-                Err(ObjectError::UnknownKind { api_version, kind }) => {
-                    tracing::debug!(file = %path.display(), line = at.line, %api_version, %kind,
-                        "skipping a kind Ambit does not read");
-                    continue;
-                }
-                Err(e) => return Err(fail(Some(at), Problem::Object(e.to_string()))),
-            };
-            if !filter.admits(&object) {
+        out.extend(items(value).map_err(|p| fail(Some(at), p))?.into_iter().map(|v| (v, at)));
+    }
+    Ok(out)
+}
+
+/// Reads and parses one file: its objects that `filter` admits.
+fn read(
+    path: &Path,
+    meta: &std::fs::Metadata,
+    filter: &Filter,
+) -> Result<BTreeMap<ObjectKey, Placed>, Box<FileError>> {
+    if meta.len() > MAX_FILE_BYTES {
+        let problem = Problem::TooLarge { size: meta.len(), limit: MAX_FILE_BYTES };
+        return Err(Box::new(FileError { path: path.to_owned(), at: None, problem }));
+    }
+    let fail = |at: Option<Position>, problem| Box::new(FileError { path: path.to_owned(), at, problem });
+    let mut objects: BTreeMap<ObjectKey, Placed> = BTreeMap::new();
+    for (value, at) in values(path)? {
+        let object = match Object::from_value(value) {
+            Ok(o) => o,
+            Err(ObjectError::UnknownKind { api_version, kind }) => {
+                tracing::debug!(file = %path.display(), line = at.line, %api_version, %kind,
+                    "skipping a kind Ambit does not read");
                 continue;
             }
-            let key = object.key();
-            if let Some(first) = objects.get(&key) {
-                let problem = Problem::Duplicate { key, other: path.to_owned(), line: first.line };
-                return Err(fail(Some(at), problem));
-            }
-            objects.insert(key, Placed { object, line: at.line });
+            Err(e) => return Err(fail(Some(at), Problem::Object(e.to_string()))),
+        };
+        if !filter.admits(&object) {
+            continue;
         }
+        let key = object.key();
+        if let Some(first) = objects.get(&key) {
+            let problem = Problem::Duplicate { key, other: path.to_owned(), line: first.line };
+            return Err(fail(Some(at), problem));
+        }
+        objects.insert(key, Placed { object, line: at.line });
     }
     Ok(objects)
 }
 
-/// The documents of a YAML text, each with the position it starts at.
 /// The YAML text parser, for the fuzz targets (`fuzzing` feature): the objects of one file's
 /// text, each decoded as the source decodes it (errors as values, never a panic).
 #[cfg(feature = "fuzzing")]

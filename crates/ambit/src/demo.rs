@@ -1,0 +1,420 @@
+//! `ambit up --demo`: the objects of `examples/demo/` (built into the binary, so the demo runs
+//! from anywhere), then each flow of [`FLOWS`] run with `ambit app client` inside the source
+//! pod's network namespace. What is observed comes from two places: what the client got (the
+//! server's line, which names the server and the peer address it saw, or how the connection
+//! ended) and what the destination node's proxy counted for it (connections opened with the
+//! source's SPIFFE identity and `mutual_tls`, or denied). The verdict table shows each flow,
+//! expected and observed; the exit code is non-zero when any row differs.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Command, ExitCode};
+use std::time::{Duration, Instant};
+
+use ambit_cluster::desired::{DesiredError, Location};
+use ambit_cluster::probe;
+use ambit_cluster::state::ClusterState;
+use ambit_cluster::up;
+use serde_json::Value;
+
+use crate::up::Where;
+
+/// The demo's objects, as in `examples/demo/demo.yaml`.
+pub const DEMO_YAML: &str = include_str!("../../../examples/demo/demo.yaml");
+
+/// What a flow should do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Connections get the server's reply.
+    Allowed,
+    /// The destination proxy denies them (counted) and closes them.
+    Denied,
+}
+
+/// One flow of the demo.
+#[derive(Clone, Copy, Debug)]
+pub struct Flow {
+    /// What it shows.
+    pub title: &'static str,
+    /// The source pod (`namespace/name`).
+    pub from: &'static str,
+    /// The destination: a pod (`namespace/name`) or an address (`ip:port`).
+    pub to: &'static str,
+    /// The destination port (for a pod).
+    pub port: u16,
+    /// How many connections.
+    pub count: u32,
+    /// Allowed or denied.
+    pub verdict: Verdict,
+    /// Whether the destination proxy must see mutual TLS.
+    pub mtls: bool,
+    /// The source identity the destination proxy must see (empty: none).
+    pub identity: &'static str,
+    /// For allowed flows: how many distinct servers must answer.
+    pub servers: usize,
+}
+
+const CLIENT: &str = "spiffe://cluster.local/ns/demo/sa/client";
+const OTHER: &str = "spiffe://cluster.local/ns/demo/sa/other";
+
+/// The flows, in order.
+pub const FLOWS: &[Flow] = &[
+    Flow {
+        title: "client → server-0 (same node)",
+        from: "demo/client",
+        to: "demo/server-0",
+        port: 8080,
+        count: 1,
+        verdict: Verdict::Allowed,
+        mtls: true,
+        identity: CLIENT,
+        servers: 1,
+    },
+    Flow {
+        title: "client → server-1 (across nodes)",
+        from: "demo/client",
+        to: "demo/server-1",
+        port: 8080,
+        count: 1,
+        verdict: Verdict::Allowed,
+        mtls: true,
+        identity: CLIENT,
+        servers: 1,
+    },
+    Flow {
+        title: "client → Service server (VIP, 10 connections)",
+        from: "demo/client",
+        to: "10.96.0.10:80",
+        port: 0,
+        count: 10,
+        verdict: Verdict::Allowed,
+        mtls: true,
+        identity: CLIENT,
+        servers: 2,
+    },
+    Flow {
+        title: "other → server-0 (policy allows only client)",
+        from: "demo/other",
+        to: "demo/server-0",
+        port: 8080,
+        count: 1,
+        verdict: Verdict::Denied,
+        mtls: true,
+        identity: OTHER,
+        servers: 0,
+    },
+    Flow {
+        title: "plain/outsider → server-0 (STRICT mTLS)",
+        from: "plain/outsider",
+        to: "demo/server-0",
+        port: 8080,
+        count: 1,
+        verdict: Verdict::Denied,
+        mtls: false,
+        identity: "",
+        servers: 0,
+    },
+    Flow {
+        title: "client → plain/web (out of the mesh)",
+        from: "demo/client",
+        to: "plain/web",
+        port: 8080,
+        count: 1,
+        verdict: Verdict::Allowed,
+        mtls: false,
+        identity: "",
+        servers: 1,
+    },
+    Flow {
+        title: "plain/outsider → plain/web",
+        from: "plain/outsider",
+        to: "plain/web",
+        port: 8080,
+        count: 1,
+        verdict: Verdict::Allowed,
+        mtls: false,
+        identity: "",
+        servers: 1,
+    },
+];
+
+/// The demo's documents, checked like any folder.
+pub fn documents() -> (Vec<(Value, Location)>, Vec<DesiredError>) {
+    let dir = std::env::temp_dir().join(format!("ambit-demo-{}", std::process::id()));
+    let path = dir.join("demo.yaml");
+    let read = std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, DEMO_YAML));
+    let out = match read {
+        Ok(()) => ambit_cluster::desired::read_files(std::slice::from_ref(&path)),
+        Err(e) => (
+            Vec::new(),
+            vec![DesiredError { at: Location { path: path.clone(), line: 0 }, problem: e.to_string() }],
+        ),
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    // Shown as the file of the repository.
+    let shown = PathBuf::from("examples/demo/demo.yaml");
+    let relocate = |at: Location| Location { path: shown.clone(), line: at.line };
+    (
+        out.0.into_iter().map(|(v, at)| (v, relocate(at))).collect(),
+        out.1.into_iter().map(|e| DesiredError { at: relocate(e.at), problem: e.problem }).collect(),
+    )
+}
+
+/// Destination-reported counters of every node proxy: series → value.
+fn counters(state: &ClusterState) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for n in &state.network.nodes {
+        let Ok((200, body)) = probe::http_get(&n.netns, up::PROXY_METRICS, "/metrics") else { continue };
+        for l in body.lines() {
+            if (l.starts_with("istio_tcp_connections_opened_total{")
+                || l.starts_with("istio_tcp_connections_failed_total{"))
+                && l.contains("reporter=\"destination\"")
+                && let Some((series, v)) = l.rsplit_once(' ')
+                && let Ok(v) = v.parse::<f64>()
+            {
+                out.insert(format!("{}|{series}", n.name), v);
+            }
+        }
+    }
+    out
+}
+
+fn label(series: &str, name: &str) -> String {
+    let key = format!("{name}=\"");
+    series
+        .find(&key)
+        .map(|i| &series[i + key.len()..])
+        .and_then(|rest| rest.split_once('"').map(|(v, _)| v.to_owned()))
+        .unwrap_or_default()
+}
+
+/// What one flow did.
+struct Observed {
+    verdict: String,
+    mtls: String,
+    identity: String,
+    server_saw: String,
+    problems: Vec<String>,
+}
+
+fn observe(flow: &Flow, state: &ClusterState, ambit: &PathBuf) -> Observed {
+    let pod = |name: &str| state.pods.iter().find(|p| format!("{}/{}", p.namespace, p.name) == name);
+    let mut problems = Vec::new();
+    let Some(src) = pod(flow.from) else {
+        return Observed {
+            verdict: "-".into(),
+            mtls: "-".into(),
+            identity: "-".into(),
+            server_saw: "-".into(),
+            problems: vec![format!("no pod {}", flow.from)],
+        };
+    };
+    let addr = match pod(flow.to) {
+        Some(p) => format!("{}:{}", p.ip.map(|i| i.to_string()).unwrap_or_default(), flow.port),
+        None => flow.to.to_owned(),
+    };
+    let before = counters(state);
+    let out = Command::new("ip")
+        .args(["netns", "exec", &src.netns])
+        .arg(ambit)
+        .args(["app", "client", &addr, "--count", &flow.count.to_string(), "--timeout", "3s"])
+        .output();
+    let lines: Vec<Value> = match &out {
+        Ok(o) => {
+            String::from_utf8_lossy(&o.stdout).lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
+        }
+        Err(e) => {
+            problems.push(format!("cannot run the client in {}: {e}", src.netns));
+            Vec::new()
+        }
+    };
+    if lines.len() != flow.count as usize {
+        problems.push(format!(
+            "the client reported {} of {} connections: {}",
+            lines.len(),
+            flow.count,
+            out.as_ref().map(|o| String::from_utf8_lossy(&o.stderr).into_owned()).unwrap_or_default().trim()
+        ));
+    }
+    let replies: Vec<&Value> = lines.iter().filter_map(|l| l.get("reply")).collect();
+    // The destination proxy counts at connection time; give it a moment to be scraped.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut delta: BTreeMap<String, f64>;
+    loop {
+        let after = counters(state);
+        delta = after
+            .iter()
+            .filter_map(|(k, v)| {
+                let d = v - before.get(k).copied().unwrap_or_default();
+                (d > 0.0).then(|| (k.clone(), d))
+            })
+            .collect();
+        let seen: f64 = delta.values().sum();
+        if seen >= f64::from(flow.count)
+            || Instant::now() > deadline
+            || (flow.verdict == Verdict::Allowed && !flow.mtls)
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let denied: f64 = delta
+        .iter()
+        .filter(|(k, _)| {
+            k.contains("istio_tcp_connections_failed_total{") && k.contains("response_flags=\"DENY\"")
+        })
+        .map(|(_, v)| v)
+        .sum();
+    let opened: Vec<&String> =
+        delta.keys().filter(|k| k.contains("istio_tcp_connections_opened_total{")).collect();
+    let counted: Vec<&String> = if denied > 0.0 {
+        delta.keys().filter(|k| k.contains("response_flags=\"DENY\"")).collect()
+    } else {
+        opened
+    };
+    let verdict = if replies.len() == lines.len() && !lines.is_empty() {
+        "allowed".to_owned()
+    } else if replies.is_empty() && denied >= f64::from(flow.count) {
+        "denied".to_owned()
+    } else if replies.is_empty() {
+        let how: Vec<String> = lines.iter().filter_map(|l| l["error"].as_str().map(str::to_owned)).collect();
+        format!("failed ({}; no denial counted)", how.join(","))
+    } else {
+        format!("{} of {} allowed", replies.len(), lines.len())
+    };
+    let mtls = if counted.is_empty() {
+        "plaintext".to_owned()
+    } else if counted.iter().all(|k| label(k, "connection_security_policy") == "mutual_tls") {
+        "mTLS".to_owned()
+    } else {
+        "plaintext".to_owned()
+    };
+    let mut identities: Vec<String> = counted
+        .iter()
+        .map(|k| label(k, "source_principal"))
+        .filter(|p| !p.is_empty() && p != "unknown")
+        .collect();
+    identities.sort();
+    identities.dedup();
+    let identity = if identities.is_empty() { "-".to_owned() } else { identities.join(",") };
+    let mut servers: Vec<&str> = replies.iter().filter_map(|r| r["server"].as_str()).collect();
+    servers.sort_unstable();
+    servers.dedup();
+    let peers: Vec<String> = replies
+        .iter()
+        .filter_map(|r| r["peer"].as_str())
+        .map(|p| p.rsplit_once(':').map_or(p, |(ip, _)| ip).to_owned())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let server_saw = if servers.is_empty() {
+        "-".to_owned()
+    } else {
+        format!("{} from {}", servers.join("+"), peers.join(","))
+    };
+    if flow.verdict == Verdict::Allowed {
+        let src_ip = src.ip.map(|i| i.to_string()).unwrap_or_default();
+        if !peers.is_empty() && peers != [src_ip.clone()] {
+            problems
+                .push(format!("the server saw {} instead of the client's address {src_ip}", peers.join(",")));
+        }
+        if servers.len() < flow.servers {
+            problems.push(format!("{} server(s) answered; want {}", servers.len(), flow.servers));
+        }
+    }
+    Observed { verdict, mtls, identity, server_saw, problems }
+}
+
+/// Runs the flows on the cluster at `at` and prints the verdict table.
+pub fn run(at: &Where) -> ExitCode {
+    let state = match ClusterState::load(&at.run_dir) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("ambit up --demo: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let ambit = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("ambit up --demo: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // Every enrolled pod has its certificate before the first flow (the proxies fetch them on
+    // enrollment; the first connection would otherwise wait for one).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let enrolled = state.pods.iter().filter(|p| p.namespace == "demo").count();
+    while Instant::now() < deadline {
+        let report = crate::status::gather(&state, &up::Layout(at.run_dir.clone()));
+        let ready = report.certificates.iter().filter(|c| c.state == "Available").count();
+        if ready >= enrolled
+            && report.pods.iter().filter(|p| p.pod.starts_with("demo/")).all(|p| p.proxy_listening)
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    println!("\nThe demo's flows (each run with `ambit app client` in the source pod's namespace):\n");
+    let header =
+        ("FLOW", "EXPECTED", "OBSERVED", "MTLS", "IDENTITY THE SERVER'S PROXY SAW", "SERVER ANSWERED");
+    let mut rows = Vec::new();
+    let mut bad = 0;
+    for flow in FLOWS {
+        let o = observe(flow, &state, &ambit);
+        let expected = match flow.verdict {
+            Verdict::Allowed => "allowed",
+            Verdict::Denied => "denied",
+        };
+        let want_mtls = if flow.mtls { "mTLS" } else { "plaintext" };
+        let want_identity = if flow.identity.is_empty() { "-" } else { flow.identity };
+        let mut problems = o.problems.clone();
+        if o.verdict != expected {
+            problems.push(format!("{} instead of {expected}", o.verdict));
+        }
+        if o.mtls != want_mtls {
+            problems.push(format!("{} instead of {want_mtls}", o.mtls));
+        }
+        if o.identity != want_identity {
+            problems.push(format!("identity {} instead of {want_identity}", o.identity));
+        }
+        let ok = problems.is_empty();
+        if !ok {
+            bad += 1;
+        }
+        rows.push((flow.title, format!("{expected}, {want_mtls}"), o, ok, problems));
+    }
+    let w = rows.iter().map(|r| r.0.len()).max().unwrap_or(4).max(4);
+    println!(
+        "{:<w$}  {:<20}  {:<12}  {:<10}  {:<44}  {}",
+        header.0, header.1, header.2, header.3, header.4, header.5
+    );
+    for (title, expected, o, ok, problems) in &rows {
+        println!(
+            "{:<w$}  {:<20}  {:<12}  {:<10}  {:<44}  {}  {}",
+            title,
+            expected,
+            o.verdict,
+            o.mtls,
+            o.identity,
+            o.server_saw,
+            if *ok { "ok" } else { "DIFFERS" }
+        );
+        for p in problems {
+            println!("{:<w$}    ↳ {p}", "");
+        }
+    }
+    println!();
+    if bad == 0 {
+        println!(
+            "every flow behaved as expected. The cluster is still up: `ambit status`, then `ambit down`."
+        );
+        ExitCode::SUCCESS
+    } else {
+        println!(
+            "{bad} flow(s) differ from what was expected; logs: {}",
+            up::Layout(at.run_dir.clone()).logs().display()
+        );
+        ExitCode::FAILURE
+    }
+}

@@ -1,0 +1,560 @@
+//! `ambit up`, `ambit down`, `ambit status`, `ambit apply` and `ambit delete`: the whole mesh on
+//! one Linux host, on `ambit-cluster`.
+//!
+//! `ambit up` checks everything it can before it creates anything (root, the CNI plugins, the
+//! `ambit-cni` binary, the desired folder, no cluster up already), then starts the cluster's
+//! owner, a detached `ambit up --supervise` whose log is `<run dir>/logs/up.log`, and shows its
+//! progress until the cluster is ready. If it fails, what was built is taken down again.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use ambit_cluster::desired::{self, Desired, DesiredError, DesiredErrors, Location};
+use ambit_cluster::state::{ClusterState, StateError};
+use ambit_cluster::up::{self, Layout, UpConfig};
+use clap::Args;
+use serde_json::Value;
+
+use crate::demo;
+
+/// Where `ambit up` keeps a cluster's files by default.
+pub const RUN_DIR: &str = "/run/ambit-up";
+/// The namespaces' prefix by default (`ambit-node1`, `ambit-control`, …).
+pub const TAG: &str = "ambit";
+/// How long `ambit up` waits for the cluster to be ready.
+pub const UP_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Where a cluster is.
+#[derive(Args, Clone, Debug)]
+pub struct Where {
+    /// The cluster's run directory.
+    #[arg(long, env = "AMBIT_UP_RUN_DIR", default_value = RUN_DIR)]
+    pub run_dir: PathBuf,
+    /// The prefix of the cluster's network namespaces.
+    #[arg(long, env = "AMBIT_UP_TAG", default_value = TAG)]
+    pub tag: String,
+}
+
+/// `ambit up`.
+#[derive(Args, Debug)]
+pub struct UpArgs {
+    /// How many nodes (`node1` … `nodeN`), 1 to 200.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=200))]
+    pub nodes: u16,
+    /// A folder of Kubernetes YAML to run (Namespaces, Pods, Deployments, Services,
+    /// ServiceAccounts, Istio policies).
+    #[arg(long, conflicts_with = "demo")]
+    pub config: Option<PathBuf>,
+    /// Run the demo (examples/demo): its objects, then every flow, with a verdict table; exits
+    /// non-zero when a flow does not behave as expected. The cluster stays up afterwards.
+    #[arg(long)]
+    pub demo: bool,
+    #[command(flatten)]
+    pub at: Where,
+    /// Run as the cluster's owner (what `ambit up` starts in the background).
+    #[arg(long, hide = true)]
+    pub supervise: bool,
+    /// The `ambit-cni` binary the owner's agents install (given by `ambit up`).
+    #[arg(long, hide = true)]
+    pub ambit_cni: Option<PathBuf>,
+}
+
+/// `ambit down`.
+#[derive(Args, Debug)]
+pub struct DownArgs {
+    #[command(flatten)]
+    pub at: Where,
+}
+
+/// `ambit status`.
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub at: Where,
+    /// Refresh every 2 seconds until interrupted.
+    #[arg(long)]
+    pub watch: bool,
+    /// `table` or `json`.
+    #[arg(short = 'o', long = "output", default_value = "table", value_parser = ["table", "json"])]
+    pub output: String,
+}
+
+/// `ambit apply` / `ambit delete`.
+#[derive(Args, Debug)]
+pub struct ApplyArgs {
+    /// A YAML file of objects.
+    #[arg(short = 'f', long = "filename")]
+    pub file: PathBuf,
+    #[command(flatten)]
+    pub at: Where,
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::Relaxed);
+}
+
+fn fail(what: &str, e: impl std::fmt::Display) -> ExitCode {
+    eprintln!("ambit {what}: {e}");
+    ExitCode::FAILURE
+}
+
+fn require_root(what: &str) -> Result<(), String> {
+    if nix::unistd::geteuid().is_root() {
+        Ok(())
+    } else {
+        Err(format!(
+            "`ambit {what}` needs root: it creates network namespaces, links and cgroups (run it in a root shell)"
+        ))
+    }
+}
+
+fn node_names(n: u16) -> Vec<String> {
+    (1..=n).map(|i| format!("node{i}")).collect()
+}
+
+/// The `ambit-cni` binary: next to this one (cargo builds both into one directory), else on PATH.
+fn find_ambit_cni() -> Result<PathBuf, String> {
+    let me = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
+    let beside = me.with_file_name("ambit-cni");
+    if beside.is_file() {
+        return Ok(beside);
+    }
+    for dir in std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()) {
+        if dir.join("ambit-cni").is_file() {
+            return Ok(dir.join("ambit-cni"));
+        }
+    }
+    Err(format!(
+        "the CNI plugin ambit-cni is neither next to {} nor on PATH; build it: cargo build --release -p ambit -p ambit-cni",
+        me.display()
+    ))
+}
+
+/// Whether a cluster (or what is left of one) is at `at`: the message to give, if so.
+fn already_up(at: &Where) -> Option<String> {
+    match ClusterState::load(&at.run_dir) {
+        Ok(s) if s.owner_alive() => {
+            return Some(format!(
+                "a cluster is already up (run dir {}, owner pid {}, {}): `ambit status` shows it, `ambit down` removes it",
+                at.run_dir.display(),
+                s.owner,
+                s.phase
+            ));
+        }
+        Ok(_) | Err(StateError::Invalid { .. } | StateError::Io { .. }) => {
+            return Some(format!(
+                "{} holds a cluster whose owner is gone (a crash or a killed `ambit up`); remove what is left with `ambit down`",
+                at.run_dir.display()
+            ));
+        }
+        Err(StateError::Missing(_)) => {}
+    }
+    let left = ambit_cluster::ip::netns_with_prefix(&format!("{}-", at.tag));
+    if !left.is_empty() {
+        return Some(format!(
+            "network namespaces of tag {:?} exist ({}); remove them with `ambit down`",
+            at.tag,
+            left.join(", ")
+        ));
+    }
+    if at.run_dir.exists() {
+        return Some(format!("{} exists; remove it with `ambit down`", at.run_dir.display()));
+    }
+    None
+}
+
+/// Writes every object of `documents` into `dir` as one file each.
+fn write_objects(dir: &Path, documents: &[(Value, Location)]) -> Result<(), String> {
+    for (value, at) in documents {
+        let file = desired::object_file(value)
+            .ok_or_else(|| format!("{at}: the object has no usable kind and name"))?;
+        let mut text = serde_json::to_string_pretty(value).unwrap_or_default();
+        text.push('\n');
+        up::write_atomic(&dir.join(file), &text).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+fn print_errors(what: &str, e: &DesiredErrors) {
+    eprintln!("ambit {what}: {} problem(s); nothing was applied:", e.0.len());
+    for err in &e.0 {
+        eprintln!("  {err}");
+    }
+}
+
+/// `ambit up`.
+pub fn up(args: UpArgs) -> ExitCode {
+    if args.supervise {
+        return supervise(&args);
+    }
+    if let Err(e) = require_root("up") {
+        return fail("up", e);
+    }
+    if let Some(why) = already_up(&args.at) {
+        return fail("up", why);
+    }
+    let cni = match find_ambit_cni() {
+        Ok(p) => p,
+        Err(e) => return fail("up", e),
+    };
+    if let Err(e) = ambit_cluster::cni::PluginPath::with_reference_plugins(&[]) {
+        return fail("up", e);
+    }
+    // The objects, checked before anything is created.
+    let nodes = node_names(args.nodes);
+    let (documents, errors) = if args.demo {
+        demo::documents()
+    } else if let Some(dir) = &args.config {
+        match desired::yaml_files(dir) {
+            Ok(files) => desired::read_files(&files),
+            Err(e) => (Vec::new(), vec![e]),
+        }
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    if let Err(e) = Desired::check(documents.clone(), errors, &nodes) {
+        print_errors("up", &e);
+        return ExitCode::FAILURE;
+    }
+    let layout = Layout(args.at.run_dir.clone());
+    let started = Instant::now();
+    let prepared = std::fs::create_dir_all(layout.desired())
+        .and_then(|()| std::fs::create_dir_all(layout.logs()))
+        .map_err(|e| format!("{}: {e}", args.at.run_dir.display()))
+        .and_then(|()| write_objects(&layout.desired(), &documents));
+    if let Err(e) = prepared {
+        let _ = std::fs::remove_dir_all(&args.at.run_dir);
+        return fail("up", e);
+    }
+    let me = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => return fail("up", format!("cannot find this binary: {e}")),
+    };
+    let log_path = layout.logs().join("up.log");
+    let log = match std::fs::OpenOptions::new().create(true).append(true).open(&log_path) {
+        Ok(f) => f,
+        Err(e) => return fail("up", format!("{}: {e}", log_path.display())),
+    };
+    let log_err = match log.try_clone() {
+        Ok(f) => f,
+        Err(e) => return fail("up", e),
+    };
+    let mut cmd = Command::new(&me);
+    cmd.args(["up", "--supervise", "--nodes", &args.nodes.to_string(), "--run-dir"])
+        .arg(&args.at.run_dir)
+        .args(["--tag", &args.at.tag])
+        .arg("--ambit-cni")
+        .arg(&cni)
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log_err);
+    // Its own session: the cluster outlives this terminal.
+    unsafe_setsid(&mut cmd);
+    let mut owner = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => return fail("up", format!("cannot start the cluster's owner: {e}")),
+    };
+    println!("ambit up: {} nodes, run dir {}", args.nodes, args.at.run_dir.display());
+    let mut shown = 0;
+    let outcome = loop {
+        let text = std::fs::read_to_string(layout.progress()).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        for l in lines.iter().skip(shown) {
+            if *l != "ready" && !l.starts_with("failed: ") {
+                println!("  {l}");
+            }
+        }
+        shown = lines.len();
+        if let Some(last) = lines.last() {
+            if *last == "ready" {
+                break Ok(());
+            }
+            if let Some(why) = last.strip_prefix("failed: ") {
+                break Err(why.to_owned());
+            }
+        }
+        if let Ok(Some(status)) = owner.try_wait() {
+            break Err(format!("the cluster's owner exited ({status}); its log: {}", log_path.display()));
+        }
+        if started.elapsed() > UP_TIMEOUT {
+            break Err(format!("not ready after {UP_TIMEOUT:?}; the owner's log: {}", log_path.display()));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    if let Err(why) = outcome {
+        eprintln!("ambit up: {why}");
+        let tail = tail_file(&log_path, 15);
+        if !tail.is_empty() {
+            eprintln!("--- last lines of {} ---\n{tail}", log_path.display());
+        }
+        eprintln!("ambit up: taking down what was built");
+        let removed = ambit_cluster::down::down(&args.at.run_dir, &args.at.tag, Duration::from_secs(5));
+        for e in removed.errors {
+            eprintln!("  {e}");
+        }
+        let _ = owner.wait();
+        return ExitCode::FAILURE;
+    }
+    // The owner runs on by itself; it is not our child to wait for.
+    std::mem::forget(owner);
+    println!("ambit up: ready in {:.1} s\n", started.elapsed().as_secs_f64());
+    match ClusterState::load(&args.at.run_dir) {
+        Ok(s) => print!("{}", summary(&s, &layout)),
+        Err(e) => eprintln!("ambit up: {e}"),
+    }
+    if args.demo {
+        return demo::run(&args.at);
+    }
+    ExitCode::SUCCESS
+}
+
+#[allow(unsafe_code)]
+fn unsafe_setsid(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: setsid is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::unistd::setsid().map_err(std::io::Error::from)?;
+            Ok(())
+        });
+    }
+}
+
+fn tail_file(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// Where everything is, after `ambit up`.
+fn summary(s: &ClusterState, layout: &Layout) -> String {
+    let mut out = String::new();
+    let control = s.network.hosts.iter().find(|h| h.name == up::CONTROL_HOST);
+    if let Some(c) = control {
+        out += &format!(
+            "control plane  ambit control in netns {}: xDS and CA at https://{}:{} (as {}), monitoring :{}\n",
+            c.netns,
+            c.ip,
+            up::CONTROL_GRPC,
+            up::CONTROL_HOSTNAME,
+            up::CONTROL_MONITORING
+        );
+    }
+    for n in &s.network.nodes {
+        out += &format!(
+            "node {:<9} netns {}, {} , pods {}: ambit agent (:{} health) and ambit proxy (:{} admin, :{} metrics)\n",
+            n.name,
+            n.netns,
+            n.ip,
+            n.pods.map(|p| p.cidr()).unwrap_or_default(),
+            up::AGENT_HEALTH,
+            up::PROXY_ADMIN,
+            up::PROXY_METRICS
+        );
+    }
+    for p in &s.pods {
+        out += &format!(
+            "pod {:<24} on {:<6} {:<15} netns {}\n",
+            format!("{}/{}", p.namespace, p.name),
+            p.node,
+            p.ip.map(|i| i.to_string()).unwrap_or_default(),
+            p.netns
+        );
+    }
+    out += &format!(
+        "\nlogs        {}\nobjects     {} (edit with `ambit apply -f FILE` / `ambit delete -f FILE`)\nstatus      ambit status\nin a pod    ip netns exec <netns> <command>\nremove all  ambit down\n",
+        layout.logs().display(),
+        layout.desired().display()
+    );
+    out
+}
+
+fn supervise(args: &UpArgs) -> ExitCode {
+    ambit_admin::logging::init("info", false);
+    for sig in [nix::sys::signal::Signal::SIGTERM, nix::sys::signal::Signal::SIGINT] {
+        let action = nix::sys::signal::SigAction::new(
+            nix::sys::signal::SigHandler::Handler(on_signal),
+            nix::sys::signal::SaFlags::empty(),
+            nix::sys::signal::SigSet::empty(),
+        );
+        // SAFETY: the handler only stores to an atomic.
+        #[allow(unsafe_code)]
+        let _ = unsafe { nix::sys::signal::sigaction(sig, &action) };
+    }
+    let ambit = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => return fail("up", e),
+    };
+    let cni = args.ambit_cni.clone().unwrap_or_else(|| ambit.with_file_name("ambit-cni"));
+    let cfg = UpConfig {
+        run_dir: args.at.run_dir.clone(),
+        tag: args.at.tag.clone(),
+        nodes: usize::from(args.nodes),
+        ambit,
+        ambit_cni: cni,
+        segment: (250, 0),
+        pods: 244,
+    };
+    match up::run(cfg, &STOP) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail("up", e),
+    }
+}
+
+/// `ambit down`.
+pub fn down(args: DownArgs) -> ExitCode {
+    if let Err(e) = require_root("down") {
+        return fail("down", e);
+    }
+    let removed = ambit_cluster::down::down(&args.at.run_dir, &args.at.tag, up::STOP_GRACE * 2);
+    if removed.nothing() {
+        println!(
+            "ambit down: nothing was up (no {} and no network namespace {}-*)",
+            args.at.run_dir.display(),
+            args.at.tag
+        );
+    } else {
+        if let Some(pid) = removed.owner {
+            println!("stopped the cluster's owner (pid {pid}) and everything it ran");
+        }
+        println!("removed {} network namespaces", removed.namespaces.len());
+        if removed.cgroups > 0 {
+            println!("removed {} cgroups", removed.cgroups);
+        }
+        if removed.run_dir {
+            println!("removed {}", args.at.run_dir.display());
+        }
+    }
+    if removed.errors.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        for e in &removed.errors {
+            eprintln!("ambit down: {e}");
+        }
+        ExitCode::FAILURE
+    }
+}
+
+/// `ambit apply -f FILE` and `ambit delete -f FILE`: the desired folder with FILE's objects
+/// written (or removed), checked as a whole first; nothing changes when it does not check.
+pub fn apply(args: ApplyArgs, delete: bool) -> ExitCode {
+    let what = if delete { "delete" } else { "apply" };
+    let state = match ClusterState::load(&args.at.run_dir) {
+        Ok(s) if s.owner_alive() => s,
+        Ok(_) => return fail(what, "the cluster's owner is gone; `ambit down`, then `ambit up`"),
+        Err(e) => return fail(what, e),
+    };
+    let layout = Layout(args.at.run_dir.clone());
+    let (ours, errors) = desired::read_files(std::slice::from_ref(&args.file));
+    if !errors.is_empty() {
+        print_errors(what, &DesiredErrors(errors));
+        return ExitCode::FAILURE;
+    }
+    if ours.is_empty() {
+        return fail(what, format!("{}: no objects", args.file.display()));
+    }
+    let current_files = match desired::yaml_files(&layout.desired()) {
+        Ok(f) => f,
+        Err(e) => return fail(what, e),
+    };
+    let (current, errors) = desired::read_files(&current_files);
+    let mut names = Vec::new();
+    for (value, at) in &ours {
+        match desired::object_file(value) {
+            Some(f) => names.push(f),
+            None => {
+                let e =
+                    DesiredError { at: at.clone(), problem: "the object has no usable kind and name".into() };
+                print_errors(what, &DesiredErrors(vec![e]));
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let replaced = |at: &Location| {
+        at.path.file_name().and_then(|n| n.to_str()).is_some_and(|n| names.iter().any(|m| m == n))
+    };
+    let mut next: Vec<(Value, Location)> = current.iter().filter(|(_, at)| !replaced(at)).cloned().collect();
+    if delete {
+        let missing: Vec<DesiredError> = ours
+            .iter()
+            .zip(&names)
+            .filter(|(_, n)| !current_files.iter().any(|f| f.file_name().and_then(|x| x.to_str()) == Some(n)))
+            .map(|((v, at), _)| DesiredError {
+                at: at.clone(),
+                problem: format!("{} {} is not in the cluster", kind_of(v), name_of(v)),
+            })
+            .collect();
+        if !missing.is_empty() {
+            print_errors(what, &DesiredErrors(missing));
+            return ExitCode::FAILURE;
+        }
+    } else {
+        next.extend(ours.iter().cloned());
+    }
+    let nodes: Vec<String> = state.network.nodes.iter().map(|n| n.name.clone()).collect();
+    if let Err(e) = Desired::check(next, errors, &nodes) {
+        print_errors(what, &e);
+        return ExitCode::FAILURE;
+    }
+    for ((value, _), name) in ours.iter().zip(&names) {
+        let path = layout.desired().join(name);
+        let existed = path.exists();
+        let done = if delete {
+            std::fs::remove_file(&path).map_err(|e| format!("{}: {e}", path.display()))
+        } else {
+            write_objects(&layout.desired(), &[(value.clone(), Location { path: path.clone(), line: 0 })])
+        };
+        if let Err(e) = done {
+            return fail(what, e);
+        }
+        let verb = match (delete, existed) {
+            (true, _) => "deleted",
+            (false, true) => "configured",
+            (false, false) => "created",
+        };
+        println!("{} {} {verb}", kind_of(value), name_of(value));
+    }
+    ExitCode::SUCCESS
+}
+
+fn kind_of(v: &Value) -> String {
+    v.get("kind").and_then(Value::as_str).unwrap_or_default().to_owned()
+}
+
+fn name_of(v: &Value) -> String {
+    let m = v.get("metadata");
+    let name = m.and_then(|m| m.get("name")).and_then(Value::as_str).unwrap_or_default();
+    match m.and_then(|m| m.get("namespace")).and_then(Value::as_str) {
+        Some(ns) => format!("{ns}/{name}"),
+        None => name.to_owned(),
+    }
+}
+
+/// `ambit status`.
+pub fn status(args: StatusArgs) -> ExitCode {
+    loop {
+        let state = match ClusterState::load(&args.at.run_dir) {
+            Ok(s) => s,
+            Err(e) => return fail("status", e),
+        };
+        let report = crate::status::gather(&state, &Layout(args.at.run_dir.clone()));
+        if args.output == "json" {
+            println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
+        } else {
+            if args.watch {
+                print!("\x1b[2J\x1b[H");
+            }
+            print!("{}", crate::status::table(&report));
+        }
+        let _ = std::io::stdout().flush();
+        if !args.watch {
+            return if state.owner_alive() { ExitCode::SUCCESS } else { ExitCode::FAILURE };
+        }
+        std::thread::sleep(Duration::from_secs(2));
+    }
+}

@@ -1,0 +1,97 @@
+//! Looking into the cluster's namespaces from outside: TCP connections made inside a namespace
+//! (the socket is created there, then used from any thread), a plain HTTP GET on a component's
+//! monitoring port, and the TCP ports a namespace listens on.
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use ambit_netns::Netns;
+
+use crate::ip;
+
+/// Largest HTTP response read by [`http_get`].
+pub const MAX_RESPONSE: u64 = 8 << 20;
+
+/// Opens a TCP connection to `addr` from inside namespace `netns` (`ip netns` name).
+pub fn connect(netns: &str, addr: SocketAddr, timeout: Duration) -> std::io::Result<TcpStream> {
+    let ns = Netns::open(&ip::netns_path(netns)).map_err(std::io::Error::other)?;
+    ns.run_in_thread(|| TcpStream::connect_timeout(&addr, timeout)).map_err(std::io::Error::other)?
+}
+
+/// `GET path` on `127.0.0.1:port` inside `netns`: the status code and the body.
+pub fn http_get(netns: &str, port: u16, path: &str) -> std::io::Result<(u16, String)> {
+    let timeout = Duration::from_secs(2);
+    let mut s = connect(netns, SocketAddr::from(([127, 0, 0, 1], port)), timeout)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
+    let mut buf = Vec::new();
+    s.take(MAX_RESPONSE).read_to_end(&mut buf)?;
+    let text = String::from_utf8_lossy(&buf);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, "not an HTTP response"))?;
+    Ok((status, body.to_owned()))
+}
+
+/// Whether `GET path` on `port` inside `netns` answers 200.
+pub fn ready(netns: &str, port: u16, path: &str) -> bool {
+    http_get(netns, port, path).is_ok_and(|(s, _)| s == 200)
+}
+
+/// The TCP ports listened on in the network namespace of process `pid` (IPv4 and IPv6).
+pub fn listening_ports(pid: u32) -> BTreeSet<u16> {
+    let mut ports = BTreeSet::new();
+    for file in ["tcp", "tcp6"] {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/net/{file}")).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let mut fields = line.split_whitespace();
+            let local = fields.nth(1).unwrap_or_default();
+            let state = fields.nth(1).unwrap_or_default();
+            if state != "0A" {
+                continue;
+            }
+            if let Some((_, port)) = local.rsplit_once(':')
+                && let Ok(p) = u16::from_str_radix(port, 16)
+            {
+                ports.insert(p);
+            }
+        }
+    }
+    ports
+}
+
+/// The sum of the samples of `metric` (a Prometheus text body) whose labels include every
+/// `name="value"` of `labels`.
+pub fn metric_sum(body: &str, metric: &str, labels: &[(&str, &str)]) -> f64 {
+    body.lines()
+        .filter(|l| l.strip_prefix(metric).is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' ')))
+        .filter(|l| labels.iter().all(|(k, v)| l.contains(&format!("{k}=\"{v}\""))))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metric_sums_match_the_name_exactly_and_every_label() {
+        let body = "# TYPE x counter\nx_total{a=\"1\",b=\"2\"} 3\nx_total{a=\"1\",b=\"3\"} 4\nx_total_more{a=\"1\"} 9\nx_total 1\n";
+        assert_eq!(metric_sum(body, "x_total", &[("a", "1")]), 7.0);
+        assert_eq!(metric_sum(body, "x_total", &[("b", "3")]), 4.0);
+        assert_eq!(metric_sum(body, "x_total", &[]), 8.0);
+    }
+
+    #[test]
+    fn a_listening_socket_of_ours_is_seen() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = l.local_addr().expect("addr").port();
+        assert!(listening_ports(std::process::id()).contains(&port));
+    }
+}

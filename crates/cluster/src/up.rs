@@ -1,0 +1,1009 @@
+//! The process that owns a local cluster (`ambit up`'s supervisor): it builds the network, runs
+//! `ambit control` in a namespace of its own and, per node, `ambit agent` and a shared-mode
+//! `ambit proxy` in the node's namespace, all supervised (restarted when they exit, logs in the
+//! run directory); then it plays kubelet and the API server for the pods of the desired folder.
+//!
+//! The desired folder (`<run dir>/desired`, what `ambit up --config` and `ambit apply` put there)
+//! is the user's YAML; the objects folder (`<run dir>/objects`) is what the control plane and the
+//! agents read, as they would read the API server: the desired objects as written, the Nodes, and
+//! each pod as kubelet reports it (first Pending on its node, then Running with its IP once the
+//! CNI chain has run). A pod is created as a container runtime creates one: its sandbox (network
+//! namespace, pause process), then CNI ADD through the node's chain (the reference plugins, then
+//! `ambit-cni`, installed by the node's agent), then its containers as supervised processes in
+//! its namespace; removal is the reverse (containers stopped, CNI DEL, sandbox removed).
+//!
+//! A change of the desired folder is applied only once the whole folder checks (see
+//! [`crate::desired`]): a bad edit is reported in the record and nothing of it is used.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsString;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use serde_json::{Value, json};
+
+use crate::cni::{self, NetworkList};
+use crate::desired::{Desired, DesiredErrors, PodTemplate};
+use crate::node::{self, NodeError, PreparedNode};
+use crate::probe;
+use crate::sandbox::{self, Sandbox, SandboxError};
+use crate::state::{ClusterState, PodState, StateError, VERSION};
+use crate::supervise::{Event, ProcessSpec, SuperviseError, Supervisor};
+use crate::topology::{Network, NetworkError, NetworkSpec};
+
+/// The control plane's member name on the segment.
+pub const CONTROL_HOST: &str = "control";
+/// `ambit control`'s gRPC TLS port (xDS and CA).
+pub const CONTROL_GRPC: u16 = 15012;
+/// `ambit control`'s monitoring port.
+pub const CONTROL_MONITORING: u16 = 15014;
+/// `ambit control`'s readiness port (`/ready`).
+pub const CONTROL_READY: u16 = 8080;
+/// The name the proxies verify in the control plane's certificate (istiod's).
+pub const CONTROL_HOSTNAME: &str = "istiod.istio-system.svc";
+/// The agent's health port in its node namespace (`/readyz`).
+pub const AGENT_HEALTH: u16 = 8000;
+/// The agent's metrics port in its node namespace.
+pub const AGENT_METRICS: u16 = 15014;
+/// The proxy's admin port (`/config_dump`, `/debug/connections`).
+pub const PROXY_ADMIN: u16 = 15000;
+/// The proxy's metrics port.
+pub const PROXY_METRICS: u16 = 15020;
+/// The proxy's readiness port (`/healthz/ready`).
+pub const PROXY_READY: u16 = 15021;
+/// How long each component may take to become ready.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a pod's containers may take to listen on their declared ports.
+pub const POD_READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often the desired folder is looked at.
+pub const POLL: Duration = Duration::from_millis(100);
+/// How long a process is given between SIGTERM and SIGKILL when the cluster stops.
+pub const STOP_GRACE: Duration = Duration::from_secs(5);
+/// Pause before a pod whose creation failed is tried again.
+pub const POD_RETRY: Duration = Duration::from_secs(5);
+/// Events kept in the record.
+pub const MAX_EVENTS: usize = 50;
+
+/// What to build.
+#[derive(Clone, Debug)]
+pub struct UpConfig {
+    /// The run directory (everything the cluster writes lives here).
+    pub run_dir: PathBuf,
+    /// The namespaces' prefix.
+    pub tag: String,
+    /// How many nodes (`node1` … `nodeN`).
+    pub nodes: usize,
+    /// The `ambit` binary the components and the `ambit` containers run.
+    pub ambit: PathBuf,
+    /// The `ambit-cni` binary the agents install.
+    pub ambit_cni: PathBuf,
+    /// The segment's second and third octets (`10.a.b.0/24`).
+    pub segment: (u8, u8),
+    /// The pod CIDRs' second octet (`10.p.<node>.0/24`).
+    pub pods: u8,
+}
+
+/// The run directory's parts.
+#[derive(Clone, Debug)]
+pub struct Layout(pub PathBuf);
+
+impl Layout {
+    /// The user's objects (`ambit up --config`, `ambit apply`).
+    pub fn desired(&self) -> PathBuf {
+        self.0.join("desired")
+    }
+    /// What the control plane and the agents read.
+    pub fn objects(&self) -> PathBuf {
+        self.0.join("objects")
+    }
+    /// The agents' capture state, which the control plane reads.
+    pub fn capture(&self) -> PathBuf {
+        self.0.join("capture")
+    }
+    /// The control plane's state (its CA, the mesh root, the node tokens).
+    pub fn control(&self) -> PathBuf {
+        self.0.join("control")
+    }
+    /// The mesh root every proxy trusts.
+    pub fn root_cert(&self) -> PathBuf {
+        self.control().join("root-cert.pem")
+    }
+    /// Every process's log.
+    pub fn logs(&self) -> PathBuf {
+        self.0.join("logs")
+    }
+    /// The log of process `name` (`/` becomes `_`).
+    pub fn log(&self, name: &str) -> PathBuf {
+        self.logs().join(format!("{}.log", name.replace('/', "_")))
+    }
+    /// The progress of the start, one line per step, for `ambit up` to show.
+    pub fn progress(&self) -> PathBuf {
+        self.0.join("progress")
+    }
+}
+
+/// Why the cluster could not be started or run.
+#[derive(Debug, thiserror::Error)]
+pub enum UpError {
+    /// The network.
+    #[error(transparent)]
+    Network(#[from] NetworkError),
+    /// A node's files or CNI plugins.
+    #[error(transparent)]
+    Node(#[from] NodeError),
+    /// The record.
+    #[error(transparent)]
+    State(#[from] StateError),
+    /// The desired folder.
+    #[error("{0}")]
+    Desired(#[from] DesiredErrors),
+    /// A process.
+    #[error(transparent)]
+    Supervise(#[from] SuperviseError),
+    /// The cgroup hierarchy.
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+    /// A component did not become ready.
+    #[error("{what} did not become ready within {waited:?}; its log: {}", log.display())]
+    NotReady {
+        /// The component.
+        what: String,
+        /// How long was waited.
+        waited: Duration,
+        /// Its log.
+        log: PathBuf,
+    },
+    /// A file of the run directory.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Stopped (SIGTERM) while starting.
+    #[error("stopped while starting")]
+    Stopped,
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> UpError + '_ {
+    move |source| UpError::Io { path: path.to_owned(), source }
+}
+
+/// Writes `text` to `path` through a hidden temporary file (readers never see half of it, and
+/// the folder sources skip hidden files).
+pub fn write_atomic(path: &Path, text: &str) -> Result<(), UpError> {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
+    let tmp = path.with_file_name(format!(".{name}.tmp"));
+    std::fs::write(&tmp, text).map_err(io_err(&tmp))?;
+    std::fs::rename(&tmp, path).map_err(io_err(path))
+}
+
+/// A pod that exists (or is being retried).
+struct RunningPod {
+    template: PodTemplate,
+    node: usize,
+    sandbox: Sandbox,
+    ip: Option<Ipv4Addr>,
+    containers: Vec<String>,
+    ready: bool,
+    created: Instant,
+    cni_add: Duration,
+}
+
+/// A local cluster, owned by this process.
+pub struct Cluster {
+    cfg: UpConfig,
+    layout: Layout,
+    net: Network,
+    nodes: Vec<PreparedNode>,
+    sup: Supervisor,
+    pods: BTreeMap<(String, String), RunningPod>,
+    failed: BTreeMap<(String, String), (Instant, String)>,
+    /// Objects folder file → content, for what the desired folder passes on.
+    passed: BTreeMap<String, String>,
+    desired: Desired,
+    desired_stamp: Vec<(PathBuf, SystemTime, u64)>,
+    state: ClusterState,
+    events: Vec<String>,
+    cgroup_root: PathBuf,
+}
+
+impl Cluster {
+    /// Builds and starts everything; `progress` is told each step. On failure what was built
+    /// is left for [`crate::down::down`] (the record names it).
+    pub fn start(
+        cfg: UpConfig,
+        stop: &AtomicBool,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<Cluster, UpError> {
+        let layout = Layout(cfg.run_dir.clone());
+        for dir in [layout.desired(), layout.objects(), layout.capture(), layout.control(), layout.logs()] {
+            std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        }
+        let node_names: Vec<String> = (1..=cfg.nodes).map(|i| format!("node{i}")).collect();
+        // The folder is checked before anything is built.
+        let desired = Desired::load(&layout.desired(), &node_names)?;
+        let spec = NetworkSpec {
+            tag: cfg.tag.clone(),
+            nodes: node_names.clone(),
+            hosts: vec![CONTROL_HOST.to_owned()],
+            segment: cfg.segment,
+            pods: cfg.pods,
+        };
+        let plan = spec.plan()?;
+        let cgroup_root = sandbox::cgroup2_mount()?.join(format!("ambit-{}.slice", cfg.tag));
+        let mut state = ClusterState {
+            version: VERSION,
+            run_dir: cfg.run_dir.clone(),
+            owner: std::process::id(),
+            network: plan,
+            cgroup_root: cgroup_root.clone(),
+            pods: Vec::new(),
+            phase: "building the network".into(),
+            processes: Vec::new(),
+            errors: Vec::new(),
+            events: Vec::new(),
+        };
+        // Recorded first: a crash from here on leaves a record for `ambit down`.
+        state.save()?;
+        progress(&format!(
+            "network: {} nodes on {}, the control plane's namespace, a fabric bridge",
+            cfg.nodes, state.network.segment
+        ));
+        let net = spec.build()?;
+        state.network = net.clone();
+        let mut nodes = Vec::new();
+        for m in &net.nodes {
+            nodes.push(node::prepare(&cfg.run_dir, m)?);
+        }
+        let mut cluster = Cluster {
+            cfg,
+            layout,
+            net,
+            nodes,
+            sup: Supervisor::new(),
+            pods: BTreeMap::new(),
+            failed: BTreeMap::new(),
+            passed: BTreeMap::new(),
+            desired: Desired::default(),
+            desired_stamp: Vec::new(),
+            state,
+            events: Vec::new(),
+            cgroup_root,
+        };
+        cluster.write_nodes()?;
+        cluster.desired_stamp = cluster.stamp();
+        cluster.pass_objects(&desired)?;
+        cluster.phase("starting the control plane")?;
+        progress(&format!("control plane: ambit control at {}:{CONTROL_GRPC}", cluster.control_ip()));
+        cluster.start_control()?;
+        cluster.wait_ready(
+            "ambit control",
+            "control",
+            &cluster.control_netns(),
+            CONTROL_READY,
+            "/ready",
+            stop,
+        )?;
+        for i in 0..cluster.nodes.len() {
+            let name = cluster.nodes[i].member.name.clone();
+            cluster.phase(&format!("starting node {name}"))?;
+            progress(&format!(
+                "node {name}: ambit agent and ambit proxy in {}, pods on {}",
+                cluster.nodes[i].member.netns,
+                cluster.nodes[i].member.pods.map(|p| p.cidr()).unwrap_or_default()
+            ));
+            cluster.start_agent(i)?;
+            let ns = cluster.nodes[i].member.netns.clone();
+            cluster.wait_ready(
+                &format!("ambit agent on {name}"),
+                &format!("agent/{name}"),
+                &ns,
+                AGENT_HEALTH,
+                "/readyz",
+                stop,
+            )?;
+            cluster.wait_chained(i, stop)?;
+            cluster.start_proxy(i)?;
+            cluster.wait_ready(
+                &format!("ambit proxy on {name}"),
+                &format!("proxy/{name}"),
+                &ns,
+                PROXY_READY,
+                "/healthz/ready",
+                stop,
+            )?;
+        }
+        cluster.phase("creating pods")?;
+        progress(&format!("pods: {} through the CNI chain", desired.pods.len()));
+        cluster.desired = desired;
+        cluster.reconcile();
+        let deadline = Instant::now() + POD_READY_TIMEOUT;
+        loop {
+            cluster.check_pods();
+            if stop.load(Ordering::Relaxed) {
+                return Err(UpError::Stopped);
+            }
+            let waiting: Vec<String> = cluster
+                .pods
+                .values()
+                .filter(|p| !p.ready)
+                .map(|p| format!("{}/{}", p.template.namespace, p.template.name))
+                .chain(cluster.failed.iter().map(|((ns, n), (_, why))| format!("{ns}/{n} ({why})")))
+                .collect();
+            if waiting.is_empty() {
+                break;
+            }
+            if Instant::now() > deadline {
+                let log = cluster.layout.logs();
+                return Err(UpError::NotReady {
+                    what: format!("pods {}", waiting.join(", ")),
+                    waited: POD_READY_TIMEOUT,
+                    log,
+                });
+            }
+            cluster.supervise();
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        cluster.phase("waiting for every node proxy to know every pod")?;
+        cluster.wait_converged(stop)?;
+        cluster.phase("ready")?;
+        Ok(cluster)
+    }
+
+    /// Waits until every node proxy holds every pod's address (from the control plane), so the
+    /// first connection after `ambit up` already finds its destination.
+    fn wait_converged(&mut self, stop: &AtomicBool) -> Result<(), UpError> {
+        let want: BTreeSet<String> =
+            self.pods.values().filter_map(|p| p.ip).map(|ip| ip.to_string()).collect();
+        let deadline = Instant::now() + READY_TIMEOUT;
+        for i in 0..self.nodes.len() {
+            let netns = self.nodes[i].member.netns.clone();
+            loop {
+                let have: BTreeSet<String> = match probe::http_get(&netns, PROXY_ADMIN, "/config_dump") {
+                    Ok((200, body)) => {
+                        let dump: Value = serde_json::from_str(&body).unwrap_or_default();
+                        dump["workloads"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .flat_map(|w| w["workloadIps"].as_array().cloned().unwrap_or_default())
+                            .filter_map(|ip| ip.as_str().map(str::to_owned))
+                            .collect()
+                    }
+                    _ => BTreeSet::new(),
+                };
+                if want.is_subset(&have) {
+                    break;
+                }
+                if stop.load(Ordering::Relaxed) {
+                    return Err(UpError::Stopped);
+                }
+                if Instant::now() > deadline {
+                    let name = self.nodes[i].member.name.clone();
+                    let missing: Vec<&String> = want.difference(&have).collect();
+                    return Err(UpError::NotReady {
+                        what: format!("the proxy on {name} (it lacks the workloads of {missing:?})"),
+                        waited: READY_TIMEOUT,
+                        log: self.layout.log(&format!("proxy/{name}")),
+                    });
+                }
+                self.supervise();
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        Ok(())
+    }
+
+    /// The network.
+    pub fn network(&self) -> &Network {
+        &self.net
+    }
+
+    /// The run directory's layout.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The control plane's namespace.
+    pub fn control_netns(&self) -> String {
+        self.net.member(CONTROL_HOST).map(|m| m.netns.clone()).unwrap_or_default()
+    }
+
+    /// The control plane's address.
+    pub fn control_ip(&self) -> Ipv4Addr {
+        self.net.member(CONTROL_HOST).map_or(Ipv4Addr::UNSPECIFIED, |m| m.ip)
+    }
+
+    /// One round: processes supervised, the desired folder applied if it changed, pods checked,
+    /// the record written.
+    pub fn tick(&mut self) {
+        self.supervise();
+        let stamp = self.stamp();
+        if stamp != self.desired_stamp {
+            self.desired_stamp = stamp;
+            let names: Vec<String> = self.nodes.iter().map(|n| n.member.name.clone()).collect();
+            match Desired::load(&self.layout.desired(), &names) {
+                Ok(d) => {
+                    self.state.errors.clear();
+                    if let Err(e) = self.pass_objects(&d) {
+                        self.state.errors.push(e.to_string());
+                    }
+                    self.desired = d;
+                    self.event("applied the desired folder".into());
+                }
+                Err(e) => {
+                    self.state.errors = e.0.iter().map(ToString::to_string).collect();
+                    self.event(format!(
+                        "the desired folder has {} problem(s); nothing of it applied",
+                        e.0.len()
+                    ));
+                }
+            }
+        }
+        self.reconcile();
+        self.check_pods();
+        let _ = self.save();
+    }
+
+    /// Runs until `stop` is set, then stops everything.
+    pub fn run(mut self, stop: &AtomicBool) {
+        while !stop.load(Ordering::Relaxed) {
+            self.tick();
+            std::thread::sleep(POLL);
+        }
+        self.stop();
+    }
+
+    /// Stops everything: every pod deleted (containers, CNI DEL while the agents still run,
+    /// sandbox), then the proxies, agents and control plane, then the network.
+    pub fn stop(mut self) {
+        let _ = self.phase("stopping");
+        let keys: Vec<(String, String)> = self.pods.keys().cloned().collect();
+        for k in keys {
+            self.delete_pod(&k);
+        }
+        self.sup.stop_all(STOP_GRACE);
+        for e in self.net.teardown() {
+            tracing::warn!("{e}");
+        }
+        let _ = std::fs::remove_dir(&self.cgroup_root);
+        let _ = self.phase("stopped");
+    }
+
+    fn phase(&mut self, phase: &str) -> Result<(), UpError> {
+        self.state.phase = phase.to_owned();
+        self.save()
+    }
+
+    fn save(&mut self) -> Result<(), UpError> {
+        self.state.network = self.net.clone();
+        self.state.processes = self.sup.status();
+        self.state.events = self.events.clone();
+        self.state.pods = self
+            .pods
+            .values()
+            .map(|p| PodState {
+                namespace: p.template.namespace.clone(),
+                name: p.template.name.clone(),
+                uid: p.sandbox.pod.uid.clone(),
+                node: self.nodes[p.node].member.name.clone(),
+                netns: p.sandbox.netns.clone(),
+                container_id: p.sandbox.pod.container_id.clone(),
+                ip: p.ip,
+                service_account: p.template.service_account.clone(),
+                phase: if p.ready { "Ready" } else { "Running" }.into(),
+                message: String::new(),
+                cni_add_ms: p.cni_add.as_secs_f64() * 1e3,
+            })
+            .chain(self.failed.iter().map(|((ns, name), (_, why))| PodState {
+                namespace: ns.clone(),
+                name: name.clone(),
+                phase: "Failed".into(),
+                message: why.clone(),
+                ..PodState::default()
+            }))
+            .collect();
+        Ok(self.state.save()?)
+    }
+
+    fn event(&mut self, what: String) {
+        let at = humantime_now();
+        tracing::info!("{what}");
+        self.events.push(format!("{at} {what}"));
+        if self.events.len() > MAX_EVENTS {
+            self.events.remove(0);
+        }
+    }
+
+    fn supervise(&mut self) {
+        for e in self.sup.tick() {
+            let text = match e {
+                Event::Exited { name, status } => format!("{name} exited ({status})"),
+                Event::Restarted { name, restarts } => format!("{name} restarted (restart #{restarts})"),
+                Event::RestartFailed { name, error } => format!("{name} could not be restarted: {error}"),
+            };
+            self.event(text);
+        }
+    }
+
+    /// The desired folder's files and their stamps.
+    fn stamp(&self) -> Vec<(PathBuf, SystemTime, u64)> {
+        crate::desired::yaml_files(&self.layout.desired())
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|p| {
+                let m = std::fs::metadata(&p).ok()?;
+                Some((p, m.modified().ok()?, m.len()))
+            })
+            .collect()
+    }
+
+    fn write_nodes(&self) -> Result<(), UpError> {
+        for (i, n) in self.nodes.iter().enumerate() {
+            let obj = json!({
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": n.member.name,
+                    "labels": {
+                        "kubernetes.io/hostname": n.member.name,
+                        "topology.kubernetes.io/region": "local",
+                        "topology.kubernetes.io/zone": format!("zone{}", i + 1),
+                    },
+                },
+                "spec": { "podCIDR": n.member.pods.map(|p| p.cidr()) },
+                "status": { "addresses": [{ "type": "InternalIP", "address": n.member.ip.to_string() }] },
+            });
+            let path = self.layout.objects().join(format!("node-{}.yaml", n.member.name));
+            write_atomic(&path, &pretty(&obj))?;
+        }
+        Ok(())
+    }
+
+    /// Writes the desired objects that are handed on as written; removes those gone.
+    fn pass_objects(&mut self, d: &Desired) -> Result<(), UpError> {
+        let mut now: BTreeMap<String, String> = BTreeMap::new();
+        for p in &d.passed {
+            let file = format!("{}-{}-{}.yaml", p.kind.name().to_ascii_lowercase(), p.namespace, p.name)
+                .replace("--", "-");
+            now.insert(file, pretty(&p.value));
+        }
+        for (file, text) in &now {
+            if self.passed.get(file) != Some(text) {
+                write_atomic(&self.layout.objects().join(file), text)?;
+            }
+        }
+        for file in self.passed.keys() {
+            if !now.contains_key(file) {
+                let path = self.layout.objects().join(file);
+                std::fs::remove_file(&path).map_err(io_err(&path))?;
+            }
+        }
+        self.passed = now;
+        Ok(())
+    }
+
+    fn env(&self) -> Vec<(OsString, OsString)> {
+        let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into());
+        vec![("PATH".into(), path), ("RUST_LOG".into(), "info".into())]
+    }
+
+    fn spec(&self, name: &str, netns: &str, args: Vec<String>, env: Vec<(&str, String)>) -> ProcessSpec {
+        let mut all = self.env();
+        all.extend(env.into_iter().map(|(k, v)| (OsString::from(k), OsString::from(v))));
+        ProcessSpec {
+            name: name.to_owned(),
+            netns: Some(netns.to_owned()),
+            program: self.cfg.ambit.clone(),
+            args: args.into_iter().map(OsString::from).collect(),
+            env: all,
+            log: self.layout.log(name),
+            restart: true,
+        }
+    }
+
+    fn start_control(&mut self) -> Result<(), UpError> {
+        let l = &self.layout;
+        let args = vec![
+            "control".into(),
+            "--config".into(),
+            l.objects().display().to_string(),
+            "--capture-state-dir".into(),
+            l.capture().display().to_string(),
+            "--state-dir".into(),
+            l.control().display().to_string(),
+            "--secure-grpc-addr".into(),
+            format!("0.0.0.0:{CONTROL_GRPC}"),
+            "--grpc-addr".into(),
+            String::new(),
+            "--monitoring-addr".into(),
+            format!("0.0.0.0:{CONTROL_MONITORING}"),
+            "--http-addr".into(),
+            format!("0.0.0.0:{CONTROL_READY}"),
+        ];
+        let spec = self.spec("control", &self.control_netns(), args, Vec::new());
+        self.sup.start(spec)?;
+        Ok(())
+    }
+
+    fn start_agent(&mut self, i: usize) -> Result<(), UpError> {
+        let n = &self.nodes[i];
+        let l = &self.layout;
+        let args = vec![
+            "agent".into(),
+            "--source-dir".into(),
+            l.objects().display().to_string(),
+            "--capture-state-dir".into(),
+            l.capture().display().to_string(),
+            "--node-name".into(),
+            n.member.name.clone(),
+            "--run-dir".into(),
+            n.dirs.agent_run_dir().display().to_string(),
+            "--zds-socket".into(),
+            n.dirs.zds_socket().display().to_string(),
+            "--source-poll".into(),
+            "100ms".into(),
+            "--metrics-addr".into(),
+            format!("0.0.0.0:{AGENT_METRICS}"),
+            "--health-addr".into(),
+            format!("0.0.0.0:{AGENT_HEALTH}"),
+            "--exclude-namespaces".into(),
+            "kube-system".into(),
+            "--cni-conf-dir".into(),
+            n.dirs.conf_dir().display().to_string(),
+            "--cni-bin-dir".into(),
+            n.dirs.bin_dir().display().to_string(),
+            "--cni-binary".into(),
+            self.cfg.ambit_cni.display().to_string(),
+        ];
+        let spec = self.spec(&format!("agent/{}", n.member.name), &n.member.netns, args, Vec::new());
+        self.sup.start(spec)?;
+        Ok(())
+    }
+
+    fn start_proxy(&mut self, i: usize) -> Result<(), UpError> {
+        let n = &self.nodes[i];
+        let url = format!("https://{}:{CONTROL_GRPC}", self.control_ip());
+        let root = self.layout.root_cert().display().to_string();
+        let token = self.layout.control().join("tokens").join(format!("{}.token", n.member.name));
+        let env = vec![
+            ("PROXY_MODE", "shared".to_owned()),
+            ("INPOD_UDS", n.dirs.zds_socket().display().to_string()),
+            ("XDS_ADDRESS", url.clone()),
+            ("CA_ADDRESS", url),
+            ("XDS_ROOT_CA", root.clone()),
+            ("CA_ROOT_CA", root),
+            ("ALT_XDS_HOSTNAME", CONTROL_HOSTNAME.to_owned()),
+            ("ALT_CA_HOSTNAME", CONTROL_HOSTNAME.to_owned()),
+            ("AUTH_TOKEN", token.display().to_string()),
+            ("NODE_NAME", n.member.name.clone()),
+            ("INSTANCE_IP", n.member.ip.to_string()),
+            ("POD_NAME", format!("ztunnel-{}", n.member.name)),
+            ("POD_NAMESPACE", crate::desired::SYSTEM_NAMESPACE.to_owned()),
+            ("FAKE_CA", "false".to_owned()),
+            ("ZTUNNEL_WORKER_THREADS", "2".to_owned()),
+        ];
+        let spec = self.spec(&format!("proxy/{}", n.member.name), &n.member.netns, vec!["proxy".into()], env);
+        self.sup.start(spec)?;
+        Ok(())
+    }
+
+    /// Waits for `GET path` on `port` in `netns` to answer 200, supervising meanwhile.
+    fn wait_ready(
+        &mut self,
+        what: &str,
+        process: &str,
+        netns: &str,
+        port: u16,
+        path: &str,
+        stop: &AtomicBool,
+    ) -> Result<(), UpError> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while !probe::ready(netns, port, path) {
+            if stop.load(Ordering::Relaxed) {
+                return Err(UpError::Stopped);
+            }
+            if Instant::now() > deadline {
+                return Err(UpError::NotReady {
+                    what: what.into(),
+                    waited: READY_TIMEOUT,
+                    log: self.layout.log(process),
+                });
+            }
+            self.supervise();
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    }
+
+    /// Waits until node `i`'s agent has chained `ambit-cni` into the node's network.
+    fn wait_chained(&mut self, i: usize, stop: &AtomicBool) -> Result<(), UpError> {
+        let plugin =
+            self.cfg.ambit_cni.file_name().and_then(|n| n.to_str()).unwrap_or("ambit-cni").to_owned();
+        let conf = self.nodes[i].dirs.conf_dir();
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if NetworkList::load_dir(&conf).is_ok_and(|l| l.types().contains(&plugin.as_str())) {
+                return Ok(());
+            }
+            if stop.load(Ordering::Relaxed) {
+                return Err(UpError::Stopped);
+            }
+            if Instant::now() > deadline {
+                let name = &self.nodes[i].member.name;
+                return Err(UpError::NotReady {
+                    what: format!("the CNI chain of {name} (the agent did not install {plugin})"),
+                    waited: READY_TIMEOUT,
+                    log: self.layout.log(&format!("agent/{name}")),
+                });
+            }
+            self.supervise();
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Brings the pods to the desired folder: pods gone or changed are deleted, missing ones
+    /// created (a failed one is tried again after [`POD_RETRY`]).
+    fn reconcile(&mut self) {
+        let want: BTreeMap<(String, String), PodTemplate> =
+            self.desired.pods.iter().map(|t| ((t.namespace.clone(), t.name.clone()), t.clone())).collect();
+        let stale: Vec<(String, String)> = self
+            .pods
+            .iter()
+            .filter(|(k, p)| want.get(*k).is_none_or(|t| t.digest != p.template.digest))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in stale {
+            self.delete_pod(&k);
+        }
+        self.failed.retain(|k, _| want.contains_key(k));
+        for (k, t) in want {
+            if self.pods.contains_key(&k) {
+                continue;
+            }
+            if let Some((at, _)) = self.failed.get(&k)
+                && at.elapsed() < POD_RETRY
+            {
+                continue;
+            }
+            match self.create_pod(&t) {
+                Ok(p) => {
+                    self.failed.remove(&k);
+                    self.event(format!(
+                        "pod {}/{} created on {} ({}, CNI ADD {:.0} ms)",
+                        t.namespace,
+                        t.name,
+                        self.nodes[p.node].member.name,
+                        p.ip.map(|ip| ip.to_string()).unwrap_or_default(),
+                        p.cni_add.as_secs_f64() * 1e3
+                    ));
+                    self.pods.insert(k, p);
+                }
+                Err(why) => {
+                    self.event(format!("pod {}/{}: {why}", t.namespace, t.name));
+                    self.failed.insert(k, (Instant::now(), why));
+                }
+            }
+        }
+    }
+
+    /// The node a new pod goes on: the one asked for, else the one with the fewest pods.
+    fn place(&self, t: &PodTemplate) -> usize {
+        if let Some(want) = &t.node
+            && let Some(i) = self.nodes.iter().position(|n| &n.member.name == want)
+        {
+            return i;
+        }
+        let mut count = vec![0usize; self.nodes.len()];
+        for p in self.pods.values() {
+            count[p.node] += 1;
+        }
+        (0..self.nodes.len()).min_by_key(|&i| (count[i], i)).unwrap_or(0)
+    }
+
+    fn create_pod(&mut self, t: &PodTemplate) -> Result<RunningPod, String> {
+        let node = self.place(t);
+        let created = Instant::now();
+        let netns = self.pod_netns(t);
+        let mut sandbox = Sandbox::create(&netns, &t.namespace, &t.name, None, &self.cgroup_root)
+            .map_err(|e| format!("sandbox: {e}"))?;
+        let write = |c: &Cluster, sb: &Sandbox, ip: Option<Ipv4Addr>| {
+            write_atomic(&c.pod_file(t), &pretty(&c.observed(t, node, sb, ip)))
+        };
+        if let Err(e) = write(self, &sandbox, None) {
+            let _ = sandbox.remove();
+            return Err(e.to_string());
+        }
+        let t0 = Instant::now();
+        let added = self.nodes[node].runtime.add(&sandbox.pod);
+        let cni_add = t0.elapsed();
+        let ip = match added {
+            Ok((result, _)) => cni::result_ipv4(&result),
+            Err(e) => {
+                let _ = std::fs::remove_file(self.pod_file(t));
+                let _ = self.nodes[node].runtime.del(&sandbox.pod);
+                let _ = sandbox.remove();
+                return Err(format!("CNI ADD on {} failed: {e}", self.nodes[node].member.name));
+            }
+        };
+        let mut pod = RunningPod {
+            template: t.clone(),
+            node,
+            sandbox,
+            ip,
+            containers: Vec::new(),
+            ready: false,
+            created,
+            cni_add,
+        };
+        if let Err(e) = write(self, &pod.sandbox, ip) {
+            self.remove_pod(&mut pod);
+            return Err(e.to_string());
+        }
+        for c in &t.containers {
+            let name = format!("pod/{}/{}/{}", t.namespace, t.name, c.name);
+            let mut argv = c.argv.iter();
+            let program = match argv.next().map(String::as_str) {
+                Some("ambit") | None => self.cfg.ambit.clone(),
+                Some(p) => PathBuf::from(p),
+            };
+            let mut env = self.env();
+            let node_name = self.nodes[node].member.name.clone();
+            for (k, v) in [
+                ("POD_NAME", t.name.clone()),
+                ("POD_NAMESPACE", t.namespace.clone()),
+                ("POD_IP", ip.map(|i| i.to_string()).unwrap_or_default()),
+                ("NODE_NAME", node_name),
+                ("SERVICE_ACCOUNT", t.service_account.clone()),
+            ] {
+                env.push((k.into(), v.into()));
+            }
+            env.extend(c.env.iter().map(|(k, v)| (OsString::from(k), OsString::from(v))));
+            let spec = ProcessSpec {
+                name: name.clone(),
+                netns: Some(pod.sandbox.netns.clone()),
+                program,
+                args: argv.map(OsString::from).collect(),
+                env,
+                log: self.layout.log(&name),
+                restart: true,
+            };
+            if let Err(e) = self.sup.start(spec) {
+                self.remove_pod(&mut pod);
+                return Err(e.to_string());
+            }
+            pod.containers.push(name);
+        }
+        Ok(pod)
+    }
+
+    /// Marks pods ready once every declared port listens in their namespace.
+    fn check_pods(&mut self) {
+        let mut became = Vec::new();
+        for p in self.pods.values_mut().filter(|p| !p.ready) {
+            let want: BTreeSet<u16> =
+                p.template.containers.iter().flat_map(|c| c.ports.iter().copied()).collect();
+            let have = probe::listening_ports(p.sandbox.pause_pid());
+            if want.is_subset(&have) {
+                p.ready = true;
+                became.push(format!(
+                    "pod {}/{} ready after {:.0} ms",
+                    p.template.namespace,
+                    p.template.name,
+                    p.created.elapsed().as_secs_f64() * 1e3
+                ));
+            }
+        }
+        for e in became {
+            self.event(e);
+        }
+    }
+
+    fn delete_pod(&mut self, key: &(String, String)) {
+        if let Some(mut p) = self.pods.remove(key) {
+            self.remove_pod(&mut p);
+            self.event(format!("pod {}/{} deleted", key.0, key.1));
+        }
+    }
+
+    /// Containers stopped, the Pod object removed, CNI DEL, the sandbox removed.
+    fn remove_pod(&mut self, p: &mut RunningPod) {
+        for c in std::mem::take(&mut p.containers) {
+            self.sup.stop(&c, STOP_GRACE);
+        }
+        let _ = std::fs::remove_file(self.pod_file(&p.template));
+        if let Err(e) = self.nodes[p.node].runtime.del(&p.sandbox.pod) {
+            tracing::warn!("CNI DEL of {}/{}: {e}", p.template.namespace, p.template.name);
+        }
+        if let Err(e) = p.sandbox.remove() {
+            tracing::warn!("removing the sandbox of {}/{}: {e}", p.template.namespace, p.template.name);
+        }
+    }
+
+    fn pod_netns(&self, t: &PodTemplate) -> String {
+        let name = format!("{}-{}-{}", self.cfg.tag, t.namespace, t.name);
+        if name.len() <= 64 && !crate::ip::netns_exists(&name) {
+            name
+        } else {
+            format!("{}-pod-{}", self.cfg.tag, &sandbox::random_uid()[..8])
+        }
+    }
+
+    fn pod_file(&self, t: &PodTemplate) -> PathBuf {
+        self.layout.objects().join(format!("pod-{}-{}.yaml", t.namespace, t.name))
+    }
+
+    /// The Pod object as kubelet reports it: Pending on its node, then Running with its IP.
+    fn observed(&self, t: &PodTemplate, node: usize, sb: &Sandbox, ip: Option<Ipv4Addr>) -> Value {
+        let mut spec = match &t.spec {
+            Value::Object(m) => Value::Object(m.clone()),
+            _ => json!({}),
+        };
+        spec["nodeName"] = json!(self.nodes[node].member.name);
+        spec["serviceAccountName"] = json!(t.service_account);
+        let status = match ip {
+            Some(ip) => json!({
+                "phase": "Running",
+                "hostIP": self.nodes[node].member.ip.to_string(),
+                "podIP": ip.to_string(),
+                "podIPs": [{ "ip": ip.to_string() }],
+                "conditions": [{ "type": "Ready", "status": "True" }],
+            }),
+            None => json!({ "phase": "Pending" }),
+        };
+        let mut metadata = json!({
+            "name": t.name,
+            "namespace": t.namespace,
+            "uid": sb.pod.uid,
+            "labels": t.labels,
+            "annotations": t.annotations,
+        });
+        if let Some(d) = &t.deployment {
+            metadata["ownerReferences"] = json!([{ "apiVersion": "apps/v1", "kind": "Deployment", "name": d, "uid": d, "controller": true }]);
+        }
+        json!({ "apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec, "status": status })
+    }
+}
+
+fn pretty(v: &Value) -> String {
+    let mut s = serde_json::to_string_pretty(v).unwrap_or_default();
+    s.push('\n');
+    s
+}
+
+/// Seconds since the epoch, for event lines.
+fn humantime_now() -> String {
+    let t = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    let s = t.as_secs();
+    format!("{:02}:{:02}:{:02}", (s / 3600) % 24, (s / 60) % 60, s % 60)
+}
+
+/// Runs the cluster in this process until `stop` is set: starts it, reports each step and the
+/// outcome in the progress file (`ready`, or `failed: …`), then supervises it.
+pub fn run(cfg: UpConfig, stop: &AtomicBool) -> Result<(), UpError> {
+    let layout = Layout(cfg.run_dir.clone());
+    std::fs::create_dir_all(&cfg.run_dir).map_err(io_err(&cfg.run_dir))?;
+    let progress_path = layout.progress();
+    let mut lines = String::new();
+    let mut progress = |line: &str| {
+        tracing::info!("{line}");
+        lines.push_str(line);
+        lines.push('\n');
+        let _ = write_atomic(&progress_path, &lines);
+    };
+    match Cluster::start(cfg, stop, &mut progress) {
+        Ok(cluster) => {
+            progress("ready");
+            cluster.run(stop);
+            Ok(())
+        }
+        Err(e) => {
+            progress(&format!("failed: {e}"));
+            Err(e)
+        }
+    }
+}
