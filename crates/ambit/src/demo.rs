@@ -160,34 +160,6 @@ pub fn documents() -> (Vec<(Value, Location)>, Vec<DesiredError>) {
     )
 }
 
-/// Destination-reported counters of every node proxy: series → value.
-fn counters(state: &ClusterState) -> BTreeMap<String, f64> {
-    let mut out = BTreeMap::new();
-    for n in &state.network.nodes {
-        let Ok((200, body)) = probe::http_get(&n.netns, up::PROXY_METRICS, "/metrics") else { continue };
-        for l in body.lines() {
-            if (l.starts_with("istio_tcp_connections_opened_total{")
-                || l.starts_with("istio_tcp_connections_failed_total{"))
-                && l.contains("reporter=\"destination\"")
-                && let Some((series, v)) = l.rsplit_once(' ')
-                && let Ok(v) = v.parse::<f64>()
-            {
-                out.insert(format!("{}|{series}", n.name), v);
-            }
-        }
-    }
-    out
-}
-
-fn label(series: &str, name: &str) -> String {
-    let key = format!("{name}=\"");
-    series
-        .find(&key)
-        .map(|i| &series[i + key.len()..])
-        .and_then(|rest| rest.split_once('"').map(|(v, _)| v.to_owned()))
-        .unwrap_or_default()
-}
-
 /// What one flow did.
 struct Observed {
     verdict: String,
@@ -213,7 +185,7 @@ fn observe(flow: &Flow, state: &ClusterState, ambit: &PathBuf) -> Observed {
         Some(p) => format!("{}:{}", p.ip.map(|i| i.to_string()).unwrap_or_default(), flow.port),
         None => flow.to.to_owned(),
     };
-    let before = counters(state);
+    let before = probe::destination_counters(state);
     let out = Command::new("ip")
         .args(["netns", "exec", &src.netns])
         .arg(ambit)
@@ -241,14 +213,7 @@ fn observe(flow: &Flow, state: &ClusterState, ambit: &PathBuf) -> Observed {
     let deadline = Instant::now() + Duration::from_secs(2);
     let mut delta: BTreeMap<String, f64>;
     loop {
-        let after = counters(state);
-        delta = after
-            .iter()
-            .filter_map(|(k, v)| {
-                let d = v - before.get(k).copied().unwrap_or_default();
-                (d > 0.0).then(|| (k.clone(), d))
-            })
-            .collect();
+        delta = probe::growth(&before, &probe::destination_counters(state));
         let seen: f64 = delta.values().sum();
         if seen >= f64::from(flow.count)
             || Instant::now() > deadline
@@ -284,14 +249,14 @@ fn observe(flow: &Flow, state: &ClusterState, ambit: &PathBuf) -> Observed {
     };
     let mtls = if counted.is_empty() {
         "plaintext".to_owned()
-    } else if counted.iter().all(|k| label(k, "connection_security_policy") == "mutual_tls") {
+    } else if counted.iter().all(|k| probe::label(k, "connection_security_policy") == "mutual_tls") {
         "mTLS".to_owned()
     } else {
         "plaintext".to_owned()
     };
     let mut identities: Vec<String> = counted
         .iter()
-        .map(|k| label(k, "source_principal"))
+        .map(|k| probe::label(k, "source_principal"))
         .filter(|p| !p.is_empty() && p != "unknown")
         .collect();
     identities.sort();

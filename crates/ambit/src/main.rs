@@ -49,6 +49,14 @@ enum Command {
     Apply(up::ApplyArgs),
     /// Removes the objects of a YAML file from the local cluster (checked first).
     Delete(up::ApplyArgs),
+    /// Restarts a process of the local cluster (`ambit status` lists them). A node proxy is
+    /// replaced without a gap: the new one starts, takes over the node's pods, then the old one
+    /// drains.
+    Restart(up::ProcessArgs),
+    /// Stops a process of the local cluster; it is not restarted until `ambit start`.
+    Stop(up::ProcessArgs),
+    /// Starts a process stopped with `ambit stop`.
+    Start(up::ProcessArgs),
     /// The demo applications `ambit up` runs in pods (`echo`, `client`).
     App(app::AppArgs),
     /// Development certificate authority for FAKE_CA_ROOT.
@@ -150,6 +158,9 @@ fn main() -> ExitCode {
         Command::Status(args) => up::status(args),
         Command::Apply(args) => up::apply(args, false),
         Command::Delete(args) => up::apply(args, true),
+        Command::Restart(args) => up::request("restart", args),
+        Command::Stop(args) => up::request("stop", args),
+        Command::Start(args) => up::request("start", args),
         Command::App(args) => match app::run(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -122,14 +122,6 @@ pub struct Denial {
     pub count: u64,
 }
 
-fn label<'a>(line: &'a str, name: &str) -> &'a str {
-    let key = format!("{name}=\"");
-    line.find(&key)
-        .map(|i| &line[i + key.len()..])
-        .and_then(|rest| rest.split_once('"').map(|(v, _)| v))
-        .unwrap_or_default()
-}
-
 /// Gathers the report.
 pub fn gather(state: &ClusterState, layout: &Layout) -> Report {
     let alive = state.owner_alive();
@@ -153,7 +145,7 @@ pub fn gather(state: &ClusterState, layout: &Layout) -> Report {
             ip: n.ip.to_string(),
             pod_cidr: n.pods.map(|p| p.cidr()).unwrap_or_default(),
             agent_ready: alive && probe::ready(&n.netns, up::AGENT_HEALTH, "/readyz"),
-            proxy_ready: alive && probe::ready(&n.netns, up::PROXY_READY, "/healthz/ready"),
+            proxy_ready: alive && probe::ready(&n.netns, state.proxy(&n.name).ready, "/healthz/ready"),
         })
         .collect();
     let pods = state
@@ -189,7 +181,7 @@ pub fn gather(state: &ClusterState, layout: &Layout) -> Report {
     let mut certificates = Vec::new();
     let mut denials = Vec::new();
     for n in state.network.nodes.iter().filter(|_| alive) {
-        if let Ok((200, body)) = probe::http_get(&n.netns, up::PROXY_ADMIN, "/config_dump") {
+        if let Ok((200, body)) = probe::http_get(&n.netns, state.proxy(&n.name).admin, "/config_dump") {
             let dump: Value = serde_json::from_str(&body).unwrap_or_default();
             for c in dump["certificates"].as_array().into_iter().flatten() {
                 certificates.push(Certificate {
@@ -200,7 +192,7 @@ pub fn gather(state: &ClusterState, layout: &Layout) -> Report {
                 });
             }
         }
-        if let Ok((200, body)) = probe::http_get(&n.netns, up::PROXY_METRICS, "/metrics") {
+        if let Ok((200, body)) = probe::http_get(&n.netns, state.proxy(&n.name).stats, "/metrics") {
             for l in body.lines().filter(|l| {
                 l.starts_with("istio_tcp_connections_failed_total{")
                     && l.contains("reporter=\"destination\"")
@@ -209,11 +201,11 @@ pub fn gather(state: &ClusterState, layout: &Layout) -> Report {
                 let count = l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).unwrap_or_default();
                 denials.push(Denial {
                     node: n.name.clone(),
-                    source: label(l, "source_principal").to_owned(),
+                    source: probe::label(l, "source_principal"),
                     destination: format!(
                         "{}/{}",
-                        label(l, "destination_workload_namespace"),
-                        label(l, "destination_workload")
+                        probe::label(l, "destination_workload_namespace"),
+                        probe::label(l, "destination_workload")
                     ),
                     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
                     count: count as u64,

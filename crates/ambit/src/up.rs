@@ -52,6 +52,10 @@ pub struct UpArgs {
     /// non-zero when a flow does not behave as expected. The cluster stays up afterwards.
     #[arg(long)]
     pub demo: bool,
+    /// Where the reference CNI plugins (bridge, host-local, loopback) are; repeatable.
+    /// Default: the first of /opt/cni/bin, /usr/lib/cni, /usr/libexec/cni that has them all.
+    #[arg(long)]
+    pub cni_plugins_dir: Vec<PathBuf>,
     #[command(flatten)]
     pub at: Where,
     /// Run as the cluster's owner (what `ambit up` starts in the background).
@@ -202,7 +206,12 @@ pub fn up(args: UpArgs) -> ExitCode {
         Ok(p) => p,
         Err(e) => return fail("up", e),
     };
-    if let Err(e) = ambit_cluster::cni::PluginPath::with_reference_plugins(&[]) {
+    let plugins = if args.cni_plugins_dir.is_empty() {
+        ambit_cluster::cni::PluginPath::with_reference_plugins(&[])
+    } else {
+        ambit_cluster::cni::PluginPath::with_reference_plugins_in(&args.cni_plugins_dir, &[])
+    };
+    if let Err(e) = plugins {
         return fail("up", e);
     }
     // The objects, checked before anything is created.
@@ -250,6 +259,11 @@ pub fn up(args: UpArgs) -> ExitCode {
         .args(["--tag", &args.at.tag])
         .arg("--ambit-cni")
         .arg(&cni)
+        .args(
+            args.cni_plugins_dir
+                .iter()
+                .flat_map(|d| [std::ffi::OsStr::new("--cni-plugins-dir"), d.as_os_str()]),
+        )
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(log_err);
@@ -353,8 +367,8 @@ fn summary(s: &ClusterState, layout: &Layout) -> String {
             n.ip,
             n.pods.map(|p| p.cidr()).unwrap_or_default(),
             up::AGENT_HEALTH,
-            up::PROXY_ADMIN,
-            up::PROXY_METRICS
+            s.proxy(&n.name).admin,
+            s.proxy(&n.name).stats
         );
     }
     for p in &s.pods {
@@ -399,6 +413,7 @@ fn supervise(args: &UpArgs) -> ExitCode {
         ambit_cni: cni,
         segment: (250, 0),
         pods: 244,
+        plugin_dirs: args.cni_plugins_dir.clone(),
     };
     match up::run(cfg, &STOP) {
         Ok(()) => ExitCode::SUCCESS,
@@ -556,5 +571,34 @@ pub fn status(args: StatusArgs) -> ExitCode {
             return if state.owner_alive() { ExitCode::SUCCESS } else { ExitCode::FAILURE };
         }
         std::thread::sleep(Duration::from_secs(2));
+    }
+}
+
+/// `ambit restart|stop|start NAME`.
+#[derive(Args, Debug)]
+pub struct ProcessArgs {
+    /// The process, as `ambit status` lists it: `control`, `agent/node1`, `proxy/node1`,
+    /// `pod/<namespace>/<pod>/<container>`.
+    pub name: String,
+    /// SIGKILL instead of SIGTERM (a crash rather than a clean stop).
+    #[arg(long)]
+    pub kill: bool,
+    #[command(flatten)]
+    pub at: Where,
+}
+
+/// How long the owner may take to carry out a request (a proxy replacement drains first).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// `ambit restart|stop|start NAME`: done by the cluster's owner, which answers.
+pub fn request(op: &str, args: ProcessArgs) -> ExitCode {
+    let req = up::Request { op: op.to_owned(), name: args.name, kill: args.kill };
+    match up::submit(&args.at.run_dir, &req, REQUEST_TIMEOUT) {
+        Ok(r) if r.ok => {
+            println!("{}", r.message);
+            ExitCode::SUCCESS
+        }
+        Ok(r) => fail(op, r.message),
+        Err(e) => fail(op, e),
     }
 }

@@ -10,11 +10,8 @@
 mod common;
 mod mesh;
 
-use std::io;
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use common::*;
 use mesh::*;
@@ -100,86 +97,6 @@ fn agent_sets_verifies_and_repairs_tcp_migrate_req() {
     w.wait_proxy_state(&a.uid, None, "a after the release");
 }
 
-/// What the client saw: successes, and every failure with its time and error.
-#[derive(Default)]
-struct Tally {
-    ok: AtomicUsize,
-    failures: Mutex<Vec<(Duration, String)>>,
-}
-
-/// Threads in the client pod opening short echo connections, paced to `rate` per second in total.
-struct Load {
-    tally: Arc<Tally>,
-    stop: Arc<AtomicBool>,
-    start: Instant,
-    threads: Vec<std::thread::JoinHandle<()>>,
-}
-
-impl Load {
-    fn start(client: &Pod, dst: SocketAddr, rate: u32, threads: u32) -> Load {
-        let tally = Arc::new(Tally::default());
-        let stop = Arc::new(AtomicBool::new(false));
-        let start = Instant::now();
-        let interval = Duration::from_secs(1) * threads / rate;
-        let threads = (0..threads)
-            .map(|_| {
-                let (pod, tally, stop) = (client.clone(), tally.clone(), stop.clone());
-                std::thread::spawn(move || {
-                    pod.run(|| {
-                        let mut next = Instant::now();
-                        while !stop.load(Ordering::Relaxed) {
-                            match short_echo(dst) {
-                                Ok(()) => {
-                                    tally.ok.fetch_add(1, Ordering::Relaxed);
-                                }
-                                Err(e) => tally
-                                    .failures
-                                    .lock()
-                                    .unwrap_or_else(PoisonError::into_inner)
-                                    .push((start.elapsed(), format!("{:?}: {e}", e.kind()))),
-                            }
-                            next += interval;
-                            match next.checked_duration_since(Instant::now()) {
-                                Some(wait) => std::thread::sleep(wait),
-                                // Behind schedule: catch up, but never by more than 1 s of work.
-                                None if next + Duration::from_secs(1) < Instant::now() => {
-                                    next = Instant::now();
-                                }
-                                None => {}
-                            }
-                        }
-                    })
-                })
-            })
-            .collect();
-        Load { tally, stop, start, threads }
-    }
-
-    fn ok(&self) -> usize {
-        self.tally.ok.load(Ordering::Relaxed)
-    }
-
-    fn failures(&self) -> Vec<(Duration, String)> {
-        self.tally.failures.lock().unwrap_or_else(PoisonError::into_inner).clone()
-    }
-
-    /// Stops the threads; returns (successes, failures, time the load ran).
-    fn finish(mut self) -> (usize, Vec<(Duration, String)>, Duration) {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in self.threads.drain(..) {
-            t.join().unwrap_or_else(|_| panic!("a client thread panicked"));
-        }
-        (self.ok(), self.failures(), self.start.elapsed())
-    }
-}
-
-/// One connection: connect, send one byte, half-close, read the echo to EOF.
-fn short_echo(dst: SocketAddr) -> io::Result<()> {
-    let mut s = std::net::TcpStream::connect_timeout(&dst, CONNECT_TIMEOUT)?;
-    let reply = echo_roundtrip(&mut s, b"x")?;
-    if reply == b"x" { Ok(()) } else { Err(io::Error::other(format!("echo returned {reply:?}"))) }
-}
-
 /// Admin, metrics and readiness addresses for the `i`-th node proxy: two sets, alternating, so a
 /// new proxy can start while the previous one still holds the other set.
 fn proxy_ports(i: usize) -> (u16, u16, u16) {
@@ -262,7 +179,7 @@ fn node_proxy_replaced_three_times_under_load_loses_no_connection() {
     let echo = server.pod().echo_server(8080);
     assert_echo(&client.pod(), server.pod().addr4(8080), "before the load");
 
-    let load = Load::start(&client.pod(), server.pod().addr4(8080), RATE, CLIENT_THREADS);
+    let load = Load::start(&client.netns, server.pod().addr4(8080), RATE, CLIENT_THREADS, short_echo);
     assert!(wait_for(|| load.ok() >= 500, Duration::from_secs(10)), "the client made no progress");
     let mut report = Vec::new();
     for i in 1..=3 {

@@ -248,6 +248,12 @@ impl PluginPath {
     /// agent installs `ambit-cni`). Without the reference plugins the error names the package.
     pub fn with_reference_plugins(extra: &[PathBuf]) -> Result<PluginPath, CniError> {
         let dirs: Vec<PathBuf> = PLUGIN_DIRS.iter().map(PathBuf::from).collect();
+        PluginPath::with_reference_plugins_in(&dirs, extra)
+    }
+
+    /// Like [`PluginPath::with_reference_plugins`], searching `dirs` instead of [`PLUGIN_DIRS`]
+    /// (a runtime's configured plugin directories).
+    pub fn with_reference_plugins_in(dirs: &[PathBuf], extra: &[PathBuf]) -> Result<PluginPath, CniError> {
         let found = dirs.iter().find(|d| REFERENCE_PLUGINS.iter().all(|p| is_executable(&d.join(p))));
         match found {
             Some(dir) => Ok(PluginPath(std::iter::once(dir.clone()).chain(extra.iter().cloned()).collect())),
@@ -259,7 +265,7 @@ impl PluginPath {
                     .unwrap_or(REFERENCE_PLUGINS[0]);
                 Err(CniError::PluginMissing {
                     plugin: missing.to_owned(),
-                    searched: PluginPath(dirs).to_string(),
+                    searched: PluginPath(dirs.to_vec()).to_string(),
                     hint: format!(
                         " (install the {PLUGINS_PACKAGE} package: apt-get install {PLUGINS_PACKAGE})"
                     ),

@@ -94,7 +94,8 @@ pub struct PreparedNode {
 /// Makes node `member`'s directories under `run_dir` and writes its network (the reference
 /// bridge on [`CNI_BRIDGE`] with host-local addresses from its pod CIDR), unless the file is
 /// there already (a node keeps its network, and what its agent chained in, across restarts).
-pub fn prepare(run_dir: &Path, member: &Member) -> Result<PreparedNode, NodeError> {
+/// The reference plugins are looked for in `plugin_dirs` ([`cni::PLUGIN_DIRS`] when empty).
+pub fn prepare(run_dir: &Path, member: &Member, plugin_dirs: &[PathBuf]) -> Result<PreparedNode, NodeError> {
     let pods = member.pods.ok_or_else(|| NodeError::NotANode(member.name.clone()))?;
     let dirs = NodeDirs::new(run_dir, &member.name);
     let io = |path: &Path, source| NodeError::Io { node: member.name.clone(), path: path.to_owned(), source };
@@ -118,7 +119,11 @@ pub fn prepare(run_dir: &Path, member: &Member) -> Result<PreparedNode, NodeErro
     let runtime = Runtime {
         node_netns: Some(member.netns.clone()),
         conf_dir: dirs.conf_dir(),
-        path: PluginPath::with_reference_plugins(&[dirs.bin_dir()])?,
+        path: if plugin_dirs.is_empty() {
+            PluginPath::with_reference_plugins(&[dirs.bin_dir()])?
+        } else {
+            PluginPath::with_reference_plugins_in(plugin_dirs, &[dirs.bin_dir()])?
+        },
         cache_dir: dirs.cache_dir(),
         timeout: cni::PLUGIN_TIMEOUT,
     };
@@ -134,7 +139,7 @@ mod tests {
     fn a_prepared_node_has_its_network_and_keeps_what_was_chained_in() {
         let net = crate::topology::sample_network();
         let tmp = tempfile::tempdir().expect("tmp");
-        let node = match prepare(tmp.path(), &net.nodes[0]) {
+        let node = match prepare(tmp.path(), &net.nodes[0], &[]) {
             Ok(n) => n,
             // Without the reference plugins the error names the package; nothing else to test.
             Err(NodeError::Cni(e)) => {
@@ -153,8 +158,10 @@ mod tests {
         let file = node.dirs.conf_dir().join(NETWORK_FILE);
         let chained = std::fs::read_to_string(&file).expect("read").replace("\"bridge\"", "\"bridge2\"");
         std::fs::write(&file, &chained).expect("write");
-        prepare(tmp.path(), &net.nodes[0]).expect("again");
+        prepare(tmp.path(), &net.nodes[0], &[]).expect("again");
         assert_eq!(std::fs::read_to_string(&file).expect("read"), chained);
-        assert!(matches!(prepare(tmp.path(), &net.hosts[0]), Err(NodeError::NotANode(n)) if n == "control"));
+        assert!(
+            matches!(prepare(tmp.path(), &net.hosts[0], &[]), Err(NodeError::NotANode(n)) if n == "control")
+        );
     }
 }

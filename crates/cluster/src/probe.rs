@@ -2,7 +2,7 @@
 //! (the socket is created there, then used from any thread), a plain HTTP GET on a component's
 //! monitoring port, and the TCP ports a namespace listens on.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
@@ -66,6 +66,49 @@ pub fn listening_ports(pid: u32) -> BTreeSet<u16> {
     ports
 }
 
+/// The destination-reported connection counters (`istio_tcp_connections_opened_total`,
+/// `istio_tcp_connections_failed_total`) of every node proxy of the cluster: `node|series` →
+/// value. What a destination proxy counted names the source's identity, the security policy
+/// (`mutual_tls` or `none`) and, for a denial, `response_flags="DENY"`.
+pub fn destination_counters(state: &crate::state::ClusterState) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for n in &state.network.nodes {
+        let Ok((200, body)) = http_get(&n.netns, state.proxy(&n.name).stats, "/metrics") else { continue };
+        for l in body.lines() {
+            if (l.starts_with("istio_tcp_connections_opened_total{")
+                || l.starts_with("istio_tcp_connections_failed_total{"))
+                && l.contains("reporter=\"destination\"")
+                && let Some((series, v)) = l.rsplit_once(' ')
+                && let Ok(v) = v.parse::<f64>()
+            {
+                out.insert(format!("{}|{series}", n.name), v);
+            }
+        }
+    }
+    out
+}
+
+/// The series that grew from `before` to `after`, with how much.
+pub fn growth(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
+    after
+        .iter()
+        .filter_map(|(k, v)| {
+            let d = v - before.get(k).copied().unwrap_or_default();
+            (d > 0.0).then(|| (k.clone(), d))
+        })
+        .collect()
+}
+
+/// The value of label `name` in a Prometheus series (`metric{a="b",…}`), empty when absent.
+pub fn label(series: &str, name: &str) -> String {
+    let key = format!("{name}=\"");
+    let Some(rest) = series.split_once('{').map(|(_, r)| r) else { return String::new() };
+    // At the start of the label set or after a comma, so `source_principal` is not matched
+    // inside `destination_principal`-like names.
+    let found = rest.strip_prefix(&key).or_else(|| rest.split_once(&format!(",{key}")).map(|(_, r)| r));
+    found.and_then(|r| r.split_once('"').map(|(v, _)| v.to_owned())).unwrap_or_default()
+}
+
 /// The sum of the samples of `metric` (a Prometheus text body) whose labels include every
 /// `name="value"` of `labels`.
 pub fn metric_sum(body: &str, metric: &str, labels: &[(&str, &str)]) -> f64 {
@@ -86,6 +129,17 @@ mod tests {
         assert_eq!(metric_sum(body, "x_total", &[("a", "1")]), 7.0);
         assert_eq!(metric_sum(body, "x_total", &[("b", "3")]), 4.0);
         assert_eq!(metric_sum(body, "x_total", &[]), 8.0);
+    }
+
+    #[test]
+    fn labels_are_read_whole_and_growth_keeps_what_grew() {
+        let s = r#"x_total{source_principal="a",principal="b",x="1"}"#;
+        assert_eq!(label(s, "source_principal"), "a");
+        assert_eq!(label(s, "principal"), "b");
+        assert_eq!(label(s, "missing"), "");
+        let before = BTreeMap::from([("a".to_owned(), 1.0), ("b".to_owned(), 2.0)]);
+        let after = BTreeMap::from([("a".to_owned(), 1.0), ("b".to_owned(), 5.0), ("c".to_owned(), 1.0)]);
+        assert_eq!(growth(&before, &after), BTreeMap::from([("b".to_owned(), 3.0), ("c".to_owned(), 1.0)]));
     }
 
     #[test]

@@ -41,6 +41,38 @@ pub struct ClusterState {
     /// Recent events (restarts, pods created and deleted), oldest first.
     #[serde(default)]
     pub events: Vec<String>,
+    /// Each node proxy's ports now (a replacement takes the other set while the old one drains).
+    #[serde(default)]
+    pub proxy_ports: std::collections::BTreeMap<String, ProxyPorts>,
+}
+
+/// A node proxy's admin, metrics and readiness ports (in its node's namespace).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProxyPorts {
+    /// `/config_dump`, `/debug/connections` (on 127.0.0.1).
+    pub admin: u16,
+    /// `/metrics`.
+    pub stats: u16,
+    /// `/healthz/ready`.
+    pub ready: u16,
+}
+
+impl ProxyPorts {
+    /// The ports of generation `g` of a node's proxy: two sets, alternating.
+    pub fn of_generation(g: u32) -> ProxyPorts {
+        if g.is_multiple_of(2) {
+            ProxyPorts { admin: 15000, stats: 15020, ready: 15021 }
+        } else {
+            ProxyPorts { admin: 16000, stats: 16020, ready: 16021 }
+        }
+    }
+}
+
+impl ClusterState {
+    /// The ports of node `node`'s proxy (generation 0's when not recorded).
+    pub fn proxy(&self, node: &str) -> ProxyPorts {
+        self.proxy_ports.get(node).copied().unwrap_or_else(|| ProxyPorts::of_generation(0))
+    }
 }
 
 /// One pod of the record.
@@ -187,6 +219,7 @@ mod tests {
             processes: Vec::new(),
             errors: Vec::new(),
             events: Vec::new(),
+            proxy_ports: Default::default(),
         }
     }
 

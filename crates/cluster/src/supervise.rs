@@ -67,6 +67,25 @@ pub enum SuperviseError {
     },
 }
 
+/// Why a process could not be replaced.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplaceError {
+    /// No such process.
+    #[error("no process named {0:?}")]
+    Unknown(String),
+    /// The replacement could not be started.
+    #[error(transparent)]
+    Start(#[from] SuperviseError),
+    /// The replacement did not become ready; the running process stays.
+    #[error("the replacement of {name} did not become ready within {waited:?}; the running one stays")]
+    NotReady {
+        /// The process.
+        name: String,
+        /// How long was waited.
+        waited: Duration,
+    },
+}
+
 /// A process's state as `ambit status` shows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcessStatus {
@@ -80,6 +99,9 @@ pub struct ProcessStatus {
     pub last_exit: Option<String>,
     /// Whether it is running now.
     pub running: bool,
+    /// Whether it was stopped on request (and is not restarted).
+    #[serde(default)]
+    pub held: bool,
 }
 
 /// What happened in one [`Supervisor::tick`].
@@ -116,6 +138,8 @@ struct Supervised {
     backoff: Duration,
     due: Option<Instant>,
     last_exit: Option<String>,
+    /// Stopped on request: not restarted until released.
+    held: bool,
 }
 
 /// The supervised processes.
@@ -145,6 +169,7 @@ impl Supervisor {
             backoff: BACKOFF_MIN,
             due: None,
             last_exit: None,
+            held: false,
         });
         Ok(pid)
     }
@@ -172,6 +197,7 @@ impl Supervisor {
                 }
             }
             if p.child.is_none()
+                && !p.held
                 && let Some(due) = p.due
                 && now >= due
             {
@@ -207,6 +233,88 @@ impl Supervisor {
         true
     }
 
+    /// Stops process `name` and keeps it stopped (not restarted) until [`Supervisor::release`]:
+    /// SIGTERM then SIGKILL after `grace`, or SIGKILL at once with `kill`. False when there is
+    /// no such process.
+    pub fn hold(&mut self, name: &str, grace: Duration, kill: bool) -> bool {
+        let Some(p) = self.procs.iter_mut().find(|p| p.spec.name == name) else { return false };
+        p.held = true;
+        p.due = None;
+        if let Some(mut child) = p.child.take() {
+            if kill {
+                let _ = child.kill();
+                let _ = child.wait();
+            } else {
+                terminate(&mut child, grace);
+            }
+            let how = if kill { "killed on request" } else { "stopped on request" };
+            note(&p.spec, how);
+            p.last_exit = Some(how.to_owned());
+        }
+        true
+    }
+
+    /// Starts a held process again. False when there is no such process.
+    pub fn release(&mut self, name: &str) -> Result<bool, SuperviseError> {
+        let Some(p) = self.procs.iter_mut().find(|p| p.spec.name == name) else { return Ok(false) };
+        p.held = false;
+        if p.child.is_none() {
+            let child = spawn(&p.spec)?;
+            p.restarts += 1;
+            p.started = Instant::now();
+            p.backoff = BACKOFF_MIN;
+            note(&p.spec, &format!("started on request, pid {}", child.id()));
+            p.child = Some(child);
+        }
+        Ok(true)
+    }
+
+    /// Replaces process `name` without a gap: starts `spec` beside the running one, waits until
+    /// `ready()` holds (at most `timeout`), then stops the old one (SIGTERM, SIGKILL after
+    /// `grace`) and supervises the new one under the same name. If the new one does not become
+    /// ready it is stopped and the old one keeps running. Returns the new pid.
+    pub fn replace(
+        &mut self,
+        name: &str,
+        spec: ProcessSpec,
+        ready: &mut dyn FnMut() -> bool,
+        timeout: Duration,
+        grace: Duration,
+    ) -> Result<u32, ReplaceError> {
+        let Some(i) = self.procs.iter().position(|p| p.spec.name == name) else {
+            return Err(ReplaceError::Unknown(name.to_owned()));
+        };
+        let mut child = spawn(&spec)?;
+        note(&spec, &format!("replacement started, pid {}", child.id()));
+        let deadline = Instant::now() + timeout;
+        while !ready() {
+            if Instant::now() > deadline || matches!(child.try_wait(), Ok(Some(_))) {
+                terminate(&mut child, grace);
+                note(&spec, "replacement did not become ready; the running process stays");
+                return Err(ReplaceError::NotReady { name: name.to_owned(), waited: timeout });
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let p = &mut self.procs[i];
+        if let Some(mut old) = p.child.take() {
+            terminate(&mut old, grace);
+            note(&p.spec, "replaced: the previous process was stopped");
+        }
+        let pid = child.id();
+        p.child = Some(child);
+        p.spec = spec;
+        p.restarts += 1;
+        p.started = Instant::now();
+        p.held = false;
+        p.due = None;
+        Ok(pid)
+    }
+
+    /// The spec of process `name`.
+    pub fn spec(&self, name: &str) -> Option<&ProcessSpec> {
+        self.procs.iter().find(|p| p.spec.name == name).map(|p| &p.spec)
+    }
+
     /// Stops everything, in reverse start order.
     pub fn stop_all(&mut self, grace: Duration) {
         while let Some(name) = self.procs.last().map(|p| p.spec.name.clone()) {
@@ -224,6 +332,7 @@ impl Supervisor {
                 restarts: p.restarts,
                 last_exit: p.last_exit.clone(),
                 running: p.child.is_some(),
+                held: p.held,
             })
             .collect()
     }
@@ -372,6 +481,41 @@ mod tests {
         assert!(started.elapsed() < Duration::from_secs(2), "SIGTERM did not stop sleep");
         assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "still running");
         assert!(!s.stop("server", Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn a_held_process_stays_down_until_released_and_a_replacement_takes_over_without_a_gap() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let mut s = Supervisor::new();
+        let first = s.start(sh(tmp.path(), "srv", "exec sleep 30", true)).expect("start");
+        assert!(s.hold("srv", Duration::from_secs(2), true));
+        assert!(tick_until(&mut s, Duration::from_millis(400), |e| !e.is_empty()).is_empty(), "restarted");
+        assert!(!crate::state::pid_alive(first));
+        let st = &s.status()[0];
+        assert!(st.held && !st.running && st.last_exit.as_deref() == Some("killed on request"), "{st:?}");
+        assert!(s.release("srv").expect("release"));
+        let second = s.status()[0].pid.expect("running again");
+        assert_ne!(second, first);
+        // The replacement is ready once its marker file exists; the old one runs until then.
+        let marker = tmp.path().join("ready");
+        let spec = sh(tmp.path(), "srv", &format!("touch {}; exec sleep 30", marker.display()), true);
+        let mut ready = || marker.exists() && crate::state::pid_alive(second);
+        let third = s
+            .replace("srv", spec, &mut ready, Duration::from_secs(5), Duration::from_secs(2))
+            .expect("replace");
+        assert!(!crate::state::pid_alive(second), "the old one still runs");
+        assert_eq!(s.status()[0].pid, Some(third));
+        // A replacement that never gets ready leaves the running one alone.
+        let never = sh(tmp.path(), "srv", "exec sleep 30", true);
+        let err = s.replace("srv", never, &mut || false, Duration::from_millis(200), Duration::from_secs(1));
+        assert!(matches!(err, Err(ReplaceError::NotReady { .. })), "{err:?}");
+        assert_eq!(s.status()[0].pid, Some(third));
+        assert!(matches!(
+            s.replace("nope", sh(tmp.path(), "nope", "", false), &mut || true, Duration::ZERO, Duration::ZERO),
+            Err(ReplaceError::Unknown(n)) if n == "nope"
+        ));
+        let log = std::fs::read_to_string(tmp.path().join("srv.log")).expect("log");
+        assert!(log.contains("killed on request") && log.contains("started on request"), "{log}");
     }
 
     #[test]

@@ -29,7 +29,7 @@ use crate::desired::{Desired, DesiredErrors, PodTemplate};
 use crate::node::{self, NodeError, PreparedNode};
 use crate::probe;
 use crate::sandbox::{self, Sandbox, SandboxError};
-use crate::state::{ClusterState, PodState, StateError, VERSION};
+use crate::state::{ClusterState, PodState, ProxyPorts, StateError, VERSION};
 use crate::supervise::{Event, ProcessSpec, SuperviseError, Supervisor};
 use crate::topology::{Network, NetworkError, NetworkSpec};
 
@@ -47,12 +47,8 @@ pub const CONTROL_HOSTNAME: &str = "istiod.istio-system.svc";
 pub const AGENT_HEALTH: u16 = 8000;
 /// The agent's metrics port in its node namespace.
 pub const AGENT_METRICS: u16 = 15014;
-/// The proxy's admin port (`/config_dump`, `/debug/connections`).
-pub const PROXY_ADMIN: u16 = 15000;
-/// The proxy's metrics port.
-pub const PROXY_METRICS: u16 = 15020;
-/// The proxy's readiness port (`/healthz/ready`).
-pub const PROXY_READY: u16 = 15021;
+/// How long a replaced node proxy may drain its connections.
+pub const PROXY_DRAIN: Duration = Duration::from_secs(5);
 /// How long each component may take to become ready.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a pod's containers may take to listen on their declared ports.
@@ -83,6 +79,8 @@ pub struct UpConfig {
     pub segment: (u8, u8),
     /// The pod CIDRs' second octet (`10.p.<node>.0/24`).
     pub pods: u8,
+    /// Where the reference CNI plugins are ([`crate::cni::PLUGIN_DIRS`] when empty).
+    pub plugin_dirs: Vec<PathBuf>,
 }
 
 /// The run directory's parts.
@@ -117,6 +115,10 @@ impl Layout {
     /// The log of process `name` (`/` becomes `_`).
     pub fn log(&self, name: &str) -> PathBuf {
         self.logs().join(format!("{}.log", name.replace('/', "_")))
+    }
+    /// Requests to the cluster's owner (`ambit restart|stop|start`).
+    pub fn requests(&self) -> PathBuf {
+        self.0.join("requests")
     }
     /// The progress of the start, one line per step, for `ambit up` to show.
     pub fn progress(&self) -> PathBuf {
@@ -209,6 +211,8 @@ pub struct Cluster {
     state: ClusterState,
     events: Vec<String>,
     cgroup_root: PathBuf,
+    /// Each node proxy's generation (its ports alternate between two sets).
+    proxy_generation: Vec<u32>,
 }
 
 impl Cluster {
@@ -220,7 +224,14 @@ impl Cluster {
         progress: &mut dyn FnMut(&str),
     ) -> Result<Cluster, UpError> {
         let layout = Layout(cfg.run_dir.clone());
-        for dir in [layout.desired(), layout.objects(), layout.capture(), layout.control(), layout.logs()] {
+        for dir in [
+            layout.desired(),
+            layout.objects(),
+            layout.capture(),
+            layout.control(),
+            layout.logs(),
+            layout.requests(),
+        ] {
             std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
         }
         let node_names: Vec<String> = (1..=cfg.nodes).map(|i| format!("node{i}")).collect();
@@ -246,6 +257,7 @@ impl Cluster {
             processes: Vec::new(),
             errors: Vec::new(),
             events: Vec::new(),
+            proxy_ports: BTreeMap::new(),
         };
         // Recorded first: a crash from here on leaves a record for `ambit down`.
         state.save()?;
@@ -257,7 +269,7 @@ impl Cluster {
         state.network = net.clone();
         let mut nodes = Vec::new();
         for m in &net.nodes {
-            nodes.push(node::prepare(&cfg.run_dir, m)?);
+            nodes.push(node::prepare(&cfg.run_dir, m, &cfg.plugin_dirs)?);
         }
         let mut cluster = Cluster {
             cfg,
@@ -273,7 +285,9 @@ impl Cluster {
             state,
             events: Vec::new(),
             cgroup_root,
+            proxy_generation: Vec::new(),
         };
+        cluster.proxy_generation = vec![0; cluster.nodes.len()];
         cluster.write_nodes()?;
         cluster.desired_stamp = cluster.stamp();
         cluster.pass_objects(&desired)?;
@@ -307,12 +321,13 @@ impl Cluster {
                 stop,
             )?;
             cluster.wait_chained(i, stop)?;
-            cluster.start_proxy(i)?;
+            let spec = cluster.proxy_spec(i, 0);
+            cluster.sup.start(spec)?;
             cluster.wait_ready(
                 &format!("ambit proxy on {name}"),
                 &format!("proxy/{name}"),
                 &ns,
-                PROXY_READY,
+                ProxyPorts::of_generation(0).ready,
                 "/healthz/ready",
                 stop,
             )?;
@@ -363,7 +378,8 @@ impl Cluster {
         for i in 0..self.nodes.len() {
             let netns = self.nodes[i].member.netns.clone();
             loop {
-                let have: BTreeSet<String> = match probe::http_get(&netns, PROXY_ADMIN, "/config_dump") {
+                let admin = ProxyPorts::of_generation(self.proxy_generation[i]).admin;
+                let have: BTreeSet<String> = match probe::http_get(&netns, admin, "/config_dump") {
                     Ok((200, body)) => {
                         let dump: Value = serde_json::from_str(&body).unwrap_or_default();
                         dump["workloads"]
@@ -446,7 +462,70 @@ impl Cluster {
         }
         self.reconcile();
         self.check_pods();
+        self.handle_requests();
         let _ = self.save();
+    }
+
+    /// Carries out the requests `ambit restart|stop|start` left in the requests folder.
+    fn handle_requests(&mut self) {
+        let dir = self.layout.requests();
+        let Ok(entries) = std::fs::read_dir(&dir) else { return };
+        let mut files: Vec<PathBuf> = entries
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "json"))
+            .collect();
+        files.sort();
+        for file in files {
+            let text = std::fs::read_to_string(&file).unwrap_or_default();
+            let _ = std::fs::remove_file(&file);
+            let reply = match serde_json::from_str::<Request>(&text) {
+                Ok(req) => {
+                    let r = self.handle(&req);
+                    let line = match &r {
+                        Ok(m) => m.clone(),
+                        Err(m) => format!("{} {} failed: {m}", req.op, req.name),
+                    };
+                    self.event(line);
+                    match r {
+                        Ok(message) => Reply { ok: true, message },
+                        Err(message) => Reply { ok: false, message },
+                    }
+                }
+                Err(e) => Reply { ok: false, message: format!("not a request: {e}") },
+            };
+            let _ = write_atomic(
+                &file.with_extension("done"),
+                &serde_json::to_string(&reply).unwrap_or_default(),
+            );
+        }
+    }
+
+    fn handle(&mut self, req: &Request) -> Result<String, String> {
+        if self.sup.spec(&req.name).is_none() {
+            let names: Vec<String> = self.sup.status().into_iter().map(|p| p.name).collect();
+            return Err(format!("no process named {:?}; there are: {}", req.name, names.join(", ")));
+        }
+        let proxy_node =
+            req.name.strip_prefix("proxy/").and_then(|n| self.nodes.iter().position(|m| m.member.name == n));
+        match (req.op.as_str(), proxy_node) {
+            ("restart", Some(i)) => self.replace_proxy(i),
+            ("restart", None) => {
+                self.sup.hold(&req.name, STOP_GRACE, req.kill);
+                self.sup.release(&req.name).map_err(|e| e.to_string())?;
+                Ok(format!("{} restarted", req.name))
+            }
+            ("stop", _) => {
+                self.sup.hold(&req.name, STOP_GRACE, req.kill);
+                let how = if req.kill { "killed (SIGKILL)" } else { "stopped" };
+                Ok(format!("{} {how}; it stays down until `ambit start {}`", req.name, req.name))
+            }
+            ("start", _) => {
+                self.sup.release(&req.name).map_err(|e| e.to_string())?;
+                Ok(format!("{} started", req.name))
+            }
+            (op, _) => Err(format!("unknown operation {op:?} (restart, stop, start)")),
+        }
     }
 
     /// Runs until `stop` is set, then stops everything.
@@ -483,6 +562,12 @@ impl Cluster {
         self.state.network = self.net.clone();
         self.state.processes = self.sup.status();
         self.state.events = self.events.clone();
+        self.state.proxy_ports = self
+            .nodes
+            .iter()
+            .zip(&self.proxy_generation)
+            .map(|(n, g)| (n.member.name.clone(), ProxyPorts::of_generation(*g)))
+            .collect();
         self.state.pods = self
             .pods
             .values()
@@ -665,8 +750,10 @@ impl Cluster {
         Ok(())
     }
 
-    fn start_proxy(&mut self, i: usize) -> Result<(), UpError> {
+    /// Node `i`'s proxy of generation `generation` (its ports: [`ProxyPorts::of_generation`]).
+    fn proxy_spec(&self, i: usize, generation: u32) -> ProcessSpec {
         let n = &self.nodes[i];
+        let ports = ProxyPorts::of_generation(generation);
         let url = format!("https://{}:{CONTROL_GRPC}", self.control_ip());
         let root = self.layout.root_cert().display().to_string();
         let token = self.layout.control().join("tokens").join(format!("{}.token", n.member.name));
@@ -686,10 +773,62 @@ impl Cluster {
             ("POD_NAMESPACE", crate::desired::SYSTEM_NAMESPACE.to_owned()),
             ("FAKE_CA", "false".to_owned()),
             ("ZTUNNEL_WORKER_THREADS", "2".to_owned()),
+            ("AMBIT_ADMIN_ADDR", format!("127.0.0.1:{}", ports.admin)),
+            ("AMBIT_STATS_ADDR", format!("[::]:{}", ports.stats)),
+            ("AMBIT_READINESS_ADDR", format!("[::]:{}", ports.ready)),
+            ("CONNECTION_TERMINATION_DEADLINE", format!("{}s", PROXY_DRAIN.as_secs())),
         ];
-        let spec = self.spec(&format!("proxy/{}", n.member.name), &n.member.netns, vec!["proxy".into()], env);
-        self.sup.start(spec)?;
-        Ok(())
+        self.spec(&format!("proxy/{}", n.member.name), &n.member.netns, vec!["proxy".into()], env)
+    }
+
+    /// The pods node `i`'s proxy of generation `generation` serves (`workloadState` `Up`).
+    fn proxy_serves(&self, i: usize, generation: u32) -> usize {
+        let ports = ProxyPorts::of_generation(generation);
+        match probe::http_get(&self.nodes[i].member.netns, ports.admin, "/config_dump") {
+            Ok((200, body)) => {
+                let dump: Value = serde_json::from_str(&body).unwrap_or_default();
+                dump["workloadState"]
+                    .as_object()
+                    .map_or(0, |m| m.values().filter(|v| v["state"] == "Up").count())
+            }
+            _ => 0,
+        }
+    }
+
+    /// Replaces node `i`'s proxy as a DaemonSet rolling update does, without a gap: the new one
+    /// starts beside the old one (the other set of ports), and once it is ready and serves as
+    /// many pods as the old one (the agent hands it every pod), the old one gets SIGTERM and
+    /// drains.
+    fn replace_proxy(&mut self, i: usize) -> Result<String, String> {
+        let old = self.proxy_generation[i];
+        let new = old + 1;
+        let serving = self.proxy_serves(i, old);
+        let spec = self.proxy_spec(i, new);
+        let name = format!("proxy/{}", self.nodes[i].member.name);
+        let netns = self.nodes[i].member.netns.clone();
+        let ready_port = ProxyPorts::of_generation(new).ready;
+        // The supervisor is taken out while the readiness check borrows the rest.
+        let mut sup = std::mem::take(&mut self.sup);
+        let r = {
+            let this = &*self;
+            let mut ready =
+                || probe::ready(&netns, ready_port, "/healthz/ready") && this.proxy_serves(i, new) >= serving;
+            sup.replace(&name, spec, &mut ready, READY_TIMEOUT, PROXY_DRAIN + Duration::from_secs(5))
+        };
+        self.sup = sup;
+        match r {
+            Ok(pid) => {
+                self.proxy_generation[i] = new;
+                {
+                    let p = ProxyPorts::of_generation(new);
+                    Ok(format!(
+                        "{name} replaced: pid {pid} serves {serving} pod(s) (admin :{}, metrics :{}, readiness :{}); the previous one drained",
+                        p.admin, p.stats, p.ready
+                    ))
+                }
+            }
+            Err(e) => Err(e.to_string()),
+        }
     }
 
     /// Waits for `GET path` on `port` in `netns` to answer 200, supervising meanwhile.
@@ -980,6 +1119,54 @@ fn humantime_now() -> String {
     let t = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
     let s = t.as_secs();
     format!("{:02}:{:02}:{:02}", (s / 3600) % 24, (s / 60) % 60, s % 60)
+}
+
+/// A request to the cluster's owner: `restart`, `stop` or `start` process `name` (as
+/// `ambit status` lists them: `control`, `agent/node1`, `proxy/node1`, `pod/demo/web/app`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Request {
+    /// `restart`, `stop` or `start`.
+    pub op: String,
+    /// The process.
+    pub name: String,
+    /// SIGKILL instead of SIGTERM (`stop`, `restart`).
+    #[serde(default)]
+    pub kill: bool,
+}
+
+/// The owner's answer.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Reply {
+    /// Whether it was done.
+    pub ok: bool,
+    /// What happened.
+    pub message: String,
+}
+
+/// Hands `req` to the owner of the cluster in `run_dir` and waits (at most `timeout`) for its
+/// answer.
+pub fn submit(run_dir: &Path, req: &Request, timeout: Duration) -> Result<Reply, String> {
+    let layout = Layout(run_dir.to_owned());
+    let state = ClusterState::load(run_dir).map_err(|e| e.to_string())?;
+    if !state.owner_alive() {
+        return Err("the cluster's owner is gone; `ambit down`, then `ambit up`".into());
+    }
+    let nanos = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_nanos();
+    let file = layout.requests().join(format!("{nanos:020}-{}.json", std::process::id()));
+    write_atomic(&file, &serde_json::to_string(req).unwrap_or_default()).map_err(|e| e.to_string())?;
+    let done = file.with_extension("done");
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(&done) {
+            let _ = std::fs::remove_file(&done);
+            return serde_json::from_str(&text).map_err(|e| format!("a garbled answer: {e}"));
+        }
+        if Instant::now() > deadline {
+            let _ = std::fs::remove_file(&file);
+            return Err(format!("no answer from the cluster's owner within {timeout:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// Runs the cluster in this process until `stop` is set: starts it, reports each step and the

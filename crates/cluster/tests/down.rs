@@ -54,6 +54,7 @@ fn down_removes_a_cluster_whose_owner_still_runs_and_is_idempotent() {
         processes: Vec::new(),
         errors: Vec::new(),
         events: Vec::new(),
+        proxy_ports: Default::default(),
     };
     state.save().expect("record");
     // The sandbox is left running, as after a killed `ambit up`.

@@ -27,11 +27,13 @@ mod agent;
 mod bare;
 mod capture;
 mod echo;
+mod load;
 mod netns;
 mod pcap;
 mod process;
 mod runtime;
 mod sockets;
+mod up;
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -46,11 +48,13 @@ pub use capture::{
     PROXY_MARK, TPROXY_MARK, iptables_v4_rules, iptables_v6_rules, nft_rules,
 };
 pub use echo::{EchoServer, echo_roundtrip};
+pub use load::{Load, Tally, short_echo};
 pub use netns::{Cluster, Node, Pod};
 pub use pcap::{Capture, Segment, contains, pcap_payloads};
 pub use process::{ChildGuard, cpu_seconds, rss_kib};
 pub use runtime::{CniFailure, CniRuntime, Sandbox, ambit_cni_path};
 pub use sockets::{connect_tcp_in, listen_tcp_in, original_dst, run_in};
+pub use up::{Counted, LocalCluster, Ran, ambit_bin, cluster_tag, counted, wait_counted};
 
 /// Timeout applied to every connect made by the harness.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);

@@ -1,0 +1,277 @@
+//! A cluster built by `ambit up` itself (the binary under test), in a run directory and with a
+//! namespace tag of the test's own (`ambc<pid><n>`, which the CI's leak check knows), driven as
+//! a user drives it: `ambit apply|delete|restart|stop|start|status|down`, and
+//! `ambit app client` run in a pod's namespace. Dropping it runs `ambit down`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use ambit_cluster::probe;
+use ambit_cluster::state::{ClusterState, PodState};
+use serde_json::Value;
+
+use super::ambit_cni_path;
+
+/// The `ambit` binary under test.
+pub fn ambit_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_ambit")
+}
+
+/// A fresh tag: `ambc<pid><n>`.
+pub fn cluster_tag() -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("ambc{}{n}", std::process::id())
+}
+
+/// What a command printed, for assertions and failure messages.
+pub struct Ran {
+    /// Exit code (`None`: killed by a signal).
+    pub code: Option<i32>,
+    /// Standard output.
+    pub stdout: String,
+    /// Standard error.
+    pub stderr: String,
+}
+
+impl Ran {
+    fn of(out: std::io::Result<Output>, what: &str) -> Ran {
+        let out = out.unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
+        Ran {
+            code: out.status.code(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+}
+
+impl std::fmt::Display for Ran {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "exit {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}", self.code, self.stdout, self.stderr)
+    }
+}
+
+/// A cluster's run directory and tag, and the commands on it.
+pub struct LocalCluster {
+    /// The run directory.
+    pub run_dir: PathBuf,
+    /// The namespace tag.
+    pub tag: String,
+    /// The test's scratch directory (objects to apply, …).
+    pub scratch: tempfile::TempDir,
+    up: bool,
+}
+
+impl LocalCluster {
+    /// A run directory and tag, nothing built yet.
+    pub fn new() -> LocalCluster {
+        // ambit-cni next to ambit, where `ambit up` finds it.
+        ambit_cni_path();
+        let scratch = tempfile::tempdir().expect("tempdir");
+        LocalCluster { run_dir: scratch.path().join("run"), tag: cluster_tag(), scratch, up: false }
+    }
+
+    /// `ambit <args…>` on this cluster (its run directory and tag).
+    pub fn ambit(&self, args: &[&str]) -> Ran {
+        let out = Command::new(ambit_bin())
+            .args(args)
+            .env("AMBIT_UP_RUN_DIR", &self.run_dir)
+            .env("AMBIT_UP_TAG", &self.tag)
+            .output();
+        Ran::of(out, &format!("ambit {}", args.join(" ")))
+    }
+
+    /// `ambit up --nodes N --config DIR`, which must succeed.
+    pub fn up(&mut self, nodes: u16, config: &Path) -> Ran {
+        self.up = true;
+        let r = self.ambit(&[
+            "up",
+            "--nodes",
+            &nodes.to_string(),
+            "--config",
+            config.to_str().unwrap_or_default(),
+        ]);
+        assert_eq!(r.code, Some(0), "ambit up failed:\n{r}\n{}", self.logs());
+        r
+    }
+
+    /// Writes `text` to the scratch file `name` and returns its path.
+    pub fn file(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.scratch.path().join(name);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).expect("dir");
+        }
+        std::fs::write(&path, text).expect("write");
+        path
+    }
+
+    /// `ambit apply -f` (or `delete`) of `text`, which must succeed.
+    pub fn apply(&self, name: &str, text: &str) {
+        let f = self.file(name, text);
+        let r = self.ambit(&["apply", "-f", f.to_str().unwrap_or_default()]);
+        assert_eq!(r.code, Some(0), "ambit apply -f {name}:\n{r}");
+    }
+
+    /// `ambit delete -f` of `text`, which must succeed.
+    pub fn delete(&self, name: &str, text: &str) {
+        let f = self.file(name, text);
+        let r = self.ambit(&["delete", "-f", f.to_str().unwrap_or_default()]);
+        assert_eq!(r.code, Some(0), "ambit delete -f {name}:\n{r}");
+    }
+
+    /// The cluster's record.
+    pub fn state(&self) -> ClusterState {
+        ClusterState::load(&self.run_dir).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// `ambit status -o json`, parsed.
+    pub fn status(&self) -> Value {
+        let r = self.ambit(&["status", "-o", "json"]);
+        assert_eq!(r.code, Some(0), "ambit status:\n{r}");
+        serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("status is not JSON ({e}):\n{r}"))
+    }
+
+    /// Pod `namespace/name` of the record.
+    pub fn pod(&self, name: &str) -> PodState {
+        self.state()
+            .pods
+            .into_iter()
+            .find(|p| format!("{}/{}", p.namespace, p.name) == name)
+            .unwrap_or_else(|| panic!("no pod {name} in the record"))
+    }
+
+    /// Pod `name`'s `ip:port`.
+    pub fn addr(&self, name: &str, port: u16) -> std::net::SocketAddr {
+        let ip = self.pod(name).ip.unwrap_or_else(|| panic!("{name} has no IP"));
+        std::net::SocketAddr::new(ip.into(), port)
+    }
+
+    /// `ambit app client ADDR --count N` in pod `from`'s namespace: one JSON line per connection.
+    pub fn client(&self, from: &str, addr: &str, count: u32) -> Vec<Value> {
+        let netns = self.pod(from).netns;
+        let out = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &netns,
+                ambit_bin(),
+                "app",
+                "client",
+                addr,
+                "--count",
+                &count.to_string(),
+            ])
+            .output();
+        let r = Ran::of(out, "ambit app client");
+        let lines: Vec<Value> = r.stdout.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+        assert_eq!(lines.len(), count as usize, "the client reported {} lines:\n{r}", lines.len());
+        lines
+    }
+
+    /// The destination proxies' connection counters now.
+    pub fn counters(&self) -> BTreeMap<String, f64> {
+        probe::destination_counters(&self.state())
+    }
+
+    /// Node proxy `node`'s `/metrics`.
+    pub fn proxy_metrics(&self, node: &str) -> String {
+        let s = self.state();
+        let netns = format!("{}-{node}", self.tag);
+        match probe::http_get(&netns, s.proxy(node).stats, "/metrics") {
+            Ok((200, body)) => body,
+            other => panic!("proxy {node} /metrics: {other:?}"),
+        }
+    }
+
+    /// The tail of every log of the cluster, for failure messages.
+    pub fn logs(&self) -> String {
+        let mut out = String::new();
+        let dir = self.run_dir.join("logs");
+        let Ok(entries) = std::fs::read_dir(&dir) else { return out };
+        let mut files: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+        files.sort();
+        for f in files {
+            let text = std::fs::read_to_string(&f).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            out +=
+                &format!("--- {} ---\n{}\n", f.display(), lines[lines.len().saturating_sub(30)..].join("\n"));
+        }
+        out
+    }
+
+    /// `ambit down`, which must succeed.
+    pub fn down(&mut self) -> Ran {
+        self.up = false;
+        let r = self.ambit(&["down"]);
+        assert_eq!(r.code, Some(0), "ambit down:\n{r}");
+        r
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        if self.up {
+            let r = self.ambit(&["down"]);
+            if r.code != Some(0) {
+                eprintln!("ambit down after the test: {r}");
+            }
+        }
+    }
+}
+
+/// What the destination proxies counted for a flow: (allowed connections with mTLS, denials,
+/// the source principals seen).
+#[derive(Debug, Default, PartialEq)]
+pub struct Counted {
+    /// Opened with `connection_security_policy="mutual_tls"`.
+    pub mtls: f64,
+    /// Opened without mTLS.
+    pub plaintext: f64,
+    /// Failed with `response_flags="DENY"`.
+    pub denied: f64,
+    /// Source principals.
+    pub principals: Vec<String>,
+}
+
+/// What grew between two readings of [`LocalCluster::counters`].
+pub fn counted(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> Counted {
+    let mut c = Counted::default();
+    for (k, d) in probe::growth(before, after) {
+        let p = probe::label(&k, "source_principal");
+        if k.contains("istio_tcp_connections_failed_total{") && k.contains("response_flags=\"DENY\"") {
+            c.denied += d;
+        } else if k.contains("istio_tcp_connections_opened_total{") {
+            if probe::label(&k, "connection_security_policy") == "mutual_tls" {
+                c.mtls += d;
+            } else {
+                c.plaintext += d;
+            }
+        } else {
+            continue;
+        }
+        if !p.is_empty() && !c.principals.contains(&p) {
+            c.principals.push(p);
+        }
+    }
+    c
+}
+
+/// Waits up to `timeout` for the counters to have grown as `done` wants; returns what grew.
+pub fn wait_counted(
+    c: &LocalCluster,
+    before: &BTreeMap<String, f64>,
+    timeout: Duration,
+    done: impl Fn(&Counted) -> bool,
+) -> Counted {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let got = counted(before, &c.counters());
+        if done(&got) || std::time::Instant::now() > deadline {
+            return got;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -1,0 +1,532 @@
+//! The end-to-end suite on `ambit up`: the cluster users run (two nodes, six pods created
+//! through each node's CNI chain, `ambit control`, per node `ambit agent` and a shared-mode
+//! `ambit proxy`), driven through the same commands users type. Every verdict is read from what
+//! the destination node proxy counted (the source's SPIFFE identity, `mutual_tls`, denials) and
+//! from what the client got, never from a timeout.
+//!
+//! Needs root (under `CI=true` a missing privilege fails instead of skipping).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+const CLIENT: &str = "spiffe://cluster.local/ns/demo/sa/client";
+const OTHER: &str = "spiffe://cluster.local/ns/demo/sa/other";
+const PLAIN: &str = "spiffe://cluster.local/ns/plain/sa/default";
+
+/// How long a live change may take to be in force on both nodes.
+const CONVERGE: Duration = Duration::from_secs(10);
+
+/// Two nodes × six pods: an enrolled namespace (`demo`: a client, another client, a Deployment
+/// of two servers), a plain one (`plain`: an outsider and a web server), a Service.
+const CLUSTER: &str = r#"apiVersion: v1
+kind: Namespace
+metadata:
+  name: demo
+  labels:
+    istio.io/dataplane-mode: ambient
+---
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: plain
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: client, namespace: demo}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: other, namespace: demo}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: server, namespace: demo}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: server, namespace: demo}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: server}}
+  template:
+    metadata: {labels: {app: server}}
+    spec:
+      serviceAccountName: server
+      containers:
+      - {name: echo, command: [ambit, app, echo, --port, "8080"], ports: [{containerPort: 8080}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: server, namespace: demo}
+spec:
+  clusterIP: 10.96.0.10
+  selector: {app: server}
+  ports: [{name: tcp-echo, port: 80, targetPort: 8080}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: client, namespace: demo, labels: {app: client}}
+spec:
+  nodeName: node1
+  serviceAccountName: client
+  containers: [{name: idle, command: [sleep, infinity]}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: other, namespace: demo, labels: {app: other}}
+spec:
+  nodeName: node2
+  serviceAccountName: other
+  containers: [{name: idle, command: [sleep, infinity]}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: outsider, namespace: plain, labels: {app: outsider}}
+spec:
+  nodeName: node1
+  containers: [{name: idle, command: [sleep, infinity]}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: web, namespace: plain, labels: {app: web}}
+spec:
+  nodeName: node2
+  containers:
+  - {name: echo, command: [ambit, app, echo, --port, "8080"], ports: [{containerPort: 8080}]}
+"#;
+
+const DENY_CLIENT: &str = r#"apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: deny-client, namespace: demo}
+spec:
+  selector: {matchLabels: {app: server}}
+  action: DENY
+  rules:
+  - from:
+    - source: {principals: ["cluster.local/ns/demo/sa/client"]}
+"#;
+
+/// One connection from `from` to `to` (a pod name or `ip:port`): the client's line.
+fn connect(c: &LocalCluster, from: &str, to: &str) -> Value {
+    let addr = if to.contains(':') { to.to_owned() } else { c.addr(to, 8080).to_string() };
+    c.client(from, &addr, 1).remove(0)
+}
+
+/// `from` → `to` is allowed over mTLS: the server answered, saw the client's own address, and the
+/// destination proxy counted one mTLS connection from `identity`.
+fn assert_mtls(c: &LocalCluster, from: &str, to: &str, identity: &str, what: &str) {
+    let before = c.counters();
+    let line = connect(c, from, to);
+    assert!(line.get("reply").is_some(), "{what}: {from} → {to} got no reply: {line}\n{}", c.logs());
+    let src = c.pod(from).ip.map(|i| i.to_string()).unwrap_or_default();
+    let peer = line["reply"]["peer"].as_str().unwrap_or_default();
+    assert!(peer.starts_with(&format!("{src}:")), "{what}: the server saw {peer}, not the client {src}");
+    let got = wait_counted(c, &before, Duration::from_secs(3), |g| g.mtls >= 1.0);
+    assert_eq!(got.mtls, 1.0, "{what}: {from} → {to} not counted as one mTLS connection: {got:?}");
+    assert_eq!(got.principals, [identity], "{what}: the destination saw {got:?}");
+}
+
+/// `from` → `to` is denied: no reply, closed, and one denial counted by the destination proxy.
+fn try_denied(c: &LocalCluster, from: &str, to: &str) -> Result<Value, String> {
+    let before = c.counters();
+    let t0 = Instant::now();
+    let line = connect(c, from, to);
+    if line.get("reply").is_some() {
+        return Err(format!("allowed: {line}"));
+    }
+    let took = t0.elapsed();
+    let got = wait_counted(c, &before, Duration::from_secs(2), |g| g.denied >= 1.0);
+    if got.denied != 1.0 {
+        return Err(format!("no reply ({line}) but the destination counted {got:?}"));
+    }
+    if took > Duration::from_secs(2) {
+        return Err(format!("denied, but the close took {took:?}"));
+    }
+    Ok(line)
+}
+
+/// `from` → `to` is allowed in plaintext: the server answered, no destination proxy counted it.
+fn assert_plaintext(c: &LocalCluster, from: &str, to: &str, what: &str) {
+    let before = c.counters();
+    let line = connect(c, from, to);
+    assert!(line.get("reply").is_some(), "{what}: {from} → {to} got no reply: {line}");
+    std::thread::sleep(Duration::from_millis(200));
+    let got = counted(&before, &c.counters());
+    assert_eq!(got, Counted::default(), "{what}: a proxy counted plaintext {from} → {to}: {got:?}");
+}
+
+fn pod_status(c: &LocalCluster, name: &str) -> Value {
+    c.status()["pods"]
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["pod"] == name).cloned())
+        .unwrap_or_else(|| panic!("no pod {name} in ambit status"))
+}
+
+fn enrolled(c: &LocalCluster, name: &str) -> bool {
+    let p = pod_status(c, name);
+    p["redirection"] == "enabled" && p["proxy_listening"] == true
+}
+
+/// A pod's nftables ruleset (the capture), without its counters.
+fn ruleset(c: &LocalCluster, pod: &str) -> String {
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", &c.pod(pod).netns, "nft", "-s", "list", "ruleset"])
+        .output()
+        .expect("nft");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// One echo connection to an `ambit app echo` server: its line, then our byte echoed.
+fn echo_once(dst: std::net::SocketAddr) -> std::io::Result<()> {
+    use std::io::{BufRead, BufReader, Write};
+    let s = std::net::TcpStream::connect_timeout(&dst, CONNECT_TIMEOUT)?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut r = BufReader::new(s.try_clone()?);
+    let mut line = String::new();
+    r.read_line(&mut line)?;
+    if !line.contains("\"server\"") {
+        return Err(std::io::Error::other(format!("no server line: {line:?}")));
+    }
+    (&s).write_all(b"x\n")?;
+    line.clear();
+    r.read_line(&mut line)?;
+    if line == "x\n" { Ok(()) } else { Err(std::io::Error::other(format!("echo returned {line:?}"))) }
+}
+
+#[test]
+fn the_mesh_on_ambit_up() {
+    if !require_root() {
+        return;
+    }
+    let mut c = LocalCluster::new();
+    let config = c.scratch.path().join("config");
+    std::fs::create_dir_all(&config).expect("config dir");
+    std::fs::write(config.join("cluster.yaml"), CLUSTER).expect("write");
+    let host_links = host_link_names();
+    let t0 = Instant::now();
+    let up = c.up(2, &config);
+    let took_up = t0.elapsed();
+    assert!(up.stdout.contains("ambit up: ready in"), "{up}");
+
+    // Six pods, three per node, all ready; the enrolled ones captured with the proxy in them.
+    let status = c.status();
+    assert_eq!(status["phase"], "ready", "{status}");
+    let pods = status["pods"].as_array().cloned().unwrap_or_default();
+    assert_eq!(pods.len(), 6, "{status}");
+    for p in &pods {
+        assert_eq!(p["phase"], "Ready", "{p}");
+    }
+    for n in status["nodes"].as_array().into_iter().flatten() {
+        assert!(n["agent_ready"] == true && n["proxy_ready"] == true, "{n}");
+        assert_eq!(pods.iter().filter(|p| p["node"] == n["name"]).count(), 3, "{status}");
+    }
+    for p in ["demo/client", "demo/other", "demo/server-0", "demo/server-1"] {
+        assert!(enrolled(&c, p), "{p} is not captured: {}", pod_status(&c, p));
+    }
+    for p in ["plain/outsider", "plain/web"] {
+        let s = pod_status(&c, p);
+        assert!(s["redirection"] == "" && s["proxy_listening"] == false, "{p} is captured: {s}");
+    }
+    assert_eq!(c.pod("demo/server-0").node, "node1");
+    assert_eq!(c.pod("demo/server-1").node, "node2");
+
+    // `ambit up` twice: refused, naming the cluster that is up; nothing changed.
+    let again = c.ambit(&["up", "--nodes", "2"]);
+    assert_eq!(again.code, Some(1), "{again}");
+    assert!(again.stderr.contains("a cluster is already up"), "{again}");
+    assert_eq!(c.status()["phase"], "ready");
+
+    // Same node and across nodes: mTLS with the client's identity.
+    assert_mtls(&c, "demo/client", "demo/server-0", CLIENT, "same node");
+    assert_mtls(&c, "demo/client", "demo/server-1", CLIENT, "across nodes");
+    assert_mtls(&c, "demo/other", "demo/server-0", OTHER, "across nodes, the other way");
+    // The Service VIP reaches both replicas.
+    let lines = c.client("demo/client", "10.96.0.10:80", 20);
+    let mut servers: Vec<&str> = lines.iter().filter_map(|l| l["reply"]["server"].as_str()).collect();
+    servers.sort_unstable();
+    servers.dedup();
+    assert_eq!(servers, ["server-0", "server-1"], "{lines:?}");
+    assert_plaintext(&c, "plain/outsider", "plain/web", "plain to plain");
+
+    // A policy added live denies, removed live allows again.
+    c.apply("deny.yaml", DENY_CLIENT);
+    let t = Instant::now();
+    let denied = wait_for(|| try_denied(&c, "demo/client", "demo/server-1").is_ok(), CONVERGE);
+    assert!(denied, "the DENY policy was not in force within {CONVERGE:?}\n{}", c.logs());
+    eprintln!("DENY policy in force after {:?}", t.elapsed());
+    try_denied(&c, "demo/client", "demo/server-0").unwrap_or_else(|e| panic!("same node: {e}"));
+    assert_mtls(&c, "demo/other", "demo/server-1", OTHER, "the policy names only client");
+    let shown = c.ambit(&["status"]);
+    assert!(shown.stdout.contains(&format!("{CLIENT} → demo/server-1")), "status shows no denial:\n{shown}");
+    c.delete("deny.yaml", DENY_CLIENT);
+    let allowed = wait_for(|| connect(&c, "demo/client", "demo/server-1").get("reply").is_some(), CONVERGE);
+    assert!(allowed, "removing the policy did not allow again within {CONVERGE:?}");
+    assert_mtls(&c, "demo/client", "demo/server-1", CLIENT, "after the policy");
+
+    // Enrolling a namespace live: its pods are captured and talk mTLS; un-enrolling releases them.
+    let plain_on = "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: plain\n  labels:\n    istio.io/dataplane-mode: ambient\n";
+    c.apply("plain.yaml", plain_on);
+    let captured = wait_for(|| enrolled(&c, "plain/outsider") && enrolled(&c, "plain/web"), CONVERGE);
+    assert!(captured, "enrolling plain did not capture its pods:\n{}", c.ambit(&["status"]));
+    let ok = wait_for(
+        || {
+            let before = c.counters();
+            connect(&c, "plain/outsider", "plain/web").get("reply").is_some()
+                && wait_counted(&c, &before, Duration::from_secs(1), |g| g.mtls >= 1.0).mtls == 1.0
+        },
+        CONVERGE,
+    );
+    assert!(ok, "enrolled outsider → web is not mTLS\n{}", c.logs());
+    assert_mtls(&c, "plain/outsider", "plain/web", PLAIN, "enrolled live");
+    c.apply("plain.yaml", "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: plain\n");
+    let released = wait_for(|| !enrolled(&c, "plain/outsider") && !enrolled(&c, "plain/web"), CONVERGE);
+    assert!(released, "un-enrolling plain did not release its pods:\n{}", c.ambit(&["status"]));
+    assert_plaintext(&c, "plain/outsider", "plain/web", "un-enrolled live");
+
+    // Replacing node1's proxy while the client opens 200 connections/s to a server on node1:
+    // no connection fails.
+    let load = Load::start(&c.pod("demo/client").netns, c.addr("demo/server-0", 8080), 200, 20, echo_once);
+    assert!(wait_for(|| load.ok() >= 100, Duration::from_secs(10)), "the load made no progress");
+    let replaced = c.ambit(&["restart", "proxy/node1"]);
+    assert_eq!(replaced.code, Some(0), "{replaced}\n{}", c.logs());
+    let at_replace = load.ok();
+    assert!(
+        wait_for(|| load.ok() >= at_replace + 200, Duration::from_secs(10)),
+        "no progress after the replacement"
+    );
+    let (ok, failures, ran) = load.finish();
+    eprintln!(
+        "proxy replacement: {ok} connections in {ran:.1?}, {} failed; {}",
+        failures.len(),
+        replaced.stdout.trim()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} of {} connections failed across the replacement: {:?}",
+        failures.len(),
+        ok + failures.len(),
+        &failures[..failures.len().min(10)]
+    );
+    assert!(c.state().proxy("node1").admin == 16000, "the new proxy's ports are not recorded");
+    assert_mtls(&c, "demo/client", "demo/server-0", CLIENT, "after the proxy replacement");
+    assert_mtls(&c, "demo/other", "demo/server-0", OTHER, "across nodes, after the proxy replacement");
+
+    // Restarting node2's agent: no capture is lost (the rules stay; traffic stays mTLS).
+    let rules_before = ruleset(&c, "demo/server-1");
+    assert!(rules_before.contains("table"), "no capture rules in server-1:\n{rules_before}");
+    let load = Load::start(&c.pod("demo/client").netns, c.addr("demo/server-1", 8080), 100, 10, echo_once);
+    assert!(wait_for(|| load.ok() >= 50, Duration::from_secs(10)), "the load made no progress");
+    let restarted = c.ambit(&["restart", "agent/node2"]);
+    assert_eq!(restarted.code, Some(0), "{restarted}");
+    let node2 = format!("{}-node2", c.tag);
+    assert!(
+        wait_for(|| ambit_cluster::probe::ready(&node2, 8000, "/readyz"), Duration::from_secs(20)),
+        "the agent on node2 did not become ready again\n{}",
+        c.logs()
+    );
+    let at = load.ok();
+    assert!(
+        wait_for(|| load.ok() >= at + 100, Duration::from_secs(10)),
+        "no progress after the agent restart"
+    );
+    let (ok, failures, _) = load.finish();
+    assert!(
+        failures.is_empty(),
+        "{} of {ok} connections failed across the agent restart: {failures:?}",
+        failures.len()
+    );
+    assert_eq!(ruleset(&c, "demo/server-1"), rules_before, "the agent restart changed server-1's capture");
+    assert!(enrolled(&c, "demo/server-1") && enrolled(&c, "demo/other"));
+    assert_mtls(&c, "demo/client", "demo/server-1", CLIENT, "after the agent restart");
+
+    // Killing `ambit control`: traffic keeps flowing on the last state; a change made meanwhile
+    // arrives once it is back.
+    let killed = c.ambit(&["stop", "control", "--kill"]);
+    assert_eq!(killed.code, Some(0), "{killed}");
+    let procs = c.status()["processes"].clone();
+    let control =
+        procs.as_array().and_then(|p| p.iter().find(|p| p["name"] == "control").cloned()).unwrap_or_default();
+    assert_eq!(control["state"], "killed on request", "{procs}");
+    for _ in 0..3 {
+        assert_mtls(&c, "demo/client", "demo/server-1", CLIENT, "with the control plane down");
+        assert_mtls(&c, "demo/client", "demo/server-0", CLIENT, "with the control plane down");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    c.apply("deny.yaml", DENY_CLIENT);
+    std::thread::sleep(Duration::from_secs(1));
+    assert_mtls(&c, "demo/client", "demo/server-1", CLIENT, "a change made while the control plane is down");
+    let started = c.ambit(&["start", "control"]);
+    assert_eq!(started.code, Some(0), "{started}");
+    let t = Instant::now();
+    let resynced =
+        wait_for(|| try_denied(&c, "demo/client", "demo/server-1").is_ok(), Duration::from_secs(30));
+    assert!(resynced, "the proxies did not resync with the control plane\n{}", c.logs());
+    eprintln!("resynced {:?} after the control plane was started again", t.elapsed());
+    c.delete("deny.yaml", DENY_CLIENT);
+    assert!(wait_for(|| connect(&c, "demo/client", "demo/server-1").get("reply").is_some(), CONVERGE));
+
+    // Scaling the Deployment live: a third replica on the emptier node, then back to two.
+    let scaled = CLUSTER
+        .split("\n---\n")
+        .find(|d| d.contains("kind: Deployment"))
+        .unwrap_or_default()
+        .replace("replicas: 2", "replicas: 3");
+    c.apply("deploy.yaml", &scaled);
+    assert!(
+        wait_for(|| c.state().pods.iter().any(|p| p.name == "server-2" && p.phase == "Ready"), CONVERGE),
+        "server-2 did not start\n{}",
+        c.ambit(&["status"])
+    );
+    assert!(wait_for(|| enrolled(&c, "demo/server-2"), CONVERGE), "server-2 is not captured");
+    let to = c.pod("demo/server-2");
+    assert!(wait_for(|| connect(&c, "demo/client", "demo/server-2").get("reply").is_some(), CONVERGE));
+    assert_mtls(&c, "demo/client", "demo/server-2", CLIENT, &format!("the new replica on {}", to.node));
+    c.apply("deploy.yaml", &scaled.replace("replicas: 3", "replicas: 2"));
+    assert!(wait_for(|| c.state().pods.iter().all(|p| p.name != "server-2"), CONVERGE), "server-2 stays");
+    assert!(!ambit_cluster::ip::netns_exists(&to.netns), "server-2's namespace stays");
+
+    // Bad live input: nothing of it is applied, the message names the file and line.
+    let desired_before = desired_files(&c);
+    let bad = c.file("bad.yaml", "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: [oops\n");
+    let r = c.ambit(&["apply", "-f", bad.to_str().unwrap_or_default()]);
+    assert_eq!(r.code, Some(1), "{r}");
+    assert!(r.stderr.contains(&format!("{}:", bad.display())) && r.stderr.contains("not valid YAML"), "{r}");
+    let orphan = c.file(
+        "orphan.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: s, namespace: demo}\nspec: {ports: [{port: 1}]}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: nowhere}\nspec:\n  containers: [{name: c, command: [sleep, infinity]}]\n",
+    );
+    let r = c.ambit(&["apply", "-f", orphan.to_str().unwrap_or_default()]);
+    assert_eq!(r.code, Some(1), "{r}");
+    assert!(
+        r.stderr.contains(&format!(
+            "{}:6: Pod nowhere/p is in namespace \"nowhere\", which no Namespace object defines",
+            orphan.display()
+        )),
+        "{r}"
+    );
+    let unknown = c.file("cron.yaml", "apiVersion: batch/v1\nkind: CronJob\nmetadata: {name: x}\n");
+    let r = c.ambit(&["apply", "-f", unknown.to_str().unwrap_or_default()]);
+    assert_eq!(r.code, Some(1), "{r}");
+    assert!(
+        r.stderr.contains(&format!(
+            "{}:1: kind CronJob (batch/v1) is not one `ambit up` runs",
+            unknown.display()
+        )),
+        "{r}"
+    );
+    assert_eq!(desired_files(&c), desired_before, "a refused apply changed the desired folder");
+    assert!(c.state().errors.is_empty(), "{:?}", c.state().errors);
+
+    // `ambit down`: nothing is left — no namespace, link, process, cgroup or file.
+    let cgroup_root = c.state().cgroup_root;
+    let pids: Vec<u32> = c.state().processes.iter().filter_map(|p| p.pid).chain([c.state().owner]).collect();
+    let down = c.down();
+    assert!(down.stdout.contains("stopped the cluster's owner"), "{down}");
+    assert_eq!(ambit_cluster::ip::netns_with_prefix(&format!("{}-", c.tag)), Vec::<String>::new());
+    assert!(!c.run_dir.exists(), "{} is left", c.run_dir.display());
+    assert!(!cgroup_root.exists(), "{} is left", cgroup_root.display());
+    for pid in pids {
+        assert!(!ambit_cluster::state::pid_alive(pid), "process {pid} is left");
+    }
+    assert_eq!(host_link_names(), host_links, "links changed in the host namespace");
+    let again = c.ambit(&["down"]);
+    assert_eq!(again.code, Some(0), "{again}");
+    assert!(again.stdout.contains("nothing was up"), "{again}");
+    eprintln!("ambit up (2 nodes, 6 pods) ready in {took_up:.1?}");
+}
+
+fn desired_files(c: &LocalCluster) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = std::fs::read_dir(c.run_dir.join("desired"))
+        .expect("desired")
+        .flatten()
+        .map(|e| {
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read_to_string(e.path()).unwrap_or_default(),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Links of the host namespace whose names any cluster of ours could have made.
+fn host_link_names() -> Vec<String> {
+    let out = std::process::Command::new("ip").args(["-o", "link", "show"]).output().expect("ip link");
+    let mut names: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split(": ").nth(1).map(|n| n.split('@').next().unwrap_or(n).to_owned()))
+        .filter(|n| n.starts_with("ambc") || n.starts_with("veth") || n.starts_with("cni") || n == "fabric")
+        .collect();
+    names.sort();
+    names
+}
+
+/// Bad input is refused before anything is created, with the file and line.
+#[test]
+fn bad_input_is_refused_before_anything_is_built() {
+    if !require_root() {
+        return;
+    }
+    let c = LocalCluster::new();
+    let cases: [(&str, &str, String); 3] = [
+        (
+            "broken.yaml",
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: [oops\n",
+            "not valid YAML".to_owned(),
+        ),
+        (
+            "cron.yaml",
+            "apiVersion: v1\nkind: Namespace\nmetadata: {name: a}\n---\napiVersion: batch/v1\nkind: CronJob\nmetadata: {name: x}\n",
+            ":5: kind CronJob (batch/v1) is not one `ambit up` runs".to_owned(),
+        ),
+        (
+            "orphan.yaml",
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: nowhere}\nspec:\n  containers: [{name: c, command: [sleep, infinity]}]\n",
+            ":1: Pod nowhere/p is in namespace \"nowhere\", which no Namespace object defines".to_owned(),
+        ),
+    ];
+    for (name, text, want) in &cases {
+        let dir = c.scratch.path().join(name.replace(".yaml", ""));
+        std::fs::create_dir_all(&dir).expect("dir");
+        std::fs::write(dir.join(name), text).expect("write");
+        let r = c.ambit(&["up", "--config", dir.to_str().unwrap_or_default()]);
+        assert_eq!(r.code, Some(1), "{name}: {r}");
+        assert!(
+            r.stderr.contains(&format!("{}", dir.join(name).display())) && r.stderr.contains(want.as_str()),
+            "{name}: want {want:?}\n{r}"
+        );
+        assert!(r.stderr.contains("nothing was applied"), "{r}");
+        assert!(!c.run_dir.exists(), "{name}: the run dir was created");
+        assert_eq!(
+            ambit_cluster::ip::netns_with_prefix(&format!("{}-", c.tag)),
+            Vec::<String>::new(),
+            "{name}"
+        );
+    }
+    // A missing CNI plugin: the error names it and the package.
+    let empty = c.scratch.path().join("no-plugins");
+    std::fs::create_dir_all(&empty).expect("dir");
+    let r = c.ambit(&["up", "--cni-plugins-dir", empty.to_str().unwrap_or_default()]);
+    assert_eq!(r.code, Some(1), "{r}");
+    assert!(
+        r.stderr.contains(&format!("CNI plugin \"loopback\" not found in {}", empty.display()))
+            && r.stderr.contains("apt-get install containernetworking-plugins"),
+        "{r}"
+    );
+    assert!(!c.run_dir.exists());
+    // Nothing up: `ambit down` says so and succeeds; `ambit status` fails naming the file.
+    let r = c.ambit(&["down"]);
+    assert_eq!(r.code, Some(0), "{r}");
+    assert!(r.stdout.contains("nothing was up"), "{r}");
+    let r = c.ambit(&["status"]);
+    assert_eq!(r.code, Some(1), "{r}");
+    assert!(r.stderr.contains("no cluster is up"), "{r}");
+    let r = c.ambit(&["restart", "control"]);
+    assert_eq!(r.code, Some(1), "{r}");
+    assert!(r.stderr.contains("no cluster is up"), "{r}");
+}
