@@ -149,14 +149,22 @@ fn try_denied(c: &LocalCluster, from: &str, to: &str) -> Result<Value, String> {
     Ok(line)
 }
 
-/// `from` → `to` is allowed in plaintext: the server answered, no destination proxy counted it.
+/// `from` → `to` is allowed in plaintext: the server answered; a destination in the mesh counted
+/// one plaintext connection from an unknown peer, one out of it nothing.
 fn assert_plaintext(c: &LocalCluster, from: &str, to: &str, what: &str) {
     let before = c.counters();
     let line = connect(c, from, to);
     assert!(line.get("reply").is_some(), "{what}: {from} → {to} got no reply: {line}");
-    std::thread::sleep(Duration::from_millis(200));
-    let got = counted(&before, &c.counters());
-    assert_eq!(got, Counted::default(), "{what}: a proxy counted plaintext {from} → {to}: {got:?}");
+    let in_mesh = enrolled(c, to);
+    let got = wait_counted(c, &before, Duration::from_millis(if in_mesh { 3000 } else { 300 }), |g| {
+        g.plaintext >= 1.0
+    });
+    let want = if in_mesh {
+        Counted { plaintext: 1.0, principals: vec!["unknown".into()], ..Counted::default() }
+    } else {
+        Counted::default()
+    };
+    assert_eq!(got, want, "{what}: {from} → {to} (destination in the mesh: {in_mesh}) counted {got:?}");
 }
 
 fn pod_status(c: &LocalCluster, name: &str) -> Value {
@@ -195,6 +203,40 @@ fn echo_once(dst: std::net::SocketAddr) -> std::io::Result<()> {
     line.clear();
     r.read_line(&mut line)?;
     if line == "x\n" { Ok(()) } else { Err(std::io::Error::other(format!("echo returned {line:?}"))) }
+}
+
+/// The README's demo: every verdict row as expected (exit 0), then `ambit down` leaves nothing.
+#[test]
+fn the_demo_passes_and_down_leaves_nothing() {
+    if !require_root() {
+        return;
+    }
+    let mut c = LocalCluster::new();
+    let links = host_link_names();
+    let r = c.up_demo();
+    assert_eq!(r.code, Some(0), "ambit up --demo:\n{r}\n{}", c.logs());
+    assert!(r.stdout.contains("every flow behaved as expected"), "{r}");
+    let rows = r.stdout.lines().filter(|l| l.ends_with("  ok")).count();
+    assert_eq!(rows, 7, "want 7 verdict rows ok:\n{r}");
+    assert!(!r.stdout.contains("DIFFERS"), "{r}");
+    let state = c.state();
+    let pids: Vec<u32> = state.processes.iter().filter_map(|p| p.pid).chain([state.owner]).collect();
+    assert_eq!(pids.len(), 12, "the owner, control, 2 agents, 2 proxies, 6 containers: {pids:?}");
+    let down = c.down();
+    assert!(down.stdout.contains("stopped the cluster's owner"), "{down}");
+    assert_nothing_left(&c, &state.cgroup_root, &pids, &links);
+}
+
+/// No namespace of the tag, no run directory, no cgroup, none of the processes, no new link in
+/// the host namespace.
+fn assert_nothing_left(c: &LocalCluster, cgroup_root: &std::path::Path, pids: &[u32], links: &[String]) {
+    assert_eq!(ambit_cluster::ip::netns_with_prefix(&format!("{}-", c.tag)), Vec::<String>::new());
+    assert!(!c.run_dir.exists(), "{} is left", c.run_dir.display());
+    assert!(!cgroup_root.exists(), "{} is left", cgroup_root.display());
+    for pid in pids {
+        assert!(!ambit_cluster::state::pid_alive(*pid), "process {pid} is left");
+    }
+    assert_eq!(host_link_names(), links, "links changed in the host namespace");
 }
 
 #[test]
@@ -251,13 +293,16 @@ fn the_mesh_on_ambit_up() {
     servers.dedup();
     assert_eq!(servers, ["server-0", "server-1"], "{lines:?}");
     assert_plaintext(&c, "plain/outsider", "plain/web", "plain to plain");
+    control_plane_checks(&c);
 
     // A policy added live denies, removed live allows again.
     c.apply("deny.yaml", DENY_CLIENT);
     let t = Instant::now();
     let denied = wait_for(|| try_denied(&c, "demo/client", "demo/server-1").is_ok(), CONVERGE);
+    let took = t.elapsed();
     assert!(denied, "the DENY policy was not in force within {CONVERGE:?}\n{}", c.logs());
-    eprintln!("DENY policy in force after {:?}", t.elapsed());
+    eprintln!("DENY policy in force {took:?} after `ambit apply`");
+    assert!(took <= Duration::from_secs(2), "the DENY policy took {took:?} to be in force (bound 2 s)");
     try_denied(&c, "demo/client", "demo/server-0").unwrap_or_else(|e| panic!("same node: {e}"));
     assert_mtls(&c, "demo/other", "demo/server-1", OTHER, "the policy names only client");
     let shown = c.ambit(&["status"]);
@@ -266,6 +311,17 @@ fn the_mesh_on_ambit_up() {
     let allowed = wait_for(|| connect(&c, "demo/client", "demo/server-1").get("reply").is_some(), CONVERGE);
     assert!(allowed, "removing the policy did not allow again within {CONVERGE:?}");
     assert_mtls(&c, "demo/client", "demo/server-1", CLIENT, "after the policy");
+
+    // PeerAuthentication STRICT refuses plaintext to the demo pods: the outsider (not in the
+    // mesh) is allowed before, denied after; mTLS still passes.
+    assert_plaintext(&c, "plain/outsider", "demo/server-0", "plaintext before STRICT");
+    let strict = "apiVersion: security.istio.io/v1\nkind: PeerAuthentication\nmetadata: {name: strict, namespace: demo}\nspec:\n  mtls: {mode: STRICT}\n";
+    c.apply("strict.yaml", strict);
+    let refused = wait_for(|| try_denied(&c, "plain/outsider", "demo/server-0").is_ok(), CONVERGE);
+    assert!(refused, "plaintext to a STRICT pod was not denied\n{}", c.logs());
+    assert_mtls(&c, "demo/client", "demo/server-0", CLIENT, "mTLS to a STRICT pod");
+    c.delete("strict.yaml", strict);
+    assert!(wait_for(|| connect(&c, "plain/outsider", "demo/server-0").get("reply").is_some(), CONVERGE));
 
     // Enrolling a namespace live: its pods are captured and talk mTLS; un-enrolling releases them.
     let plain_on = "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: plain\n  labels:\n    istio.io/dataplane-mode: ambient\n";
@@ -389,6 +445,25 @@ fn the_mesh_on_ambit_up() {
     assert!(wait_for(|| c.state().pods.iter().all(|p| p.name != "server-2"), CONVERGE), "server-2 stays");
     assert!(!ambit_cluster::ip::netns_exists(&to.netns), "server-2's namespace stays");
 
+    // Deleting a pod removes it from both proxies (and its namespace from the host).
+    let other = c.pod("demo/other");
+    let other_yaml = CLUSTER
+        .split("\n---\n")
+        .find(|d| d.contains("name: other, namespace: demo, labels"))
+        .unwrap_or_default();
+    c.delete("other.yaml", other_yaml);
+    for node in ["node1", "node2"] {
+        assert!(
+            wait_for(|| !c.proxy_has(node, "demo/other"), CONVERGE),
+            "{node}'s proxy still has demo/other"
+        );
+        assert!(
+            c.proxy_has(node, "demo/client") && c.proxy_has(node, "demo/server-1"),
+            "{node} lost other pods"
+        );
+    }
+    assert!(!ambit_cluster::ip::netns_exists(&other.netns), "demo/other's namespace stays");
+
     // Bad live input: nothing of it is applied, the message names the file and line.
     let desired_before = desired_files(&c);
     let bad = c.file("bad.yaml", "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: [oops\n");
@@ -426,17 +501,52 @@ fn the_mesh_on_ambit_up() {
     let pids: Vec<u32> = c.state().processes.iter().filter_map(|p| p.pid).chain([c.state().owner]).collect();
     let down = c.down();
     assert!(down.stdout.contains("stopped the cluster's owner"), "{down}");
-    assert_eq!(ambit_cluster::ip::netns_with_prefix(&format!("{}-", c.tag)), Vec::<String>::new());
-    assert!(!c.run_dir.exists(), "{} is left", c.run_dir.display());
-    assert!(!cgroup_root.exists(), "{} is left", cgroup_root.display());
-    for pid in pids {
-        assert!(!ambit_cluster::state::pid_alive(pid), "process {pid} is left");
-    }
-    assert_eq!(host_link_names(), host_links, "links changed in the host namespace");
+    assert_nothing_left(&c, &cgroup_root, &pids, &host_links);
     let again = c.ambit(&["down"]);
     assert_eq!(again.code, Some(0), "{again}");
     assert!(again.stdout.contains("nothing was up"), "{again}");
     eprintln!("ambit up (2 nodes, 6 pods) ready in {took_up:.1?}");
+}
+
+/// What `ambit control` shows: the certificates it signed (none refused), both node proxies
+/// connected with what they acked, the translated workloads, the xDS metrics.
+fn control_plane_checks(c: &LocalCluster) {
+    let (status, metrics) = c.control_get("/metrics");
+    assert_eq!(status, 200);
+    let sum = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let signed = sum("ambit_ca_certificates_signed_total");
+    assert!(
+        signed >= 4.0,
+        "the control plane signed {signed} certificates (want one per enrolled pod):\n{metrics}"
+    );
+    let refused = sum("ambit_ca_requests_refused_total{reason=\"impersonation\"}");
+    assert_eq!(refused, 0.0, "impersonation refused:\n{metrics}");
+    assert!(sum("pilot_xds_pushes{") >= 4.0, "pilot_xds_pushes:\n{metrics}");
+    assert!(metrics.contains("pilot_xds{"), "no pilot_xds gauge:\n{metrics}");
+    let (status, body) = c.control_get("/debug/connections");
+    assert_eq!(status, 200, "{body}");
+    let conns: Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(conns["connected"], 2, "{body}");
+    let mut nodes: Vec<&str> =
+        conns["streams"].as_array().into_iter().flatten().filter_map(|s| s["node_name"].as_str()).collect();
+    nodes.sort_unstable();
+    assert_eq!(nodes, ["node1", "node2"], "{body}");
+    for stream in conns["streams"].as_array().into_iter().flatten() {
+        for t in stream["types"].as_array().into_iter().flatten() {
+            assert!(!t["acked_nonces"].as_array().is_none_or(Vec::is_empty), "nothing acked on {t}");
+        }
+    }
+    let client_ip = c.pod("demo/client").ip.map(|i| i.to_string()).unwrap_or_default();
+    let (status, body) = c.control_get("/debug/config_dump?type=address&name=Kubernetes//Pod/demo/client");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(&client_ip) && body.contains("HBONE"), "{body}");
+    assert_eq!(c.control_get("/debug/config_dump?type=routes").0, 400);
 }
 
 fn desired_files(c: &LocalCluster) -> Vec<(String, String)> {

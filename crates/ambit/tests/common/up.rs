@@ -98,6 +98,12 @@ impl LocalCluster {
         r
     }
 
+    /// `ambit up --demo` (its outcome is the caller's to check).
+    pub fn up_demo(&mut self) -> Ran {
+        self.up = true;
+        self.ambit(&["up", "--demo"])
+    }
+
     /// Writes `text` to the scratch file `name` and returns its path.
     pub fn file(&self, name: &str, text: &str) -> PathBuf {
         let path = self.scratch.path().join(name);
@@ -184,6 +190,28 @@ impl LocalCluster {
             Ok((200, body)) => body,
             other => panic!("proxy {node} /metrics: {other:?}"),
         }
+    }
+
+    /// A GET on `ambit control`'s monitoring port.
+    pub fn control_get(&self, path: &str) -> (u16, String) {
+        let netns = format!("{}-control", self.tag);
+        probe::http_get(&netns, ambit_cluster::up::CONTROL_MONITORING, path)
+            .unwrap_or_else(|e| panic!("GET {path} on ambit control: {e}"))
+    }
+
+    /// Node proxy `node`'s `/config_dump`, parsed (`Null` when it does not answer).
+    pub fn proxy_dump(&self, node: &str) -> Value {
+        let netns = format!("{}-{node}", self.tag);
+        match probe::http_get(&netns, self.state().proxy(node).admin, "/config_dump") {
+            Ok((200, body)) => serde_json::from_str(&body).unwrap_or_default(),
+            _ => Value::Null,
+        }
+    }
+
+    /// Whether node proxy `node` holds the workload of pod `namespace/name`.
+    pub fn proxy_has(&self, node: &str, pod: &str) -> bool {
+        let uid = format!("Kubernetes//Pod/{pod}");
+        self.proxy_dump(node)["workloads"].as_array().into_iter().flatten().any(|w| w["uid"] == uid.as_str())
     }
 
     /// The tail of every log of the cluster, for failure messages.

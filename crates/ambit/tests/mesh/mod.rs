@@ -11,11 +11,9 @@ use std::time::{Duration, Instant};
 
 use super::common::*;
 
-mod control;
 mod world;
 mod xds;
 #[allow(unused_imports)]
-pub use control::*;
 #[allow(unused_imports)]
 pub use world::*;
 #[allow(unused_imports)]
@@ -30,22 +28,6 @@ pub struct Mesh {
     log_dir: Option<PathBuf>,
     /// Proxies take their state from this xDS server instead of the config file.
     xds: Option<String>,
-    /// Proxies take their state and certificates from `ambit control` (no file, no FAKE_CA).
-    control: Option<ControlEndpoint>,
-}
-
-/// Where proxies reach `ambit control`, and what they present and trust.
-#[derive(Clone, Debug)]
-pub struct ControlEndpoint {
-    /// `https://<ip>:15012`, for XDS_ADDRESS and CA_ADDRESS.
-    pub url: String,
-    /// The mesh root bundle (XDS_ROOT_CA, CA_ROOT_CA).
-    pub root: PathBuf,
-    /// The per-node token files (`<dir>/<node>.token`, AUTH_TOKEN).
-    pub token_dir: PathBuf,
-    /// The name the control plane's serving certificate carries (ALT_XDS_HOSTNAME,
-    /// ALT_CA_HOSTNAME): the URL names it by IP.
-    pub hostname: String,
 }
 
 /// A pod that is a mesh workload.
@@ -98,7 +80,7 @@ impl Mesh {
             .output()
             .expect("run ambit dev-ca init");
         assert!(out.status.success(), "dev-ca init failed: {}", String::from_utf8_lossy(&out.stderr));
-        Mesh { cluster, dir, log_dir: None, xds: None, control: None }
+        Mesh { cluster, dir, log_dir: None, xds: None }
     }
 
     /// Proxies started from now on take their state from the xDS server at `url` (serving
@@ -107,27 +89,9 @@ impl Mesh {
         self.xds = Some(url.to_owned());
     }
 
-    /// Proxies started from now on take their state and certificates from `ambit control`.
-    pub fn use_control(&mut self, control: ControlEndpoint) {
-        self.control = Some(control);
-    }
-
-    /// The settings that give a proxy its state and certificates: the file or an xDS server
-    /// with the dev CA, or `ambit control` for both (the proxy on `node` presents that node's
-    /// token).
-    fn state_source(&self, cmd: &mut Command, node: &str) {
-        if let Some(c) = &self.control {
-            cmd.env("XDS_ADDRESS", &c.url)
-                .env("CA_ADDRESS", &c.url)
-                .env("XDS_ROOT_CA", &c.root)
-                .env("CA_ROOT_CA", &c.root)
-                .env("ALT_XDS_HOSTNAME", &c.hostname)
-                .env("ALT_CA_HOSTNAME", &c.hostname)
-                .env("AUTH_TOKEN", c.token_dir.join(format!("{node}.token")))
-                .env("NODE_NAME", node)
-                .env("FAKE_CA", "false");
-            return;
-        }
+    /// The settings that give a proxy its state and certificates: the file or an xDS server,
+    /// with the dev CA. (Proxies on `ambit control` run on `ambit up`: see `common::up`.)
+    fn state_source(&self, cmd: &mut Command) {
         cmd.env("FAKE_CA", "true").env("FAKE_CA_ROOT", self.dir.path().join("ca"));
         match &self.xds {
             Some(url) => cmd.env("XDS_ADDRESS", url),
@@ -250,7 +214,7 @@ impl Mesh {
             .env("PACKET_MARK", "1337")
             .env("RUST_LOG", "info")
             .env("ZTUNNEL_WORKER_THREADS", "2");
-        self.state_source(&mut cmd, &p.node);
+        self.state_source(&mut cmd);
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -483,7 +447,7 @@ impl Mesh {
             .env("INPOD_UDS", uds)
             .env("RUST_LOG", "info")
             .env("ZTUNNEL_WORKER_THREADS", "2");
-        self.state_source(&mut cmd, &node.name);
+        self.state_source(&mut cmd);
         for (k, v) in env {
             cmd.env(k, v);
         }
