@@ -14,7 +14,6 @@ use super::common::*;
 mod world;
 mod xds;
 #[allow(unused_imports)]
-#[allow(unused_imports)]
 pub use world::*;
 #[allow(unused_imports)]
 pub use xds::*;
