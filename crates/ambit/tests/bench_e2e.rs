@@ -2,11 +2,12 @@
 //! the mesh on the same node, interleaved run by run. Needs root and iperf3, sockperf, wrk and
 //! nginx. Two topologies:
 //!
-//! - `default`, what a node runs by default: pods created through the CNI chain (reference
-//!   `loopback`, `bridge`, `host-local`, then `ambit-cni`), captured by the real `ambit agent`
-//!   (nftables over netlink, policy routing, `tcp_migrate_req`), one shared-mode node proxy
-//!   serving both pods over ZDS. Baseline: two pods from the same chain in a namespace that is not
-//!   enrolled (same bridge, veths and plugins; no capture, no proxy).
+//! - `default`, what users run: a two-node `ambit up` cluster (pods created through each node's
+//!   CNI chain — reference `loopback`, `bridge`, `host-local`, then `ambit-cni` — captured by the
+//!   real `ambit agent`s with nftables over netlink, shared-mode node proxies whose state and
+//!   certificates come from `ambit control` over xDS); client on node1, server on node2, so both
+//!   node proxies carry each connection. Baseline: the same pods in a namespace that is not
+//!   enrolled (same chain, bridges and routes; no capture, no proxy).
 //! - `dedicated`: one dedicated `ambit proxy` inside each pod, capture by `iptables-restore` of
 //!   the spec's rule set; baseline: two pods on the same bridge without capture.
 //!
@@ -355,41 +356,114 @@ fn print_table(title: &str, proxies: &str, r: &Results, rss: f64) {
     println!("| Proxy peak RSS (largest), MiB | — | {rss:.1} | — | |");
 }
 
-/// The default path: CNI chain, the real agent (nftables), one shared-mode node proxy.
-fn default_path(s: &Settings, logs: &Path, www: &Path) {
-    let mut w = World::new("250ms");
-    w.mesh.log_to_files(logs);
-    w.write_namespace("mesh", true);
-    w.write_namespace("base", false);
-    let mut sandboxes: Vec<Sandbox> =
-        [("mesh", "client"), ("mesh", "server"), ("base", "client"), ("base", "server")]
-            .into_iter()
-            .map(|(ns, name)| w.new_pod(ns, name))
-            .collect();
-    w.start_agent();
-    w.start_proxy();
-    for sb in &mut sandboxes {
-        w.add_ok(sb);
+/// How many idle pods per namespace the default path's cluster starts besides the pairs (for the
+/// in-cluster CNI ADD figures).
+const IDLE_PODS: usize = 10;
+
+/// The default path's cluster for `ambit up`: an enrolled namespace `mesh` and a plain one
+/// `base`, each with a client on node1 and a server on node2 running nginx, iperf3 and sockperf
+/// as its containers, and [`IDLE_PODS`] idle pods.
+fn default_cluster(www: &Path) -> String {
+    let dir = www.parent().unwrap_or(www).display().to_string();
+    let mut out = String::new();
+    for (ns, label) in [("mesh", "  labels:\n    istio.io/dataplane-mode: ambient\n"), ("base", "")] {
+        let nginx_conf = format!("{dir}/nginx-{ns}.conf");
+        std::fs::write(
+            &nginx_conf,
+            format!(
+                "daemon off; master_process off; worker_processes 1; pid {dir}/nginx-{ns}.pid; error_log {dir}/nginx-{ns}.log;\n\
+                 events {{ worker_connections 4096; }}\n\
+                 http {{ access_log off; keepalive_requests 100000; server {{ listen 8080 reuseport backlog=4096; root {}; }} }}\n",
+                www.display()
+            ),
+        )
+        .expect("write nginx.conf");
+        out += &format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n{label}---\n\
+             apiVersion: v1\nkind: Pod\nmetadata: {{name: client, namespace: {ns}}}\nspec:\n  nodeName: node1\n  containers: [{{name: idle, command: [sleep, infinity]}}]\n---\n\
+             apiVersion: v1\nkind: Pod\nmetadata: {{name: server, namespace: {ns}, labels: {{app: server}}}}\nspec:\n  nodeName: node2\n  containers:\n\
+             \x20 - {{name: nginx, command: [nginx, -e, {dir}/nginx-{ns}.err, -c, {nginx_conf}], ports: [{{containerPort: 8080}}]}}\n\
+             \x20 - {{name: iperf3, command: [iperf3, -s, -p, \"5201\"], ports: [{{containerPort: 5201}}]}}\n\
+             \x20 - {{name: sockperf, command: [sockperf, sr, --tcp, -i, 0.0.0.0, -p, \"11111\"], ports: [{{containerPort: 11111}}]}}\n---\n\
+             apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: idle, namespace: {ns}}}\nspec:\n  replicas: {IDLE_PODS}\n  selector: {{matchLabels: {{app: idle}}}}\n\
+             \x20 template:\n    metadata: {{labels: {{app: idle}}}}\n    spec:\n      containers: [{{name: idle, command: [sleep, infinity]}}]\n---\n"
+        );
     }
-    let [mc, ms, bc, bs] = &sandboxes[..] else { unreachable!("four sandboxes") };
-    w.mesh_config(&[mc, ms]);
-    assert_echo_pair(mc, ms);
-    let proxy = w.proxy.as_ref().map(ChildGuard::pid).unwrap_or_else(|| panic!("no node proxy"));
-    let base = Pair::new(&bc.netns, &bs.pod(), www, "default-base");
-    let ambit = Pair::new(&mc.netns, &ms.pod(), www, "default-ambit");
-    let r = measure(s, &base, &ambit, &[proxy]);
-    print_table(
-        "Default path: shared node proxy (ZDS), nftables capture by the agent, pods through the CNI chain",
-        "the node proxy",
-        &r,
-        peak_rss_mib(&[proxy]),
-    );
+    out
 }
 
-fn assert_echo_pair(client: &Sandbox, server: &Sandbox) {
-    let echo = server.pod().echo_server(7070);
-    assert_echo(&client.pod(), server.pod().addr4(7070), "mesh pair");
-    assert_eq!(echo.peers().len(), 1, "the server app saw no connection");
+/// Percentile `p` (0–100) of `values` (nearest rank).
+fn percentile(values: &[f64], p: f64) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+    let i = ((p / 100.0 * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
+    v[i]
+}
+
+/// The default path, as users run it: `ambit up` with two nodes (pods through each node's CNI
+/// chain, the real agents' nftables capture, shared-mode node proxies with state and
+/// certificates from `ambit control` over xDS), client on node1, server on node2. Baseline: the
+/// same pods in a namespace that is not enrolled (same chain, bridges and routes; no capture, no
+/// proxy). Also prints how long `ambit up` took and the CNI ADD latency of the cluster's pods.
+fn default_path(s: &Settings, www: &Path) {
+    let mut c = LocalCluster::new();
+    let config = c.scratch.path().join("config");
+    std::fs::create_dir_all(&config).expect("config dir");
+    std::fs::write(config.join("cluster.yaml"), default_cluster(www)).expect("write");
+    let t0 = std::time::Instant::now();
+    c.up(2, &config);
+    let took = t0.elapsed();
+    let state = c.state();
+    let cni = |ns: &str| -> Vec<f64> {
+        state.pods.iter().filter(|p| p.namespace == ns).map(|p| p.cni_add_ms).collect()
+    };
+    let (mesh_cni, base_cni) = (cni("mesh"), cni("base"));
+    println!(
+        "\n`ambit up` of {} pods on 2 nodes: ready (every pod ready, every node proxy holding every pod) in {:.2} s",
+        state.pods.len(),
+        took.as_secs_f64()
+    );
+    println!("\n| CNI ADD inside the cluster ({} pods each) | p50 | p99 |\n|---|---|---|", mesh_cni.len());
+    println!(
+        "| not enrolled (loopback, bridge, host-local, ambit-cni passes) | {:.1} ms | {:.1} ms |",
+        percentile(&base_cni, 50.0),
+        percentile(&base_cni, 99.0)
+    );
+    println!(
+        "| enrolled (… ambit-cni waits for capture and the proxy's ack) | {:.1} ms | {:.1} ms |",
+        percentile(&mesh_cni, 50.0),
+        percentile(&mesh_cni, 99.0)
+    );
+    let proxies: Vec<u32> =
+        state.processes.iter().filter(|p| p.name.starts_with("proxy/")).filter_map(|p| p.pid).collect();
+    assert_eq!(proxies.len(), 2, "two node proxies: {:?}", state.processes);
+    let pair = |ns: &str| Pair {
+        client_netns: c.pod(&format!("{ns}/client")).netns,
+        server_ip: c.pod(&format!("{ns}/server")).ip.unwrap_or_else(|| panic!("{ns}/server has no IP")),
+        _servers: Vec::new(),
+    };
+    let (base, ambit) = (pair("base"), pair("mesh"));
+    // The mesh pair is mTLS through both node proxies, counted with the client's identity.
+    let before = c.counters();
+    ambit.wrk(1, false);
+    let got = counted(&before, &c.counters());
+    assert!(
+        got.mtls >= 16.0
+            && got.plaintext == 0.0
+            && got.principals == ["spiffe://cluster.local/ns/mesh/sa/default"],
+        "{got:?}"
+    );
+    let r = measure(s, &base, &ambit, &proxies);
+    print_table(
+        "Default path on `ambit up`: node1 → node2, shared node proxies, nftables capture by the agents, xDS and certificates from `ambit control`",
+        "both node proxies",
+        &r,
+        peak_rss_mib(&proxies),
+    );
 }
 
 /// Dedicated mode: one proxy inside each pod, iptables capture of the spec's rule set.
@@ -438,7 +512,7 @@ fn bench_e2e() {
     );
     for mode in &s.modes {
         match mode.as_str() {
-            "default" => default_path(&s, dir.path(), &www),
+            "default" => default_path(&s, &www),
             "dedicated" => dedicated(&s, dir.path(), &www),
             other => panic!("BENCH_MODES: unknown mode {other:?} (default, dedicated)"),
         }

@@ -17,6 +17,7 @@ pub mod ip;
 pub mod node;
 pub mod probe;
 pub mod sandbox;
+pub mod segment;
 pub mod state;
 pub mod supervise;
 pub mod testing;

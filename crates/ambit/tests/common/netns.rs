@@ -1,10 +1,12 @@
-//! Cluster topology: node namespaces with a bridge and pod namespaces on veths.
+//! The proxy tests' cluster: `ambit_cluster::segment` (node namespaces with a bridge, pod
+//! namespaces on veths, static dual-stack addresses), with what the tests do in it (exec,
+//! connect, listen, echo servers, packet capture).
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Command, Output};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::EchoServer;
@@ -13,13 +15,13 @@ use super::process::ChildGuard;
 use super::sockets::{connect_tcp_in, connect_with, listen_tcp_in, run_in};
 
 pub(super) use ambit_cluster::ip::NETNS_DIR;
-/// Highest host index handed out in the cluster subnet (.1 is the first node's bridge).
-const MAX_HOST: u8 = 250;
+use ambit_cluster::segment::{Segment, SegmentNode};
 
-/// A test cluster: a random IPv4 /24 and IPv6 /64 shared by its nodes' bridges; deletes every
-/// namespace it created (and kills processes left inside them) when dropped, also on panic.
+/// A test cluster on `ambit_cluster::segment`: a random IPv4 /24 and IPv6 /64 shared by its
+/// nodes' bridges; deletes every namespace it created (and kills processes left inside them)
+/// when dropped, also on panic.
 pub struct Cluster {
-    inner: Arc<Inner>,
+    inner: Arc<Segment>,
     first: Node,
 }
 
@@ -36,7 +38,8 @@ pub struct Node {
     pub ip4: Ipv4Addr,
     /// The bridge's IPv6 address.
     pub ip6: Ipv6Addr,
-    inner: Arc<Inner>,
+    seg: SegmentNode,
+    inner: Arc<Segment>,
 }
 
 /// A pod: a network namespace with `eth0` on a node bridge, IPv4 and IPv6 addresses and default
@@ -53,52 +56,36 @@ pub struct Pod {
     pub ip6: Ipv6Addr,
 }
 
-struct Inner {
-    /// Prefix of every namespace name: `amb<pid>-<4 hex>`.
-    tag: String,
-    /// Random 4-hex suffix, also used in interface names.
-    hex: String,
-    v4: [u8; 3],
-    v6: [u16; 3],
-    state: Mutex<State>,
-}
-
-#[derive(Default)]
-struct State {
-    /// Namespaces in creation order (deleted in reverse).
-    namespaces: Vec<String>,
-    next_host: u8,
-    nodes: usize,
-    gateway4: Option<Ipv4Addr>,
-    gateway6: Option<Ipv6Addr>,
-}
-
 impl Cluster {
     /// Creates a cluster with one node named "node"; panics if the namespaces cannot be built.
     pub fn new() -> Cluster {
-        remove_stale_namespaces();
+        ambit_cluster::segment::remove_stale("amb");
         let inner = loop {
             let hex = format!("{:04x}", rand::random::<u16>());
             let tag = format!("amb{}-{hex}", std::process::id());
-            let taken = std::fs::read_dir(NETNS_DIR).is_ok_and(|dir| {
-                dir.flatten().any(|e| e.file_name().to_string_lossy().starts_with(&format!("{tag}-")))
-            });
+            let taken = !ambit_cluster::ip::netns_with_prefix(&format!("{tag}-")).is_empty();
             if !taken {
                 // 10.96.0.0/12 is left free for made-up service VIPs.
                 let v4 = [10, 128 + rand::random::<u8>() % 120, rand::random::<u8>()];
                 let v6 = [0xfd00 | u16::from(rand::random::<u8>()), rand::random(), rand::random()];
-                break Arc::new(Inner {
-                    tag,
-                    hex,
-                    v4,
-                    v6,
-                    state: Mutex::new(State { next_host: 1, ..State::default() }),
-                });
+                break Arc::new(Segment::new(&tag, &hex, v4, v6));
             }
         };
-        let mut cluster = Cluster { first: Node::placeholder(Arc::clone(&inner)), inner };
-        cluster.first = cluster.add_node("node");
-        cluster
+        let first = Cluster::node_of(&inner, "node");
+        Cluster { first, inner }
+    }
+
+    fn node_of(inner: &Arc<Segment>, name: &str) -> Node {
+        let seg = inner.add_node(name).unwrap_or_else(|e| panic!("node {name}: {e}"));
+        Node {
+            name: seg.name.clone(),
+            netns: seg.netns.clone(),
+            bridge: seg.bridge.clone(),
+            ip4: seg.ip4,
+            ip6: seg.ip6,
+            seg,
+            inner: Arc::clone(inner),
+        }
     }
 
     /// The first node (its bridge holds the .1 / ::1 gateway addresses).
@@ -113,69 +100,22 @@ impl Cluster {
 
     /// Adds another node whose bridge is joined to the first node's bridge (one L2 segment).
     pub fn add_node(&self, name: &str) -> Node {
-        check_name(name);
-        let inner = &self.inner;
-        let netns = inner.create_netns(name);
-        let index = {
-            let mut state = inner.lock();
-            state.nodes += 1;
-            state.nodes
-        };
-        let bridge = format!("br{}", inner.hex);
-        let (ip4, ip6) = inner.allocate();
-        sysctls(&netns, &[("net.ipv6.conf.all.accept_dad", "0")]);
-        sysctls(&netns, &[("net.ipv6.conf.default.accept_dad", "0")]);
-        ip(&netns, &["link", "set", "lo", "up"]);
-        ip(&netns, &["link", "add", &bridge, "type", "bridge"]);
-        ip(&netns, &["link", "set", &bridge, "type", "bridge", "forward_delay", "0"]);
-        ip(&netns, &["link", "set", &bridge, "type", "bridge", "mcast_snooping", "0"]);
-        ip(&netns, &["link", "set", &bridge, "up"]);
-        ip(&netns, &["addr", "add", &format!("{ip4}/24"), "dev", &bridge]);
-        ip(&netns, &["-6", "addr", "add", &format!("{ip6}/64"), "dev", &bridge, "nodad"]);
-        if index > 1 {
-            // Trunk between this node's bridge and the first node's bridge.
-            let here = format!("v{}n{index}", inner.hex);
-            let there = format!("v{}m{index}", inner.hex);
-            let first = &self.first;
-            host_ip(&[
-                "link",
-                "add",
-                &here,
-                "netns",
-                &netns,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                &there,
-                "netns",
-                &first.netns,
-            ]);
-            ip(&netns, &["link", "set", &here, "master", &bridge, "up"]);
-            ip(&first.netns, &["link", "set", &there, "master", &first.bridge, "up"]);
-        } else {
-            let mut state = inner.lock();
-            state.gateway4 = Some(ip4);
-            state.gateway6 = Some(ip6);
-        }
-        Node { name: name.to_owned(), netns, bridge, ip4, ip6, inner: Arc::clone(inner) }
+        Cluster::node_of(&self.inner, name)
     }
 
     /// Every namespace this cluster created, in creation order.
     pub fn namespaces(&self) -> Vec<String> {
-        self.inner.lock().namespaces.clone()
+        self.inner.namespaces()
     }
 
     /// The cluster's pod subnet, e.g. `10.171.4.0/24`.
     pub fn subnet4(&self) -> String {
-        let [a, b, c] = self.inner.v4;
-        format!("{a}.{b}.{c}.0/24")
+        self.inner.subnet4()
     }
 
     /// The cluster's IPv6 pod subnet, e.g. `fd12:3456:789a::/64`.
     pub fn subnet6(&self) -> String {
-        let [a, b, c] = self.inner.v6;
-        format!("{a:x}:{b:x}:{c:x}::/64")
+        self.inner.subnet6()
     }
 }
 
@@ -187,71 +127,16 @@ impl Default for Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        let namespaces = std::mem::take(&mut self.inner.lock().namespaces);
-        for ns in namespaces.iter().rev() {
-            kill_processes_in(ns);
-            let _ = Command::new("ip").args(["netns", "del", ns]).output();
-        }
+        self.inner.teardown();
     }
 }
 
 impl Node {
-    fn placeholder(inner: Arc<Inner>) -> Node {
-        Node {
-            name: String::new(),
-            netns: String::new(),
-            bridge: String::new(),
-            ip4: Ipv4Addr::UNSPECIFIED,
-            ip6: Ipv6Addr::UNSPECIFIED,
-            inner,
-        }
-    }
-
     /// Creates a pod namespace attached to this node's bridge (lo up, v4+v6 addresses without
     /// DAD, default routes, `net.ipv4.tcp_migrate_req=1`).
     pub fn add_pod(&self, name: &str) -> Pod {
-        check_name(name);
-        let inner = &self.inner;
-        let netns = inner.create_netns(name);
-        let (ip4, ip6) = inner.allocate();
-        let (gw4, gw6) = {
-            let state = inner.lock();
-            (state.gateway4, state.gateway6)
-        };
-        let gw4 = gw4.unwrap_or(self.ip4);
-        let gw6 = gw6.unwrap_or(self.ip6);
-        let host = ip4.octets()[3];
-        let peer = format!("v{}p{host}", inner.hex);
-        sysctls(
-            &netns,
-            &[
-                ("net.ipv6.conf.all.accept_dad", "0"),
-                ("net.ipv6.conf.default.accept_dad", "0"),
-                ("net.ipv4.tcp_migrate_req", "1"),
-            ],
-        );
-        host_ip(&[
-            "link",
-            "add",
-            "eth0",
-            "netns",
-            &netns,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &peer,
-            "netns",
-            &self.netns,
-        ]);
-        ip(&self.netns, &["link", "set", &peer, "master", &self.bridge, "up"]);
-        ip(&netns, &["link", "set", "lo", "up"]);
-        ip(&netns, &["link", "set", "eth0", "up"]);
-        ip(&netns, &["addr", "add", &format!("{ip4}/24"), "dev", "eth0"]);
-        ip(&netns, &["-6", "addr", "add", &format!("{ip6}/64"), "dev", "eth0", "nodad"]);
-        ip(&netns, &["route", "add", "default", "via", &gw4.to_string(), "dev", "eth0"]);
-        ip(&netns, &["-6", "route", "add", "default", "via", &gw6.to_string(), "dev", "eth0"]);
-        Pod { name: name.to_owned(), netns, ip4, ip6 }
+        let p = self.inner.add_pod(&self.seg, name).unwrap_or_else(|e| panic!("pod {name}: {e}"));
+        Pod { name: p.name, netns: p.netns, ip4: p.ip4, ip6: p.ip6 }
     }
 
     /// Starts tcpdump inside the node namespace on `iface` (`None` = this node's bridge, which
@@ -338,59 +223,11 @@ impl Pod {
     }
 }
 
-impl Inner {
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Creates `<tag>-<name>` and records it for cleanup before configuring anything.
-    fn create_netns(&self, name: &str) -> String {
-        let netns = format!("{}-{name}", self.tag);
-        let mut state = self.lock();
-        assert!(!state.namespaces.contains(&netns), "name {name:?} used twice in one cluster");
-        host_ip(&["netns", "add", &netns]);
-        state.namespaces.push(netns.clone());
-        netns
-    }
-
-    fn allocate(&self) -> (Ipv4Addr, Ipv6Addr) {
-        let mut state = self.lock();
-        let host = state.next_host;
-        assert!(host <= MAX_HOST, "cluster is full ({MAX_HOST} addresses)");
-        state.next_host += 1;
-        let [a, b, c] = self.v4;
-        let [x, y, z] = self.v6;
-        (Ipv4Addr::new(a, b, c, host), Ipv6Addr::new(x, y, z, 0, 0, 0, 0, u16::from(host)))
-    }
-}
-
 /// `ip netns exec <netns> program args...`
 fn exec_in(netns: &str, program: impl AsRef<Path>, args: &[&str]) -> Command {
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", netns]).arg(program.as_ref()).args(args);
     cmd
-}
-
-/// Runs `ip -n <netns> args...`; panics with stderr on failure.
-fn ip(netns: &str, args: &[&str]) {
-    let mut cmd = Command::new("ip");
-    cmd.args(["-n", netns]).args(args);
-    checked(cmd);
-}
-
-/// Runs `ip args...` from the test's own namespace; panics with stderr on failure.
-fn host_ip(args: &[&str]) {
-    let mut cmd = Command::new("ip");
-    cmd.args(args);
-    checked(cmd);
-}
-
-fn sysctls(netns: &str, settings: &[(&str, &str)]) {
-    let mut cmd = exec_in(netns, "sysctl", &["-q", "-w"]);
-    for (key, value) in settings {
-        cmd.arg(format!("{key}={value}"));
-    }
-    checked(cmd);
 }
 
 /// Runs `cmd` to completion; panics with its stderr unless it exits successfully.
@@ -403,51 +240,4 @@ pub(super) fn checked(mut cmd: Command) -> Output {
         String::from_utf8_lossy(&out.stderr).trim()
     );
     out
-}
-
-fn check_name(name: &str) {
-    assert!(
-        !name.is_empty()
-            && name.len() <= 24
-            && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'),
-        "name {name:?} must be 1-24 chars of [a-z0-9-]"
-    );
-}
-
-/// Kills (SIGKILL, by pid) processes still running inside one of our namespaces.
-fn kill_processes_in(netns: &str) {
-    let Ok(out) = Command::new("ip").args(["netns", "pids", netns]).output() else {
-        return;
-    };
-    for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-        if let Ok(pid) = pid.parse::<i32>() {
-            let _ =
-                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
-        }
-    }
-    if !out.stdout.is_empty() {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// Deletes `amb<pid>-*` namespaces whose creating test process no longer exists (left behind by
-/// a test run that was killed before its guards could run).
-fn remove_stale_namespaces() {
-    let Ok(dir) = std::fs::read_dir(NETNS_DIR) else {
-        return;
-    };
-    for entry in dir.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name
-            .strip_prefix("amb")
-            .and_then(|rest| rest.split('-').next())
-            .and_then(|pid| pid.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if !Path::new("/proc").join(pid.to_string()).exists() {
-            kill_processes_in(&name);
-            let _ = Command::new("ip").args(["netns", "del", &name]).output();
-        }
-    }
 }
