@@ -640,3 +640,37 @@ fn bad_input_is_refused_before_anything_is_built() {
     assert_eq!(r.code, Some(1), "{r}");
     assert!(r.stderr.contains("no cluster is up"), "{r}");
 }
+
+/// A killed `ambit up` (its owner SIGKILLed, everything it ran left behind): `ambit up` refuses
+/// to start over it, `ambit status` says the owner is gone, and `ambit down` removes all of it.
+#[test]
+fn down_cleans_up_after_a_killed_owner() {
+    if !require_root() {
+        return;
+    }
+    let mut c = LocalCluster::new();
+    let links = host_link_names();
+    let config = c.file(
+        "config/pod.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: idle}\nspec:\n  containers: [{name: idle, command: [sleep, infinity]}]\n",
+    );
+    c.up(1, config.parent().unwrap_or(&config));
+    let state = c.state();
+    let pids: Vec<u32> = state.processes.iter().filter_map(|p| p.pid).chain([state.owner]).collect();
+    assert_eq!(pids.len(), 5, "owner, control, agent, proxy, one container: {:?}", state.processes);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(state.owner).unwrap_or(i32::MAX)),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill the owner");
+    assert!(wait_for(|| !ambit_cluster::state::pid_alive(state.owner), Duration::from_secs(5)));
+    let again = c.ambit(&["up"]);
+    assert_eq!(again.code, Some(1), "{again}");
+    assert!(again.stderr.contains("whose owner is gone") && again.stderr.contains("`ambit down`"), "{again}");
+    let status = c.ambit(&["status", "-o", "json"]);
+    assert_eq!(status.code, Some(1), "{status}");
+    assert!(status.stdout.contains("owner gone"), "{status}");
+    let down = c.down();
+    assert!(down.stdout.contains("network namespaces"), "{down}");
+    assert_nothing_left(&c, &state.cgroup_root, &pids, &links);
+}

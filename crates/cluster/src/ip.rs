@@ -104,6 +104,11 @@ pub fn sysctls(netns: &str, settings: &[(&str, &str)]) -> Result<(), CommandErro
     run(cmd).map(drop)
 }
 
+/// Creates a veth pair: `name` in namespace `netns`, its peer `peer` in `peer_netns`.
+pub fn add_veth(name: &str, netns: &str, peer: &str, peer_netns: &str) -> Result<(), CommandError> {
+    host(&["link", "add", name, "netns", netns, "type", "veth", "peer", "name", peer, "netns", peer_netns])
+}
+
 /// Creates the named namespace `name`.
 pub fn add_netns(name: &str) -> Result<(), CommandError> {
     host(&["netns", "add", name])

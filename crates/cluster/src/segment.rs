@@ -177,20 +177,7 @@ impl Segment {
             Some(first) if index > 1 => {
                 let here = format!("v{}n{index}", self.hex);
                 let there = format!("v{}m{index}", self.hex);
-                ip::host(&[
-                    "link",
-                    "add",
-                    &here,
-                    "netns",
-                    &netns,
-                    "type",
-                    "veth",
-                    "peer",
-                    "name",
-                    &there,
-                    "netns",
-                    &first.netns,
-                ])?;
+                ip::add_veth(&here, &netns, &there, &first.netns)?;
                 ip::inside(&netns, &["link", "set", &here, "master", &bridge, "up"])?;
                 ip::inside(&first.netns, &["link", "set", &there, "master", &first.bridge, "up"])?;
             }
@@ -218,20 +205,7 @@ impl Segment {
                 ("net.ipv4.tcp_migrate_req", "1"),
             ],
         )?;
-        ip::host(&[
-            "link",
-            "add",
-            "eth0",
-            "netns",
-            &netns,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &peer,
-            "netns",
-            &node.netns,
-        ])?;
+        ip::add_veth("eth0", &netns, &peer, &node.netns)?;
         ip::inside(&node.netns, &["link", "set", &peer, "master", &node.bridge, "up"])?;
         ip::inside(&netns, &["link", "set", "lo", "up"])?;
         ip::inside(&netns, &["link", "set", "eth0", "up"])?;

@@ -238,10 +238,7 @@ impl Network {
             ip::inside(&m.netns, &["link", "set", "lo", "up"])?;
             // eth0 in the member, its peer on the fabric bridge.
             let port = format!("p{i}");
-            ip::host(&[
-                "link", "add", "eth0", "netns", &m.netns, "type", "veth", "peer", "name", &port, "netns",
-                fabric,
-            ])?;
+            ip::add_veth("eth0", &m.netns, &port, fabric)?;
             ip::inside(fabric, &["link", "set", &port, "master", "fabric", "up"])?;
             ip::inside(&m.netns, &["addr", "add", &format!("{}/24", m.ip), "dev", "eth0"])?;
             ip::inside(&m.netns, &["link", "set", "eth0", "up"])?;

@@ -338,6 +338,8 @@ impl Cluster {
         cluster.reconcile();
         let deadline = Instant::now() + POD_READY_TIMEOUT;
         loop {
+            // Failed pods are retried (after POD_RETRY) as kubelet retries a sandbox.
+            cluster.reconcile();
             cluster.check_pods();
             if stop.load(Ordering::Relaxed) {
                 return Err(UpError::Stopped);
@@ -649,9 +651,17 @@ impl Cluster {
         Ok(())
     }
 
-    /// Writes the desired objects that are handed on as written; removes those gone.
+    /// Writes the desired objects that are handed on as written; removes those gone. The
+    /// namespaces every cluster has (`default`, `istio-system`) are written too unless the
+    /// folder defines them, as an API server always has them.
     fn pass_objects(&mut self, d: &Desired) -> Result<(), UpError> {
         let mut now: BTreeMap<String, String> = BTreeMap::new();
+        for ns in [crate::desired::DEFAULT_NAMESPACE, crate::desired::SYSTEM_NAMESPACE] {
+            if !d.passed.iter().any(|p| p.kind == ambit_objects::Kind::Namespace && p.name == ns) {
+                let obj = json!({ "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": ns } });
+                now.insert(format!("namespace-{ns}.yaml"), pretty(&obj));
+            }
+        }
         for p in &d.passed {
             let file = format!("{}-{}-{}.yaml", p.kind.name().to_ascii_lowercase(), p.namespace, p.name)
                 .replace("--", "-");
