@@ -655,6 +655,30 @@ fn down_cleans_up_after_a_killed_owner() {
         "apiVersion: v1\nkind: Pod\nmetadata: {name: idle}\nspec:\n  containers: [{name: idle, command: [sleep, infinity]}]\n",
     );
     c.up(1, config.parent().unwrap_or(&config));
+    // A crashed component is restarted, and the restart is shown.
+    let agent =
+        c.state().processes.iter().find(|p| p.name == "agent/node1").and_then(|p| p.pid).expect("agent pid");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(agent).unwrap_or(i32::MAX)),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill the agent");
+    let restarted = wait_for(
+        || {
+            c.state()
+                .processes
+                .iter()
+                .any(|p| p.name == "agent/node1" && p.running && p.restarts == 1 && p.pid != Some(agent))
+        },
+        Duration::from_secs(10),
+    );
+    assert!(restarted, "the agent was not restarted: {:?}", c.state().processes);
+    let shown = c.ambit(&["status"]);
+    assert!(
+        shown.stdout.contains("agent/node1 exited (signal 9 (SIGKILL))")
+            && shown.stdout.contains("agent/node1 restarted (restart #1)"),
+        "{shown}"
+    );
     let state = c.state();
     let pids: Vec<u32> = state.processes.iter().filter_map(|p| p.pid).chain([state.owner]).collect();
     assert_eq!(pids.len(), 5, "owner, control, agent, proxy, one container: {:?}", state.processes);
