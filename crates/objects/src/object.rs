@@ -90,7 +90,10 @@ macro_rules! kinds {
 
             /// Parses a JSON value (one Kubernetes object, from the API or from YAML) by its
             /// `apiVersion` and `kind`.
-            pub fn from_value(value: serde_json::Value) -> Result<Object, ObjectError> {
+            ///
+            /// A cluster-scoped object's `metadata.namespace` is dropped, as the API server
+            /// drops it: the object is the same object with or without it.
+            pub fn from_value(mut value: serde_json::Value) -> Result<Object, ObjectError> {
                 let api_version = value.get("apiVersion").and_then(|v| v.as_str()).unwrap_or_default();
                 let kind_name = value.get("kind").and_then(|v| v.as_str()).unwrap_or_default();
                 let Some(kind) = Kind::of(api_version, kind_name) else {
@@ -99,6 +102,11 @@ macro_rules! kinds {
                         kind: kind_name.to_owned(),
                     });
                 };
+                if !kind.is_namespaced()
+                    && let Some(meta) = value.get_mut("metadata").and_then(|m| m.as_object_mut())
+                {
+                    meta.remove("namespace");
+                }
                 let object = match kind {
                     $(Kind::$variant => Object::$variant(Arc::new(
                         serde_json::from_value::<$ty>(value)
@@ -244,6 +252,17 @@ pub enum ObjectError {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_cluster_scoped_object_has_no_namespace_even_when_one_is_written() {
+        // Found by the objects_yaml fuzz target: a Namespace with metadata.namespace.
+        let o = Object::from_value(json!({
+            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "strict", "namespace": "demo"},
+        }))
+        .expect("a Namespace");
+        assert_eq!(o.key(), ObjectKey::new(Kind::Namespace, "", "strict"));
+        assert_eq!(o.metadata().namespace, None);
+    }
 
     #[test]
     fn parses_by_api_version_and_kind() {
