@@ -437,7 +437,11 @@ pub fn down(args: DownArgs) -> ExitCode {
         if let Some(pid) = removed.owner {
             println!("stopped the cluster's owner (pid {pid}) and everything it ran");
         }
-        println!("removed {} network namespaces", removed.namespaces.len());
+        if removed.namespaces.is_empty() {
+            println!("no network namespace was left (the owner removed its network as it stopped)");
+        } else {
+            println!("removed {} network namespaces", removed.namespaces.len());
+        }
         if removed.cgroups > 0 {
             println!("removed {} cgroups", removed.cgroups);
         }

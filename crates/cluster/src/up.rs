@@ -59,6 +59,8 @@ pub const POLL: Duration = Duration::from_millis(100);
 pub const STOP_GRACE: Duration = Duration::from_secs(5);
 /// Pause before a pod whose creation failed is tried again.
 pub const POD_RETRY: Duration = Duration::from_secs(5);
+/// Largest request file read.
+const MAX_REQUEST: u64 = 4096;
 /// Events kept in the record.
 pub const MAX_EVENTS: usize = 50;
 
@@ -479,7 +481,12 @@ impl Cluster {
             .collect();
         files.sort();
         for file in files {
-            let text = std::fs::read_to_string(&file).unwrap_or_default();
+            // A request is a few dozen bytes; read at most MAX_REQUEST of whatever is there.
+            let mut text = String::new();
+            if let Ok(f) = std::fs::File::open(&file) {
+                use std::io::Read;
+                let _ = f.take(MAX_REQUEST).read_to_string(&mut text);
+            }
             let _ = std::fs::remove_file(&file);
             let reply = match serde_json::from_str::<Request>(&text) {
                 Ok(req) => {
