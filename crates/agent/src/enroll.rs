@@ -137,7 +137,7 @@ impl SystemSelector {
 /// A selector list that cannot be used.
 #[derive(Debug, thiserror::Error)]
 #[error("invalid enablement selectors: {0}")]
-pub struct SelectorError(#[from] serde_json::Error);
+pub struct SelectorError(String);
 
 impl Default for Enrollment {
     fn default() -> Self {
@@ -176,9 +176,11 @@ pub fn default_selectors() -> Vec<EnablementSelector> {
     ]
 }
 
-/// Parses a selector list (JSON; YAML sources convert to JSON values first).
-pub fn parse_selectors(json: &str) -> Result<Vec<EnablementSelector>, SelectorError> {
-    Ok(serde_json::from_str(json)?)
+/// Parses a selector list: YAML, as istio-cni's chart renders `ambient.enablementSelectors`,
+/// or JSON (a YAML subset).
+pub fn parse_selectors(text: &str) -> Result<Vec<EnablementSelector>, SelectorError> {
+    let value = ambit_objects::file::yaml_value(text).map_err(SelectorError)?;
+    serde_json::from_value(value).map_err(|e| SelectorError(e.to_string()))
 }
 
 impl LabelSelector {

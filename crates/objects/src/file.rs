@@ -517,6 +517,22 @@ fn documents(text: &str) -> Result<Documents, YamlError> {
         .collect())
 }
 
+/// One YAML document (JSON is YAML too) as a JSON value, read with the same parser and
+/// options as object files (YAML 1.2 booleans; bounded). For settings that hold YAML, such as
+/// istio-cni's `AMBIENT_ENABLEMENT_SELECTOR`. An empty text, or more than one document, is an
+/// error that says so; a parse error says where (`line L, column C: …`).
+pub fn yaml_value(text: &str) -> Result<serde_json::Value, String> {
+    let mut docs = documents(text).map_err(|(at, message)| match at {
+        Some(p) => format!("line {}, column {}: {message}", p.line, p.column),
+        None => message,
+    })?;
+    match docs.len() {
+        1 => Ok(docs.remove(0).0),
+        0 => Err("no YAML document".to_owned()),
+        n => Err(format!("{n} YAML documents where one is expected")),
+    }
+}
+
 /// The parser's message on one line, without the location it appends (ours comes first).
 fn plain_message(e: &serde_saphyr::Error, at: Option<Position>) -> String {
     let options = serde_saphyr::render_options! { snippets: serde_saphyr::SnippetMode::Off };

@@ -100,6 +100,40 @@ fn selector_operators_and_parsing() {
     }
 }
 
+/// `ambient.enablementSelectors` of istio-cni's chart, as its ConfigMap renders them (YAML).
+const ISTIO_CHART_SELECTORS: &str = "- podSelector:
+    matchLabels:
+      istio.io/dataplane-mode: ambient
+- podSelector:
+    matchExpressions:
+    - key: istio.io/dataplane-mode
+      operator: NotIn
+      values:
+      - none
+  namespaceSelector:
+    matchLabels:
+      istio.io/dataplane-mode: ambient
+";
+
+#[test]
+fn selectors_in_yaml_as_istio_cni_s_chart_renders_them() {
+    assert_eq!(parse_selectors(ISTIO_CHART_SELECTORS).expect("yaml"), default_selectors());
+    // `NotIn` with an unquoted `none` stays the string "none" (YAML 1.2, no null), and a
+    // YAML flow form is the same list.
+    let flow = "[{podSelector: {matchLabels: {istio.io/dataplane-mode: ambient}}}]";
+    assert_eq!(parse_selectors(flow).expect("flow").len(), 1);
+    assert_eq!(
+        parse_selectors("- podSelector: [1]").expect_err("a list is no selector").to_string(),
+        "invalid enablement selectors: invalid type: integer `1`, expected a map"
+    );
+    let e = parse_selectors("- podSelector: {matchLabels: {a: b}\n").expect_err("broken").to_string();
+    assert!(e.starts_with("invalid enablement selectors: line "), "{e}");
+    assert_eq!(
+        parse_selectors("- {}\n---\n- {}\n").expect_err("two documents").to_string(),
+        "invalid enablement selectors: 2 YAML documents where one is expected"
+    );
+}
+
 #[test]
 fn no_selectors_enroll_nothing() {
     let e = Enrollment {

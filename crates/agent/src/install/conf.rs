@@ -134,10 +134,14 @@ impl ConfFile {
         self.types().iter().all(|t| *t == ours)
     }
 
-    /// How our entry appears in this file.
+    /// How our entry appears in this file. An entry of a plugin we replace
+    /// ([`REPLACED_TYPES`]) makes ours stale: the chain must be rewritten without it.
     pub fn chained(&self, ours: &str, desired: &Map<String, Value>) -> Chained {
         if self.kind == Kind::Conf {
             return Chained::Missing;
+        }
+        if plugins(&self.doc).iter().any(replaced) {
+            return Chained::Stale;
         }
         let mut found =
             plugins(&self.doc).iter().filter(|p| p.get("type").and_then(Value::as_str) == Some(ours));
@@ -233,7 +237,8 @@ pub(super) fn scan(dir: &Path) -> io::Result<Vec<Found>> {
 
 /// The document to write so that `file` chains `entry` last: a conflist either way.
 ///
-/// A conflist keeps every other key and plugin; entries of our type are removed first. A `.conf`
+/// A conflist keeps every other key and plugin; entries of our type, and of the plugins we
+/// replace ([`REPLACED_TYPES`]), are removed first, in the same write. A `.conf`
 /// becomes `{"cniVersion": <its>, "name": <its>, "plugins": [<it minus cniVersion>, <entry>]}`.
 /// `fallback_name` names the list when the `.conf` has no `name`.
 pub(super) fn chain(
@@ -247,7 +252,7 @@ pub(super) fn chain(
             let mut doc = file.doc.clone();
             let mut list: Vec<Value> = plugins(&doc)
                 .iter()
-                .filter(|p| p.get("type").and_then(Value::as_str) != Some(ours))
+                .filter(|p| p.get("type").and_then(Value::as_str) != Some(ours) && !replaced(p))
                 .cloned()
                 .collect();
             list.push(Value::Object(entry.clone()));
@@ -326,6 +331,16 @@ fn sort_keys(value: Value) -> Value {
         Value::Array(list) => Value::Array(list.into_iter().map(sort_keys).collect()),
         other => other,
     }
+}
+
+/// Plugin types Ambit's plugin takes the place of: a node migrating from istio-cni keeps no
+/// `istio-cni` entry beside ours (its agent is gone, so the entry would fail every ADD, or,
+/// before ours, capture pods twice). The entry is replaced in the one atomic write that adds
+/// ours, so kubelet never sees a chain with neither.
+pub const REPLACED_TYPES: &[&str] = &["istio-cni"];
+
+fn replaced(plugin: &Value) -> bool {
+    plugin.get("type").and_then(Value::as_str).is_some_and(|t| REPLACED_TYPES.contains(&t))
 }
 
 fn has_type(obj: &Map<String, Value>) -> bool {

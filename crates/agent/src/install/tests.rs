@@ -168,6 +168,40 @@ fn conflist_stale_entry_is_replaced_and_moved_last() {
 }
 
 #[test]
+fn a_node_migrating_from_istio_cni_keeps_no_istio_cni_entry() {
+    // What istio-cni leaves in the primary config: its entry last, with its own settings.
+    let env = Env::new();
+    let path = env.write(
+        "10-calico.conflist",
+        r#"{"cniVersion":"1.0.0","name":"k8s-pod-network","plugins":[
+            {"type":"calico","ipam":{"type":"calico-ipam"}},
+            {"type":"portmap","capabilities":{"portMappings":true}},
+            {"type":"istio-cni","name":"istio-cni","cni_agent_run_dir":"/var/run/istio-cni",
+             "plugin_log_level":"info","exclude_namespaces":["kube-system"]}]}"#,
+    );
+    let inst = env.installer();
+    let v = inst.validate();
+    assert!(
+        matches!(v.problems().first(), Some(Problem::StaleEntry(p)) if *p == path),
+        "an istio-cni entry is a problem to repair: {v}"
+    );
+    assert_eq!(inst.install().expect("install"), installed(&path));
+    let text = env.read("10-calico.conflist");
+    assert_eq!(text, calico_golden(), "istio-cni's entry is replaced by ours in one write");
+    assert!(!text.contains("istio-cni"), "{text}");
+    assert!(inst.validate().is_valid(), "{}", inst.validate());
+
+    // istio-cni's own DaemonSet, still running during a migration, puts its entry back: the
+    // next pass takes it out again.
+    let mut doc: Value = serde_json::from_str(&text).expect("json");
+    doc["plugins"].as_array_mut().expect("plugins").push(json!({"type": "istio-cni", "name": "istio-cni"}));
+    fs::write(&path, serde_json::to_string(&doc).expect("json")).expect("write");
+    assert!(!inst.validate().is_valid());
+    inst.install().expect("repair");
+    assert_eq!(env.read("10-calico.conflist"), calico_golden());
+}
+
+#[test]
 fn conf_is_converted_to_conflist() {
     let env = Env::new();
     let conf = env.write(

@@ -62,8 +62,10 @@ fn chained_state() {
         (list(json!([{"type": "a"}, ours.clone()])), Chained::Yes),
         (list(json!([ours.clone(), {"type": "a"}])), Chained::Yes),
         (list(json!([{"type": "a"}, stale])), Chained::Stale),
-        (list(json!([{"type": "a"}, ours.clone(), ours])), Chained::Stale),
+        (list(json!([{"type": "a"}, ours.clone(), ours.clone()])), Chained::Stale),
         (file(Kind::Conf, json!({"type": OURS})), Chained::Missing),
+        (list(json!([{"type": "a"}, {"type": "istio-cni"}])), Chained::Stale),
+        (list(json!([{"type": "a"}, {"type": "istio-cni"}, ours])), Chained::Stale),
     ];
     for (f, want) in cases {
         assert_eq!(f.chained(OURS, &desired), want, "{:?}", f.doc);
