@@ -118,6 +118,12 @@ pub async fn shutdown_signal() {
     }
 }
 
+/// The process environment as one snapshot. A variable whose name or value is not UTF-8 is
+/// left out (`std::env::vars` would panic on it); no setting Ambit reads can be such a one.
+pub fn environment() -> std::collections::BTreeMap<String, String> {
+    std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))).collect()
+}
+
 /// Writes `bytes` to `path` through a temporary file beside it and a rename, so a reader sees
 /// the old content or the new one, never a part.
 pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {

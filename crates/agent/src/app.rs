@@ -85,20 +85,21 @@ pub fn run(args: AgentArgs) -> Result<(), AgentError> {
 
 async fn run_async(args: AgentArgs) -> Result<(), AgentError> {
     // Settings first: a bad one is a start-up error, before anything binds.
+    args.check_ambient().map_err(AgentError::Config)?;
+    let env = ambit_admin::environment();
+    for line in AgentArgs::without_effect(&env) {
+        tracing::info!("{line}");
+    }
+    let paths = args.paths();
     let enrollment = args.enrollment().map_err(AgentError::Config)?;
     let capture_state = args.capture_state().map_err(AgentError::Config)?;
     let node_name = match &args.source_dir {
         Some(_) => args.node_name.clone(),
         None => Some(args.required_node_name().map_err(AgentError::Config)?.to_owned()),
     };
-    let backend: Box<dyn RuleBackend> = match args.capture_backend.as_str() {
-        "nftables" => Box::new(NftablesBackend::default()),
-        "iptables" => Box::new(IptablesBackend::detect(true)),
-        other => {
-            return Err(AgentError::Config(format!(
-                "AMBIT_CAPTURE_BACKEND={other:?}: use nftables or iptables"
-            )));
-        }
+    let backend: Box<dyn RuleBackend> = match args.backend().map_err(AgentError::Config)? {
+        args::Backend::Nftables => Box::new(NftablesBackend::default()),
+        args::Backend::Iptables => Box::new(IptablesBackend::detect(true)),
     };
 
     // 1. Health and metrics, so that probes see why the agent is not ready yet.
@@ -158,22 +159,22 @@ async fn run_async(args: AgentArgs) -> Result<(), AgentError> {
         args.dns_capture,
         args.ipv6,
         (metrics.capture_errors.clone(), metrics.capture_repairs.clone()),
-        crate::capture::probe_snat(&args.proc_root, &args.host_netns, args.ipv6),
+        crate::capture::probe_snat(&paths.proc_root, &paths.host_netns, args.ipv6),
     ));
     let annotations = Annotations::new(annotate, Retry::default(), metrics.annotation_failures.clone());
     tokio::spawn(annotations.clone().run());
     let zds = ZdsServer::new(&args.zds_socket);
-    let paths = HostPaths {
-        netns_prefix: args.host_prefix.clone(),
-        proc_root: args.proc_root.clone(),
-        host_namespaces: HostNamespaces::discover(&args.host_netns, &args.proc_root),
+    let host = HostPaths {
+        netns_prefix: paths.host_prefix.clone(),
+        proc_root: paths.proc_root.clone(),
+        host_namespaces: HostNamespaces::discover(&paths.host_netns, &paths.proc_root),
     };
-    let mesh = Mesh::new(enrollment, zds.clone(), capture, annotations.clone(), paths);
+    let mesh = Mesh::new(enrollment, zds.clone(), capture, annotations.clone(), host);
 
     // 3. Learn the world, re-adopt running pods.
     readiness.not_ready("re-adopting running pods");
     // Every pod is reconciled below and by the loop's first round.
-    let _ = reconcile::apply(&mesh, source.poll()).await;
+    let _ = reconcile::apply(&mesh, source.poll(), &|kind| metrics.istio.reconcile_event(kind)).await;
     if let Some(f) = &file_annotate
         && let Err(e) = f.retain(&mesh.pods().into_iter().collect())
     {
@@ -197,7 +198,7 @@ async fn run_async(args: AgentArgs) -> Result<(), AgentError> {
     })?;
     let m = mesh.clone();
     tokio::spawn(zds.clone().run(zds_listener, Arc::new(move || m.snapshot())));
-    let event_path = args.run_dir.join(ambit_cni::EVENT_SOCKET);
+    let event_path = paths.run_dir.join(ambit_cni::EVENT_SOCKET);
     let events = crate::server::bind(&event_path).map_err(|error| AgentError::Bind {
         what: "CNI event socket",
         where_: event_path.display().to_string(),
@@ -206,12 +207,11 @@ async fn run_async(args: AgentArgs) -> Result<(), AgentError> {
     tokio::spawn(crate::server::serve(events, mesh.clone(), metrics.clone()));
 
     // 5. Install the plugin only now that the agent can answer it; ready once it is installed.
-    let conf_dir =
-        args.cni_conf_dir.clone().or_else(|| args.source_dir.is_none().then(|| "/etc/cni/net.d".into()));
+    let conf_dir = paths.cni_conf_dir.clone();
     let stop_installer = tokio_util::sync::CancellationToken::new();
     let plugin = match conf_dir {
         Some(dir) => {
-            let mut plugin = plugin_entry(&args, dir)?;
+            let mut plugin = plugin_entry(&args, &paths, dir)?;
             plugin.learn(mesh.system_pods());
             if plugin.installer().set_entry(&plugin.entry())? {
                 tracing::debug!("plugin entry names the node's own pods");
@@ -227,8 +227,11 @@ async fn run_async(args: AgentArgs) -> Result<(), AgentError> {
         None => None,
     };
     let (r, inst) = (readiness.clone(), plugin.as_ref().map(|p| p.installer().clone()));
+    let (m, z) = (metrics.clone(), zds.clone());
     tokio::spawn(async move {
         loop {
+            m.istio.ztunnel_connected.set(z.connected() as i64);
+            m.istio.installer(inst.as_ref().is_none_or(|i| i.ready()));
             match &inst {
                 Some(i) if !i.ready() => {
                     r.not_ready("the CNI plugin is not installed yet (is there a primary CNI config?)")
@@ -247,7 +250,7 @@ async fn run_async(args: AgentArgs) -> Result<(), AgentError> {
         mesh,
         metrics,
         annotations,
-        cache_path: args.run_dir.join(ambit_cni::cache::CACHE_FILE),
+        cache_path: paths.run_dir.join(ambit_cni::cache::CACHE_FILE),
         poll: args.source_poll,
         verify_interval: args.capture_verify_interval,
         plugin,
@@ -273,15 +276,15 @@ async fn run_async(args: AgentArgs) -> Result<(), AgentError> {
 
 /// The installer and the plugin's entry: Ambit's keys ([`AmbitKeys`], the type the plugin
 /// reads), and the node's own pods as they become known.
-fn plugin_entry(args: &AgentArgs, conf_dir: PathBuf) -> Result<PluginEntry, AgentError> {
-    let binary = match &args.cni_binary {
+fn plugin_entry(args: &AgentArgs, paths: &args::Paths, conf_dir: PathBuf) -> Result<PluginEntry, AgentError> {
+    let binary = match &paths.cni_binary {
         Some(b) => b.clone(),
         None => std::env::current_exe()
             .map_err(|e| AgentError::Config(format!("cannot locate this executable: {e}")))?
             .with_file_name("ambit-cni"),
     };
     let keys = AmbitKeys {
-        cni_agent_run_dir: Some(args.run_dir.display().to_string()),
+        cni_agent_run_dir: Some(paths.run_dir.display().to_string()),
         exclude_namespaces: Some(args.excluded_namespaces().into_iter().collect()),
         pod_namespace: args.pod_namespace.clone().filter(|s| !s.is_empty()),
         system_pods: None,
@@ -292,22 +295,20 @@ fn plugin_entry(args: &AgentArgs, conf_dir: PathBuf) -> Result<PluginEntry, Agen
         _ => serde_json::Map::new(),
     };
     let installer = Installer::new(crate::install::InstallConfig {
-        cni_bin_dirs: vec![args.cni_bin_dir.clone()],
+        cni_bin_dirs: vec![paths.cni_bin_dir.clone()],
         conf_dir,
         conf_name: args.cni_conf_name.clone(),
         chained: args.chained,
         plugin_binary: binary,
         plugin_name: "ambit-cni".into(),
         plugin_entry: base,
-        conf_mode_group_read: false,
+        conf_mode_group_read: args.cni_conf_group_read,
     })?;
     let mut allowed = Vec::new();
     if let Some(ns) = args.pod_namespace.clone().filter(|s| !s.is_empty()) {
         allowed.push((SystemRole::Agent, ns));
     }
-    if let Some(ns) =
-        args.proxy_namespace.clone().or_else(|| args.pod_namespace.clone()).filter(|s| !s.is_empty())
-    {
+    if let Some(ns) = args.proxy_namespace() {
         allowed.push((SystemRole::Proxy, ns));
     }
     if args.pod_name.as_deref().is_none_or(str::is_empty) {

@@ -36,8 +36,9 @@ const MAX_BODY: usize = 64 * 1024;
 
 /// Counts what the server did, for metrics.
 pub trait EventMetrics: Send + Sync + 'static {
-    /// One request finished with `outcome` (`enrolled`, `not_enrolled`, `bad_request`, `error`).
-    fn observe(&self, outcome: &'static str, seconds: f64);
+    /// One request finished with `outcome` (`enrolled`, `not_enrolled`, `bad_request`, `error`)
+    /// and the HTTP status `code` the plugin got.
+    fn observe(&self, outcome: &'static str, code: u16, seconds: f64);
 }
 
 /// Binds the socket (replacing a stale one; owner-only permissions).
@@ -81,7 +82,7 @@ pub async fn serve(listener: UnixListener, mesh: Arc<Mesh>, metrics: Arc<dyn Eve
 async fn handle(req: Request<Incoming>, mesh: &Mesh, metrics: &dyn EventMetrics) -> Response<Full<Bytes>> {
     let start = Instant::now();
     let (outcome, status, body) = answer(req, mesh).await;
-    metrics.observe(outcome, start.elapsed().as_secs_f64());
+    metrics.observe(outcome, status.as_u16(), start.elapsed().as_secs_f64());
     Response::builder()
         .status(status)
         .header("content-type", "text/plain; charset=utf-8")

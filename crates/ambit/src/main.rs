@@ -10,6 +10,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod app;
+mod config_reference;
 mod demo;
 mod status;
 mod up;
@@ -59,6 +60,9 @@ enum Command {
     Start(up::ProcessArgs),
     /// The demo applications `ambit up` runs in pods (`echo`, `client`).
     App(app::AppArgs),
+    /// Every flag and environment variable `ambit agent`, `ambit proxy` and `ambit control`
+    /// read, as JSON (what a manifest may set; the `--help` of each says what they mean).
+    ConfigReference,
     /// Development certificate authority for FAKE_CA_ROOT.
     DevCa {
         #[command(subcommand)]
@@ -105,8 +109,32 @@ fn prepare_fd_table() {
     }
 }
 
+/// The command line, with Istio's entry points mapped onto Ambit's commands: the image links
+/// `install-cni` (istio-cni's container command) and `ztunnel` (ztunnel's entry point, given
+/// `proxy ztunnel` by its chart) to this binary, so that it drops in under Istio's charts.
+fn command_line(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let name = args.first().and_then(|a| std::path::Path::new(a).file_name()).and_then(|n| n.to_str());
+    match name {
+        Some("install-cni") => {
+            args.splice(1..1, ["agent", "--profile", "istio-cni"].map(Into::into));
+        }
+        Some("ztunnel") => match args.get(1).and_then(|a| a.to_str()) {
+            // ztunnel's commands: `proxy` (also with no command), `version`, `help`.
+            None => args.push("proxy".into()),
+            Some("version") => args[1] = "--version".into(),
+            Some("help") => args.splice(1..2, ["proxy", "--help"].map(Into::into)).for_each(drop),
+            Some(_) => {}
+        },
+        _ => {}
+    }
+    if let Some(first) = args.first_mut() {
+        *first = "ambit".into();
+    }
+    args
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(command_line(std::env::args_os().collect()));
     if matches!(cli.command, Command::Proxy(_) | Command::Agent(_) | Command::Control(_)) {
         prepare_fd_table();
     }
@@ -133,7 +161,13 @@ fn main() -> ExitCode {
             }
         }
         Command::Agent(args) => {
-            ambit_admin::logging::init(&args.rust_log, false);
+            match args.log_filter() {
+                Ok(filter) => ambit_admin::logging::init(&filter, args.log_as_json),
+                Err(e) => {
+                    eprintln!("ambit agent: {e}");
+                    return ExitCode::from(2);
+                }
+            }
             match ambit_agent::app::run(*args) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -168,6 +202,11 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::ConfigReference => {
+            use clap::CommandFactory;
+            println!("{}", config_reference::reference(&Cli::command()));
+            ExitCode::SUCCESS
+        }
         Command::DevCa { command: DevCaCommand::Init { dir, force } } => {
             match ambit_identity::dev_ca_init(&dir, force) {
                 Ok(()) => {
@@ -180,5 +219,31 @@ fn main() -> ExitCode {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::command_line;
+
+    fn line(args: &[&str]) -> Vec<String> {
+        command_line(args.iter().map(Into::into).collect())
+            .into_iter()
+            .map(|a| a.into_string().expect("utf-8"))
+            .collect()
+    }
+
+    #[test]
+    fn istio_entry_points_map_onto_ambit_commands() {
+        assert_eq!(
+            line(&["/usr/local/bin/install-cni", "--log_output_level=info"]),
+            ["ambit", "agent", "--profile", "istio-cni", "--log_output_level=info"]
+        );
+        assert_eq!(line(&["/usr/local/bin/ztunnel", "proxy", "ztunnel"]), ["ambit", "proxy", "ztunnel"]);
+        assert_eq!(line(&["ztunnel"]), ["ambit", "proxy"]);
+        assert_eq!(line(&["ztunnel", "version"]), ["ambit", "--version"]);
+        assert_eq!(line(&["ztunnel", "help"]), ["ambit", "proxy", "--help"]);
+        assert_eq!(line(&["/usr/bin/ambit", "agent"]), ["ambit", "agent"]);
+        assert_eq!(line(&["./target/debug/ambit", "proxy", "ztunnel"]), ["ambit", "proxy", "ztunnel"]);
     }
 }

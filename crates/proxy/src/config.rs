@@ -211,7 +211,8 @@ pub struct ProxyArgs {
     /// Ambit extension: readiness server address.
     #[arg(long, env = "AMBIT_READINESS_ADDR", default_value = "[::]:15021")]
     pub readiness_addr: SocketAddr,
-    /// Arguments after `proxy` are ignored, as ztunnel ignores them (its chart passes `ztunnel`).
+    /// Arguments after `proxy` are ignored, as ztunnel ignores them (its chart passes `ztunnel`;
+    /// anything else is logged as ignored).
     #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
     pub extra_args: Vec<String>,
 }
@@ -241,6 +242,19 @@ pub const UNSUPPORTED_SETTINGS: &[&str] = &[
     "COMPLIANCE_POLICY",
     "AUTHZ_POLICY_INFO_LOGGING",
 ];
+
+/// Set by ztunnel's chart and read by neither ztunnel nor Ambit: accepted silently.
+pub const ACCEPTED_WITHOUT_EFFECT: &[&str] = &["INPOD_ENABLED"];
+
+/// Environment the proxy reads outside its flags: `ISTIO_META_CLUSTER_ID` (wins over
+/// CLUSTER_ID), `KUBERNETES_SERVICE_HOST` (inside Kubernetes, the default control plane is
+/// istiod's service), `PROXY_CONFIG` (reported as not read yet).
+pub const ENV_OUTSIDE_FLAGS: &[&str] = &["ISTIO_META_CLUSTER_ID", "KUBERNETES_SERVICE_HOST", "PROXY_CONFIG"];
+
+/// Prefixes of environment variables the proxy reads: `ISTIO_META_*` and `ISTIO_METAJSON_*`
+/// (xDS node metadata; `ISTIO_META_ISTIO_VERSION` also tags metrics), `XDS_HEADER_*` and
+/// `CA_HEADER_*` (gRPC metadata for the control plane).
+pub const ENV_PREFIXES: &[&str] = &["ISTIO_META_", "ISTIO_METAJSON_", "XDS_HEADER_", "CA_HEADER_"];
 
 /// The mesh config file ztunnel reads (`defaultConfig`); not read by Ambit yet.
 pub const MESH_CONFIG_FILE: &str = "./etc/istio/config/mesh";
@@ -452,7 +466,7 @@ impl Config {
     /// Resolves the arguments (and the process environment's prefixed variables) into a
     /// configuration, or says what is wrong.
     pub fn from_args(a: &ProxyArgs) -> Result<Config, ConfigError> {
-        Config::from_args_env(a, &std::env::vars().collect())
+        Config::from_args_env(a, &ambit_admin::environment())
     }
 
     /// As [`Config::from_args`], with the environment given (`ISTIO_META_*`, `ISTIO_METAJSON_*`,
@@ -534,7 +548,8 @@ impl Config {
                 "the mesh config ({MESH_CONFIG_FILE}, PROXY_CONFIG) is not read by Ambit yet: discoveryAddress, proxyMetadata and concurrency there have no effect; use XDS_ADDRESS, ISTIO_META_* and ZTUNNEL_WORKER_THREADS"
             ));
         }
-        if !a.extra_args.is_empty() {
+        // ztunnel's chart passes `proxy ztunnel`; ztunnel ignores what follows `proxy`.
+        if !a.extra_args.is_empty() && a.extra_args != ["ztunnel"] {
             unsupported.push(format!(
                 "arguments after `proxy` are ignored, as ztunnel ignores them: {:?}",
                 a.extra_args

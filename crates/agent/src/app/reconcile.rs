@@ -48,10 +48,25 @@ impl Source {
 
 /// Applies the source's changes to the mesh core; the uids of the pods to reconcile. A pod
 /// whose uid changed under the same name (recreated) replaces the old one, which is removed, and
-/// so is a pod that no longer converts (no uid).
-pub async fn apply(mesh: &Mesh, changes: Vec<Change>) -> HashSet<String> {
+/// so is a pod that no longer converts (no uid). `event` hears each change's type (`add`,
+/// `update`, `delete`), for istio-cni's `nodeagent_reconcile_events_total`.
+pub async fn apply(mesh: &Mesh, changes: Vec<Change>, event: &dyn Fn(&str)) -> HashSet<String> {
     let mut dirty = HashSet::new();
     for change in changes {
+        event(match &change {
+            Change::Delete(_) => "delete",
+            Change::Upsert(Object::Pod(p))
+                if mesh
+                    .uid_of(
+                        p.metadata.namespace.as_deref().unwrap_or_default(),
+                        p.metadata.name.as_deref().unwrap_or_default(),
+                    )
+                    .is_none() =>
+            {
+                "add"
+            }
+            Change::Upsert(_) => "update",
+        });
         match change {
             Change::Upsert(Object::Namespace(ns)) => match Namespace::from_k8s(&ns) {
                 Ok(ns) => dirty.extend(mesh.upsert_namespace(ns)),
@@ -205,7 +220,8 @@ impl Follower {
             }
             let changes = self.source.poll();
             if !changes.is_empty() {
-                dirty.extend(apply(&self.mesh, changes).await);
+                let metrics = &self.metrics;
+                dirty.extend(apply(&self.mesh, changes, &|kind| metrics.istio.reconcile_event(kind)).await);
                 if let Some(plugin) = &mut self.plugin {
                     plugin.update(self.mesh.system_pods());
                 }

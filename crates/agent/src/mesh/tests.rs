@@ -377,24 +377,31 @@ async fn source_changes_replace_recreated_pods_and_remove_deleted_ones() {
     use crate::app::reconcile::apply;
     use ambit_objects::{Change, Kind, ObjectKey};
     let s = setup().await;
+    let events = std::sync::Mutex::new(Vec::<String>::new());
+    let event = |kind: &str| events.lock().expect("lock").push(kind.to_owned());
     let seen = fake_proxy(&s.path, None).await;
     s.mesh.upsert_namespace(ns("demo", true));
-    let dirty = apply(&s.mesh, vec![Change::Upsert(k8s_pod(Some("u1"), "web"))]).await;
+    let dirty = apply(&s.mesh, vec![Change::Upsert(k8s_pod(Some("u1"), "web"))], &event).await;
     assert_eq!(dirty, HashSet::from(["u1".to_owned()]));
     assert_eq!(s.mesh.cni_add(&s.event("web", "demo")).await.expect("add"), AddOutcome::Enrolled);
     assert_eq!(s.mesh.enrolled(), HashSet::from(["u1".to_owned()]));
 
-    let dirty = apply(&s.mesh, vec![Change::Upsert(k8s_pod(Some("u2"), "web"))]).await;
+    let dirty = apply(&s.mesh, vec![Change::Upsert(k8s_pod(Some("u2"), "web"))], &event).await;
     assert_eq!(dirty, HashSet::from(["u2".to_owned()]));
     assert_eq!(s.mesh.uid_of("demo", "web").as_deref(), Some("u2"));
     assert!(s.mesh.enrolled().is_empty(), "the old uid left the mesh");
     until("del u1 sent", || seen.lock().expect("lock").iter().any(|l| l == "del u1")).await;
     assert_eq!(s.mesh.pods(), ["u2"]);
 
-    apply(&s.mesh, vec![Change::Upsert(k8s_pod(None, "web"))]).await;
+    apply(&s.mesh, vec![Change::Upsert(k8s_pod(None, "web"))], &event).await;
     assert!(s.mesh.pods().is_empty(), "a pod without uid replaces nothing and is not kept");
 
-    apply(&s.mesh, vec![Change::Upsert(k8s_pod(Some("u3"), "db"))]).await;
-    apply(&s.mesh, vec![Change::Delete(ObjectKey::new(Kind::Pod, "demo", "db"))]).await;
+    apply(&s.mesh, vec![Change::Upsert(k8s_pod(Some("u3"), "db"))], &event).await;
+    apply(&s.mesh, vec![Change::Delete(ObjectKey::new(Kind::Pod, "demo", "db"))], &event).await;
+    assert_eq!(
+        *events.lock().expect("lock"),
+        ["add", "update", "update", "add", "delete"],
+        "the types istio-cni counts in nodeagent_reconcile_events_total"
+    );
     assert!(s.mesh.pods().is_empty());
 }

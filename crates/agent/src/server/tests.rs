@@ -20,7 +20,7 @@ use crate::zds::ZdsServer;
 
 struct NoMetrics;
 impl EventMetrics for NoMetrics {
-    fn observe(&self, _: &'static str, _: f64) {}
+    fn observe(&self, _: &'static str, _: u16, _: f64) {}
 }
 
 /// Capture that succeeds, or fails for pods named `broken`.
