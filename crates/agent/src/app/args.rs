@@ -176,8 +176,8 @@ pub struct AgentArgs {
     #[arg(long, env = "AMBIT_AGENT_HEALTH_ADDR", default_value = "[::]:8000")]
     pub health_addr: SocketAddr,
     /// CNI conf dir to install the plugin into (kubelet's `/etc/cni/net.d`). Default: that path
-    /// (`/host/etc/cni/net.d` in the istio-cni profile) with the Kubernetes source, no
-    /// installation in local mode.
+    /// with the Kubernetes source, no installation in local mode; always `/host/etc/cni/net.d`
+    /// in the istio-cni profile.
     #[arg(long, env = "MOUNTED_CNI_NET_DIR")]
     pub cni_conf_dir: Option<PathBuf>,
     /// CNI bin dir the plugin binary is copied into. Default `/opt/cni/bin`
@@ -250,10 +250,12 @@ impl AgentArgs {
         let default_conf_dir = if istio { "/host/etc/cni/net.d" } else { "/etc/cni/net.d" };
         Paths {
             run_dir: or(&self.run_dir, "/var/run/ambit", "/var/run/istio-cni"),
+            // istio-cni always installs (its conf dir is a mount of the host's); Ambit's own
+            // profile installs nowhere in local mode unless told where.
             cni_conf_dir: self
                 .cni_conf_dir
                 .clone()
-                .or_else(|| self.source_dir.is_none().then(|| default_conf_dir.into())),
+                .or_else(|| (istio || self.source_dir.is_none()).then(|| default_conf_dir.into())),
             cni_bin_dir: or(&self.cni_bin_dir, "/opt/cni/bin", "/host/opt/cni/bin"),
             host_prefix: or(&self.host_prefix, "/", "/host"),
             proc_root,
@@ -501,8 +503,9 @@ mod tests {
                 cni_binary: Some("/opt/cni/bin/ambit-cni".into()),
             }
         );
-        let p = args(&["--profile", "istio-cni"]).paths();
+        let p = args(&["--profile", "istio-cni", "--source-dir", "/o"]).paths();
         assert_eq!(p.host_netns, PathBuf::from("/proc/self/ns/net"), "no switch: the agent's own netns");
+        assert_eq!(p.cni_conf_dir, Some(PathBuf::from("/host/etc/cni/net.d")), "istio-cni always installs");
         let p =
             args(&["--profile", "istio-cni", "--allow-switch-to-host-ns", "1", "--proc-root", "/p"]).paths();
         assert_eq!(p.host_netns, PathBuf::from("/p/1/ns/net"));
