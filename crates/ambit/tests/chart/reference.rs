@@ -7,7 +7,9 @@ use std::process::Command;
 use super::pods::{component, env_names};
 use super::render::Release;
 
-/// One component's flags and environment variables.
+/// One component's flags and environment variables. The reference also lists names a
+/// component accepts without effect (`env_without_effect`, for Istio's charts) and name
+/// prefixes; Ambit's own chart may set neither, so they are not read here.
 #[derive(Clone, Debug, Default, serde::Deserialize)]
 pub struct Surface {
     pub flags: BTreeSet<String>,
