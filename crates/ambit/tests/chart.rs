@@ -80,7 +80,8 @@ fn every_documented_combination_holds_the_invariants() {
 #[test]
 fn refused_combinations_fail_with_their_message() {
     let validate = "Error: execution error at (ambit/templates/validate.yaml:2:4): ";
-    let schema = "Error: values don't meet the specifications of the schema(s) in the following chart(s):\nambit:\n";
+    let schema =
+        "Error: values don't meet the specifications of the schema(s) in the following chart(s):\nambit:\n";
     let cases = [
         (
             "existing-ca-without-root-values.yaml",
@@ -104,7 +105,10 @@ fn refused_combinations_fail_with_their_message() {
                  written for; leave it empty for the chart's appVersion, or pin a version or image.digest"
             ),
         ),
-        ("unknown-backend-values.yaml", format!("{schema}- at '/agent/captureBackend': value must be one of 'nftables', 'iptables'")),
+        (
+            "unknown-backend-values.yaml",
+            format!("{schema}- at '/agent/captureBackend': value must be one of 'nftables', 'iptables'"),
+        ),
         ("unknown-mode-values.yaml", format!("{schema}- at '/mode': value must be one of 'ambit', 'istiod'")),
     ];
     let on_disk: BTreeSet<String> = std::fs::read_dir(repo().join("deploy/charts/ambit/ci-refused"))
@@ -116,17 +120,30 @@ fn refused_combinations_fail_with_their_message() {
     for (file, want) in cases {
         let path = format!("deploy/charts/ambit/ci-refused/{file}");
         // helm adds a hint after a template's `fail`.
-        let want =
-            if want.starts_with(validate) { format!("{want}\n\nUse --debug flag to render out invalid YAML") } else { want };
+        let want = if want.starts_with(validate) {
+            format!("{want}\n\nUse --debug flag to render out invalid YAML")
+        } else {
+            want
+        };
         match render(&["-f", &path]) {
             Ok(_) => panic!("{file} rendered; it must be refused"),
             Err(got) => assert_eq!(got, want, "{file}"),
         }
     }
     // The same drain rule with the derived deadline: a 10 s grace period drains for 9 s.
-    let err = render(&["--set", "proxy.terminationGracePeriodSeconds=10", "--set", "proxy.drainDeadlineSeconds=10"])
-        .expect_err("grace = deadline is refused");
-    assert!(err.contains("proxy.terminationGracePeriodSeconds (10) must be longer than the proxy's drain deadline (10 s"), "{err}");
+    let err = render(&[
+        "--set",
+        "proxy.terminationGracePeriodSeconds=10",
+        "--set",
+        "proxy.drainDeadlineSeconds=10",
+    ])
+    .expect_err("grace = deadline is refused");
+    assert!(
+        err.contains(
+            "proxy.terminationGracePeriodSeconds (10) must be longer than the proxy's drain deadline (10 s"
+        ),
+        "{err}"
+    );
     render(&["--set", "proxy.terminationGracePeriodSeconds=10"]).expect("grace 10 s, derived deadline 9 s");
 }
 
@@ -159,7 +176,10 @@ fn the_checker_rejects_broken_objects() {
         let mut r = good.clone();
         edit(&mut r);
         let problems = check(&r, &e);
-        assert!(problems.iter().any(|p| p.contains(want)), "want a problem containing {want:?}, got {problems:#?}");
+        assert!(
+            problems.iter().any(|p| p.contains(want)),
+            "want a problem containing {want:?}, got {problems:#?}"
+        );
     };
     fn container<'a>(r: &'a mut Release, ds: &str) -> &'a mut Container {
         let d = r.daemon_sets.iter_mut().find(|d| d.metadata.name.as_deref() == Some(ds)).expect("daemonset");
@@ -179,7 +199,11 @@ fn the_checker_rejects_broken_objects() {
     );
     broken(
         &|r| {
-            let role = r.cluster_roles.iter_mut().find(|c| c.metadata.name.as_deref() == Some("ambit-control")).expect("role");
+            let role = r
+                .cluster_roles
+                .iter_mut()
+                .find(|c| c.metadata.name.as_deref() == Some("ambit-control"))
+                .expect("role");
             role.rules.get_or_insert_default().push(PolicyRule {
                 api_groups: Some(vec![String::new()]),
                 resources: Some(vec!["secrets".into()]),
@@ -192,17 +216,34 @@ fn the_checker_rejects_broken_objects() {
     broken(
         &|r| {
             r.role_bindings.push(RoleBinding {
-                metadata: ObjectMeta { name: Some("proxy".into()), namespace: Some(NAMESPACE.into()), ..Default::default() },
-                role_ref: RoleRef { api_group: "rbac.authorization.k8s.io".into(), kind: "Role".into(), name: "x".into() },
-                subjects: Some(vec![Subject { kind: "ServiceAccount".into(), name: "ztunnel".into(), ..Default::default() }]),
+                metadata: ObjectMeta {
+                    name: Some("proxy".into()),
+                    namespace: Some(NAMESPACE.into()),
+                    ..Default::default()
+                },
+                role_ref: RoleRef {
+                    api_group: "rbac.authorization.k8s.io".into(),
+                    kind: "Role".into(),
+                    name: "x".into(),
+                },
+                subjects: Some(vec![Subject {
+                    kind: "ServiceAccount".into(),
+                    name: "ztunnel".into(),
+                    ..Default::default()
+                }]),
             })
         },
         "the chart renders a Role or RoleBinding",
     );
     broken(
         &|r| {
-            let d = r.daemon_sets.iter_mut().find(|d| d.metadata.name.as_deref() == Some("ztunnel")).expect("ds");
-            d.spec.as_mut().and_then(|s| s.template.spec.as_mut()).expect("spec").termination_grace_period_seconds = Some(4);
+            let d =
+                r.daemon_sets.iter_mut().find(|d| d.metadata.name.as_deref() == Some("ztunnel")).expect("ds");
+            d.spec
+                .as_mut()
+                .and_then(|s| s.template.spec.as_mut())
+                .expect("spec")
+                .termination_grace_period_seconds = Some(4);
         },
         "DaemonSet ztunnel: TERMINATION_GRACE_PERIOD_SECONDS Some(30) is not the pod's 4",
     );
@@ -225,7 +266,13 @@ fn the_checker_rejects_broken_objects() {
     broken(
         &|r| {
             let c = container(r, "ambit-agent");
-            let m = c.volume_mounts.as_mut().expect("mounts").iter_mut().find(|m| m.mount_path == "/host/proc").expect("proc");
+            let m = c
+                .volume_mounts
+                .as_mut()
+                .expect("mounts")
+                .iter_mut()
+                .find(|m| m.mount_path == "/host/proc")
+                .expect("proc");
             m.read_only = None;
         },
         "DaemonSet ambit-agent: /host/proc is not read-only",
@@ -242,17 +289,24 @@ fn the_checker_rejects_broken_objects() {
         "the agent serves ZDS at Some(\"/var/run/ztunnel/ztunnel.sock\") on the host, the proxy dials None",
     );
     broken(
-        &|r| r.pdbs[0].spec.as_mut().expect("spec").max_unavailable = Some(ambit_objects::k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(0)),
+        &|r| {
+            r.pdbs[0].spec.as_mut().expect("spec").max_unavailable =
+                Some(ambit_objects::k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(0))
+        },
         "PodDisruptionBudget ambit-control: allows 0 of 1 replicas to be evicted",
     );
 
     // A field the API does not have (here a wrong capitalisation) fails the typed parse.
-    let text = run_helm(&args(&["template", "ambit", "deploy/charts/ambit", "-n", NAMESPACE])).expect("render");
+    let text =
+        run_helm(&args(&["template", "ambit", "deploy/charts/ambit", "-n", NAMESPACE])).expect("render");
     let typo = text.replacen("readOnlyRootFilesystem", "readOnlyRootFileSystem", 1);
     let err = Release::parse(&typo).expect_err("a misspelt field is refused");
     assert!(err.contains("the typed object differs from the rendered document at"), "{err}");
     assert!(err.contains("/securityContext/readOnlyRootFileSystem"), "{err}");
-    assert_eq!(first_difference(&serde_json::json!({"a": [1, 2]}), &serde_json::json!({"a": [1, 3]}), String::new()), Some("/a/1".into()));
+    assert_eq!(
+        first_difference(&serde_json::json!({"a": [1, 2]}), &serde_json::json!({"a": [1, 3]}), String::new()),
+        Some("/a/1".into())
+    );
 }
 
 #[test]
@@ -264,16 +318,32 @@ fn the_crds_chart_defines_the_istio_kinds_ambit_reads() {
     let want: BTreeSet<String> = istio.iter().map(|&k| ambit_objects::kube::resource(k)).collect();
     assert_eq!(got, want);
     for &kind in &istio {
-        let crd = r.crds.iter().find(|c| c.metadata.name.as_deref() == Some(&ambit_objects::kube::resource(kind))).expect("crd");
+        let crd = r
+            .crds
+            .iter()
+            .find(|c| c.metadata.name.as_deref() == Some(&ambit_objects::kube::resource(kind)))
+            .expect("crd");
         let version = kind.api_version().rsplit('/').next().expect("version");
-        assert_eq!((crd.spec.group.as_str(), crd.spec.names.kind.as_str(), crd.spec.scope.as_str()), (kind.group(), kind.name(), "Namespaced"));
-        let v = crd.spec.versions.iter().find(|v| v.name == version).unwrap_or_else(|| panic!("{kind:?} has no {version}"));
+        assert_eq!(
+            (crd.spec.group.as_str(), crd.spec.names.kind.as_str(), crd.spec.scope.as_str()),
+            (kind.group(), kind.name(), "Namespaced")
+        );
+        let v = crd
+            .spec
+            .versions
+            .iter()
+            .find(|v| v.name == version)
+            .unwrap_or_else(|| panic!("{kind:?} has no {version}"));
         assert!(v.served && v.storage, "{kind:?} {version} is not served and stored");
         let schema = v.schema.as_ref().and_then(|s| s.open_api_v3_schema.as_ref()).expect("schema");
         let spec = schema.properties.as_ref().and_then(|p| p.get("spec")).expect("spec schema");
         assert_eq!(spec.x_kubernetes_preserve_unknown_fields, Some(true), "{kind:?} spec keeps its fields");
         let keep = crd.metadata.annotations.as_ref().and_then(|a| a.get("helm.sh/resource-policy"));
-        assert_eq!(keep.map(String::as_str), Some("keep"), "{kind:?}: uninstalling must not delete every object");
+        assert_eq!(
+            keep.map(String::as_str),
+            Some("keep"),
+            "{kind:?}: uninstalling must not delete every object"
+        );
     }
 }
 
@@ -284,7 +354,9 @@ fn rendered_settings_are_ones_the_binaries_read() {
     let mut problems = Vec::new();
     for file in combinations() {
         let r = render(&["-f", &file]).expect("renders");
-        problems.extend(chart::reference::unknown_settings(&r, &reference).into_iter().map(|p| format!("{file}: {p}")));
+        problems.extend(
+            chart::reference::unknown_settings(&r, &reference).into_iter().map(|p| format!("{file}: {p}")),
+        );
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 
@@ -332,10 +404,13 @@ fn the_guides_commands_are_the_rendered_ones() {
                         render_args(&t).unwrap_or_else(|e| panic!("{at}: {e}"));
                         continue;
                     }
-                    let r = render_args(&t).unwrap_or_else(|e| panic!("{at}: `{}` does not render: {e}", cmd.words.join(" ")));
+                    let r = render_args(&t)
+                        .unwrap_or_else(|e| panic!("{at}: `{}` does not render: {e}", cmd.words.join(" ")));
                     let problems = check(&r, &Values::of_args(&t[3..]).expect());
                     assert!(problems.is_empty(), "{at}: {problems:#?}");
-                    plain_install |= guide == "docs/install.md" && w[1] == "install" && !t.iter().any(|a| a.starts_with('-') && a != "-n");
+                    plain_install |= guide == "docs/install.md"
+                        && w[1] == "install"
+                        && !t.iter().any(|a| a.starts_with('-') && a != "-n");
                 }
                 ["helm", "uninstall" | "lint" | "repo" | "list" | "status", ..] => {}
                 ["helm", ..] => panic!("{at}: a helm command the test does not know: {w:?}"),
@@ -343,7 +418,11 @@ fn the_guides_commands_are_the_rendered_ones() {
                     let mut names_ours = false;
                     for word in rest {
                         if let Some(image) = word.strip_prefix("--image=") {
-                            let want = format!("{}/ambit:{}", Values::defaults().str("image.registry"), chart_app_version());
+                            let want = format!(
+                                "{}/ambit:{}",
+                                Values::defaults().str("image.registry"),
+                                chart_app_version()
+                            );
                             assert_eq!(image, want, "{at}: not the image the chart installs");
                         }
                         names_ours |= *word == "app=ztunnel";
@@ -361,8 +440,15 @@ fn the_guides_commands_are_the_rendered_ones() {
                         names_ours = true;
                     }
                     if names_ours {
-                        let ns = rest.iter().position(|w| *w == "-n" || *w == "--namespace").and_then(|i| rest.get(i + 1));
-                        assert_eq!(ns.copied(), Some(NAMESPACE), "{at}: the chart's objects are in {NAMESPACE}");
+                        let ns = rest
+                            .iter()
+                            .position(|w| *w == "-n" || *w == "--namespace")
+                            .and_then(|i| rest.get(i + 1));
+                        assert_eq!(
+                            ns.copied(),
+                            Some(NAMESPACE),
+                            "{at}: the chart's objects are in {NAMESPACE}"
+                        );
                     }
                 }
                 _ => {}
@@ -376,7 +462,10 @@ fn the_guides_commands_are_the_rendered_ones() {
         named_files.insert(default.to_owned());
     }
     for file in combinations() {
-        assert!(named_files.contains(&file), "docs/install.md never installs with {file}; document it or remove it");
+        assert!(
+            named_files.contains(&file),
+            "docs/install.md never installs with {file}; document it or remove it"
+        );
     }
     // Paths the guides mention exist.
     for guide in ["docs/install.md", "docs/migrate-from-istio.md"] {
@@ -396,7 +485,9 @@ fn the_guides_commands_are_the_rendered_ones() {
 /// examples get a generated certificate.
 fn as_template(words: &[String], tmp: &Path, files: &mut BTreeSet<String>) -> Option<Vec<String>> {
     let mut rest: Vec<&str> = words[2..].iter().map(String::as_str).collect();
-    rest.retain(|w| !matches!(*w, "--install" | "--create-namespace" | "--wait" | "--atomic" | "--reuse-values"));
+    rest.retain(|w| {
+        !matches!(*w, "--install" | "--create-namespace" | "--wait" | "--atomic" | "--reuse-values")
+    });
     let (release, chart) = (rest.first()?.to_string(), rest.get(1)?.to_string());
     if !chart.starts_with("deploy/charts/") {
         return None;
@@ -445,12 +536,20 @@ fn images_and_charts_carry_the_workspace_version() {
     let version = env!("CARGO_PKG_VERSION");
     for chart in ["deploy/charts/ambit/Chart.yaml", "deploy/charts/ambit-crds/Chart.yaml"] {
         let c = read_yaml(&repo().join(chart));
-        assert_eq!((c["version"].as_str(), c["appVersion"].as_str()), (Some(version), Some(version)), "{chart}");
+        assert_eq!(
+            (c["version"].as_str(), c["appVersion"].as_str()),
+            (Some(version), Some(version)),
+            "{chart}"
+        );
     }
     assert_eq!(chart_app_version(), version);
     let dockerfile = std::fs::read_to_string(repo().join("deploy/images/Dockerfile")).expect("Dockerfile");
     let r = render(&[]).expect("renders");
-    let agent = r.daemon_set("ambit-agent").and_then(|d| d.spec.clone()).and_then(|s| s.template.spec).expect("agent");
+    let agent = r
+        .daemon_set("ambit-agent")
+        .and_then(|d| d.spec.clone())
+        .and_then(|s| s.template.spec)
+        .expect("agent");
     let c = &agent.containers[0];
     let plugin = chart::pods::env(c, "AMBIT_CNI_BINARY").expect("AMBIT_CNI_BINARY");
     assert!(dockerfile.contains(&format!("/out{plugin}")), "the image has no {plugin}");
@@ -458,17 +557,29 @@ fn images_and_charts_carry_the_workspace_version() {
         assert!(dockerfile.contains(&format!("/out{program}")), "the image has no {program}");
     }
     for link in ["install-cni", "ztunnel"] {
-        assert!(dockerfile.contains(&format!("ln -s ambit /out/usr/local/bin/{link}")), "no {link} entry point");
+        assert!(
+            dockerfile.contains(&format!("ln -s ambit /out/usr/local/bin/{link}")),
+            "no {link} entry point"
+        );
     }
-    let lock = dockerfile.lines().find_map(|l| l.strip_prefix("ENV XTABLES_LOCKFILE=")).expect("XTABLES_LOCKFILE");
+    let lock =
+        dockerfile.lines().find_map(|l| l.strip_prefix("ENV XTABLES_LOCKFILE=")).expect("XTABLES_LOCKFILE");
     let backing = chart::pods::backing(&agent, c, lock).0;
-    assert_eq!(backing, chart::pods::Backing::EmptyDir, "iptables-legacy's lock {lock} is on the read-only root");
+    assert_eq!(
+        backing,
+        chart::pods::Backing::EmptyDir,
+        "iptables-legacy's lock {lock} is on the read-only root"
+    );
     for target in ["ambit", "ambit-agent"] {
         assert!(dockerfile.contains(&format!(" AS {target}\n")), "Dockerfile has no target {target}");
     }
 
     let build = repo().join("deploy/images/build.sh");
-    let out = Command::new("bash").arg(&build).args(["--dry-run", "--registry", "registry.example.com/mesh"]).output().expect("build.sh");
+    let out = Command::new("bash")
+        .arg(&build)
+        .args(["--dry-run", "--registry", "registry.example.com/mesh"])
+        .output()
+        .expect("build.sh");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let printed = String::from_utf8_lossy(&out.stdout);
     let v = Values::defaults();
@@ -493,7 +604,11 @@ async fn the_generated_ca_is_one_ambit_control_serves_with() {
     }
     let config = tempfile::tempdir().expect("config dir");
     let state = tempfile::tempdir().expect("state dir");
-    let control = r.deployment("ambit-control").and_then(|d| d.spec.clone()).and_then(|s| s.template.spec).expect("control");
+    let control = r
+        .deployment("ambit-control")
+        .and_then(|d| d.spec.clone())
+        .and_then(|s| s.template.spec)
+        .expect("control");
     let c = &control.containers[0];
     let custom = chart::pods::env(c, "ISTIOD_CUSTOM_HOST").expect("ISTIOD_CUSTOM_HOST");
     let [grpc, monitoring, ready] = free_ports();
@@ -526,7 +641,9 @@ async fn the_generated_ca_is_one_ambit_control_serves_with() {
     }
     let root = r.config_maps[0].data.as_ref().and_then(|d| d.get("root-cert.pem")).expect("root").clone();
     let host = format!("ambit-control.{NAMESPACE}.svc");
-    tls_handshake(grpc, &host, &root).await.unwrap_or_else(|e| panic!("TLS to {host} with the ConfigMap's root: {e}"));
+    tls_handshake(grpc, &host, &root)
+        .await
+        .unwrap_or_else(|e| panic!("TLS to {host} with the ConfigMap's root: {e}"));
     let _ = child.0.kill();
     let _ = child.0.wait();
     let log = child.stderr();
@@ -576,7 +693,9 @@ fn http_status(port: u16, path: &str) -> Option<u16> {
 async fn tls_handshake(port: u16, host: &str, root_pem: &str) -> Result<(), String> {
     use tokio_rustls::rustls::{ClientConfig, RootCertStore};
     let mut roots = RootCertStore::empty();
-    for cert in <rustls_pki_types::CertificateDer<'_> as rustls_pki_types::pem::PemObject>::pem_slice_iter(root_pem.as_bytes()) {
+    for cert in <rustls_pki_types::CertificateDer<'_> as rustls_pki_types::pem::PemObject>::pem_slice_iter(
+        root_pem.as_bytes(),
+    ) {
         roots.add(cert.map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
     }
     let mut cfg = ClientConfig::builder().with_root_certificates(roots).with_no_client_auth();

@@ -104,11 +104,17 @@ fn set(items: &[&str]) -> BTreeSet<String> {
 /// The objects of the mode, all in the release namespace.
 fn objects(r: &Release, e: &Expect, p: &mut Problems) {
     let control = !e.istiod;
-    let want_sa = if control { set(&["ambit-agent", "ztunnel", "ambit-control"]) } else { set(&["ambit-agent", "ztunnel"]) };
+    let want_sa = if control {
+        set(&["ambit-agent", "ztunnel", "ambit-control"])
+    } else {
+        set(&["ambit-agent", "ztunnel"])
+    };
     let got = names(&r.service_accounts, |o| &o.metadata);
     p.ensure(got == want_sa, || format!("ServiceAccounts {got:?}, want {want_sa:?}"));
     let got = names(&r.daemon_sets, |o| &o.metadata);
-    p.ensure(got == set(&["ambit-agent", "ztunnel"]), || format!("DaemonSets {got:?}, want ambit-agent and ztunnel"));
+    p.ensure(got == set(&["ambit-agent", "ztunnel"]), || {
+        format!("DaemonSets {got:?}, want ambit-agent and ztunnel")
+    });
     let want = if control { set(&["ambit-control"]) } else { BTreeSet::new() };
     for (kind, got) in [
         ("Deployments", names(&r.deployments, |o| &o.metadata)),
@@ -163,7 +169,10 @@ fn rbac(r: &Release, e: &Expect, p: &mut Problems) {
                     for v in &rule.verbs {
                         for field in [g, res, v] {
                             p.ensure(!field.contains('*'), || {
-                                format!("ClusterRole {} grants a wildcard ({g:?}, {res:?}, {v:?})", name(&role.metadata))
+                                format!(
+                                    "ClusterRole {} grants a wildcard ({g:?}, {res:?}, {v:?})",
+                                    name(&role.metadata)
+                                )
                             });
                         }
                         granted.insert((g.clone(), res.clone(), v.clone()));
@@ -175,7 +184,10 @@ fn rbac(r: &Release, e: &Expect, p: &mut Problems) {
             let extra: Vec<_> = granted.difference(need).collect();
             let missing: Vec<_> = need.difference(&granted).collect();
             p.ensure(extra.is_empty() && missing.is_empty(), || {
-                format!("ClusterRole {}: grants {extra:?} beyond its need, lacks {missing:?}", name(&role.metadata))
+                format!(
+                    "ClusterRole {}: grants {extra:?} beyond its need, lacks {missing:?}",
+                    name(&role.metadata)
+                )
             });
         }
     }
@@ -192,7 +204,10 @@ fn rbac(r: &Release, e: &Expect, p: &mut Problems) {
         let account = want.get(role.as_str()).map(|(_, sa)| *sa).unwrap_or("?");
         let expected = vec![("ServiceAccount".to_owned(), account.to_owned(), Some(NAMESPACE.to_owned()))];
         p.ensure(b.role_ref.kind == "ClusterRole" && subjects == expected, || {
-            format!("ClusterRoleBinding {} binds {role} to {subjects:?}, want only {expected:?}", name(&b.metadata))
+            format!(
+                "ClusterRoleBinding {} binds {role} to {subjects:?}, want only {expected:?}",
+                name(&b.metadata)
+            )
         });
     }
 }
@@ -237,7 +252,9 @@ fn container(what: &str, c: &Container, comp: Option<Component>, e: &Expect, p: 
         (None, Some(t)) => format!("{prefix}{repo}:{t}"),
         (None, None) => String::new(),
     };
-    p.ensure(image == want && !image.ends_with(":latest"), || format!("{at}: image {image:?}, want {want:?}"));
+    p.ensure(image == want && !image.ends_with(":latest"), || {
+        format!("{at}: image {image:?}, want {want:?}")
+    });
     let sc = c.security_context.clone().unwrap_or_default();
     p.ensure(sc.privileged == Some(false), || format!("{at}: privileged is {:?}, want false", sc.privileged));
     p.ensure(sc.allow_privilege_escalation == Some(false), || {
@@ -277,7 +294,9 @@ fn container(what: &str, c: &Container, comp: Option<Component>, e: &Expect, p: 
 /// Node-wide: every node, critical priority, host mounts as the agent's settings name them.
 fn node_pod(what: &str, spec: &PodSpec, p: &mut Problems) {
     p.ensure(spec.host_network != Some(true), || format!("{what}: hostNetwork"));
-    p.ensure(spec.host_pid != Some(true) && spec.host_ipc != Some(true), || format!("{what}: hostPID or hostIPC"));
+    p.ensure(spec.host_pid != Some(true) && spec.host_ipc != Some(true), || {
+        format!("{what}: hostPID or hostIPC")
+    });
     p.ensure(spec.priority_class_name.as_deref() == Some("system-node-critical"), || {
         format!("{what}: priorityClassName {:?}, want system-node-critical", spec.priority_class_name)
     });
@@ -286,7 +305,9 @@ fn node_pod(what: &str, spec: &PodSpec, p: &mut Problems) {
         .iter()
         .flatten()
         .any(|t| t.operator.as_deref() == Some("Exists") && t.key.is_none() && t.effect.is_none());
-    p.ensure(every_taint, || format!("{what}: does not tolerate every taint (operator Exists, no key or effect)"));
+    p.ensure(every_taint, || {
+        format!("{what}: does not tolerate every taint (operator Exists, no key or effect)")
+    });
     let linux = spec.node_selector.as_ref().and_then(|n| n.get("kubernetes.io/os")).map(String::as_str);
     p.ensure(linux == Some("linux"), || format!("{what}: nodeSelector kubernetes.io/os is {linux:?}"));
 }
@@ -299,7 +320,11 @@ fn rolling(r: &Release, ds: &str, surge: i32, unavailable: i32, p: &mut Problems
         ru.as_ref().and_then(|r| r.max_surge.clone()),
         ru.as_ref().and_then(|r| r.max_unavailable.clone()),
     );
-    let want = (Some("RollingUpdate".to_owned()), Some(IntOrString::Int(surge)), Some(IntOrString::Int(unavailable)));
+    let want = (
+        Some("RollingUpdate".to_owned()),
+        Some(IntOrString::Int(surge)),
+        Some(IntOrString::Int(unavailable)),
+    );
     p.ensure(got == want, || format!("DaemonSet {ds}: update strategy {got:?}, want {want:?}"));
 }
 
@@ -307,11 +332,21 @@ fn agent(spec: &PodSpec, e: &Expect, p: &mut Problems) {
     let what = "DaemonSet ambit-agent";
     node_pod(what, spec, p);
     let Some(c) = spec.containers.first() else { return };
-    for (var, field) in [("NODE_NAME", "spec.nodeName"), ("POD_NAME", "metadata.name"), ("POD_NAMESPACE", "metadata.namespace")] {
-        p.ensure(env_field(c, var) == Some(field), || format!("{what}: {var} is not the downward API's {field}"));
+    for (var, field) in [
+        ("NODE_NAME", "spec.nodeName"),
+        ("POD_NAME", "metadata.name"),
+        ("POD_NAMESPACE", "metadata.namespace"),
+    ] {
+        p.ensure(env_field(c, var) == Some(field), || {
+            format!("{what}: {var} is not the downward API's {field}")
+        });
     }
     p.ensure(env(c, "AMBIT_CAPTURE_BACKEND") == Some(e.capture_backend.as_str()), || {
-        format!("{what}: AMBIT_CAPTURE_BACKEND {:?}, want {}", env(c, "AMBIT_CAPTURE_BACKEND"), e.capture_backend)
+        format!(
+            "{what}: AMBIT_CAPTURE_BACKEND {:?}, want {}",
+            env(c, "AMBIT_CAPTURE_BACKEND"),
+            e.capture_backend
+        )
     });
     let host = |var: &str| env(c, var).and_then(|path| host_path(spec, c, path));
     for (var, want) in [
@@ -327,7 +362,10 @@ fn agent(spec: &PodSpec, e: &Expect, p: &mut Problems) {
     // The plugin runs on the host and finds the agent's socket at the path the agent names.
     let run = env(c, "CNI_AGENT_RUN_DIR").unwrap_or("/var/run/ambit");
     p.ensure(host("CNI_AGENT_RUN_DIR") == Some(PathBuf::from(run)), || {
-        format!("{what}: CNI_AGENT_RUN_DIR {run} is not the same path on the host ({:?})", host("CNI_AGENT_RUN_DIR"))
+        format!(
+            "{what}: CNI_AGENT_RUN_DIR {run} is not the same path on the host ({:?})",
+            host("CNI_AGENT_RUN_DIR")
+        )
     });
     // A CNI_NETNS from the runtime, under the agent's host prefix.
     let prefix = env(c, "AMBIT_HOST_PREFIX").unwrap_or("/");
@@ -341,7 +379,9 @@ fn agent(spec: &PodSpec, e: &Expect, p: &mut Problems) {
         format!("{what}: the netns mount does not propagate new namespaces (HostToContainer)")
     });
     let proc_mount = backing(spec, c, "/host/proc").1;
-    p.ensure(proc_mount.and_then(|m| m.read_only) == Some(true), || format!("{what}: /host/proc is not read-only"));
+    p.ensure(proc_mount.and_then(|m| m.read_only) == Some(true), || {
+        format!("{what}: /host/proc is not read-only")
+    });
     // Only these host paths, nothing broader.
     let hosts: BTreeSet<String> =
         spec.volumes.iter().flatten().filter_map(|v| v.host_path.as_ref()).map(|h| h.path.clone()).collect();
@@ -363,7 +403,9 @@ fn proxy(r: &Release, spec: &PodSpec, e: &Expect, p: &mut Problems) {
     node_pod(what, spec, p);
     let template = r.daemon_set("ztunnel").and_then(|d| d.spec.as_ref()).map(|s| s.template.clone());
     let labels = template.and_then(|t| t.metadata).and_then(|m| m.labels).unwrap_or_default();
-    p.ensure(labels.get("app").map(String::as_str) == Some("ztunnel"), || format!("{what}: pods lack app=ztunnel"));
+    p.ensure(labels.get("app").map(String::as_str) == Some("ztunnel"), || {
+        format!("{what}: pods lack app=ztunnel")
+    });
     p.ensure(spec.service_account_name.as_deref() == Some("ztunnel"), || {
         format!("{what}: service account {:?}, want ztunnel", spec.service_account_name)
     });
@@ -378,7 +420,9 @@ fn proxy(r: &Release, spec: &PodSpec, e: &Expect, p: &mut Problems) {
         ("INSTANCE_IP", "status.podIP"),
         ("SERVICE_ACCOUNT", "spec.serviceAccountName"),
     ] {
-        p.ensure(env_field(c, var) == Some(field), || format!("{what}: {var} is not the downward API's {field}"));
+        p.ensure(env_field(c, var) == Some(field), || {
+            format!("{what}: {var} is not the downward API's {field}")
+        });
     }
     p.ensure(pods::env_resource(c, "ZTUNNEL_CPU_LIMIT") == Some("limits.cpu"), || {
         format!("{what}: ZTUNNEL_CPU_LIMIT is not the container's limits.cpu")
@@ -418,7 +462,9 @@ fn proxy(r: &Release, spec: &PodSpec, e: &Expect, p: &mut Problems) {
     });
     let deadline = drain_deadline(env(c, "CONNECTION_TERMINATION_DEADLINE"), tgps);
     p.ensure(Duration::from_secs(grace.max(0) as u64) > deadline, || {
-        format!("{what}: terminationGracePeriodSeconds {grace} does not outlast the drain deadline {deadline:?}")
+        format!(
+            "{what}: terminationGracePeriodSeconds {grace} does not outlast the drain deadline {deadline:?}"
+        )
     });
     let _ = e;
 }
@@ -454,7 +500,9 @@ fn agent_and_proxy(r: &Release, agent: &PodSpec, proxy: &PodSpec, p: &mut Proble
     let selects = selector.split(',').all(|kv| {
         kv.split_once('=').is_some_and(|(k, v)| labels.get(k.trim()).map(String::as_str) == Some(v.trim()))
     });
-    p.ensure(selects, || format!("AMBIT_PROXY_POD_LABELS={selector} does not select the proxy's pods {labels:?}"));
+    p.ensure(selects, || {
+        format!("AMBIT_PROXY_POD_LABELS={selector} does not select the proxy's pods {labels:?}")
+    });
 }
 
 fn control(r: &Release, e: &Expect, p: &mut Problems) {
@@ -468,7 +516,10 @@ fn control(r: &Release, e: &Expect, p: &mut Problems) {
     let Some(pod) = spec.template.spec.as_ref() else { return };
     let psc = pod.security_context.clone().unwrap_or_default();
     p.ensure(psc.run_as_non_root == Some(true) && psc.run_as_user == Some(65532), || {
-        format!("{what}: runs as {:?} (runAsNonRoot {:?}), want 65532, non-root", psc.run_as_user, psc.run_as_non_root)
+        format!(
+            "{what}: runs as {:?} (runAsNonRoot {:?}), want 65532, non-root",
+            psc.run_as_user, psc.run_as_non_root
+        )
     });
     let Some(c) = pod.containers.first() else { return };
     match backing(pod, c, env(c, "ROOT_CA_DIR").unwrap_or("./etc/cacerts")) {
@@ -477,15 +528,22 @@ fn control(r: &Release, e: &Expect, p: &mut Problems) {
                 format!("{what}: ROOT_CA_DIR is Secret {:?}, want {}", s.secret_name, e.ca_secret)
             });
             p.ensure(s.default_mode == Some(0o440) && psc.fs_group == psc.run_as_group, || {
-                format!("{what}: CA files mode {:?} for group {:?}, want 0440 for the process's group", s.default_mode, psc.fs_group)
+                format!(
+                    "{what}: CA files mode {:?} for group {:?}, want 0440 for the process's group",
+                    s.default_mode, psc.fs_group
+                )
             });
-            p.ensure(m.and_then(|m| m.read_only) == Some(true), || format!("{what}: the CA is mounted writable"));
+            p.ensure(m.and_then(|m| m.read_only) == Some(true), || {
+                format!("{what}: the CA is mounted writable")
+            });
         }
         other => p.0.push(format!("{what}: ROOT_CA_DIR is {:?}, not the CA Secret", other.0)),
     }
     let state = env(c, "AMBIT_CONTROL_STATE_DIR").unwrap_or("/var/lib/ambit/control");
     let got = backing(pod, c, state).0;
-    p.ensure(got == Backing::EmptyDir, || format!("{what}: the state dir {state} is {got:?}, want an emptyDir"));
+    p.ensure(got == Backing::EmptyDir, || {
+        format!("{what}: the state dir {state} is {got:?}, want an emptyDir")
+    });
     let trusted = format!("{NAMESPACE}/ztunnel");
     p.ensure(env(c, "CA_TRUSTED_NODE_ACCOUNTS").is_none_or(|t| t == trusted), || {
         format!("{what}: CA_TRUSTED_NODE_ACCOUNTS {:?}, want {trusted}", env(c, "CA_TRUSTED_NODE_ACCOUNTS"))
@@ -508,7 +566,9 @@ fn control(r: &Release, e: &Expect, p: &mut Problems) {
             .map(|sp| (sp.port, sp.target_port.as_ref().and_then(|t| pods::probe_port(c, t))))
             .collect();
         let want = BTreeMap::from([(15012, Some(15012)), (15014, Some(15014))]);
-        p.ensure(ports == want, || format!("Service {}: port → container port {ports:?}, want {want:?}", name(&s.metadata)));
+        p.ensure(ports == want, || {
+            format!("Service {}: port → container port {ports:?}, want {want:?}", name(&s.metadata))
+        });
     }
     // A node drain never deadlocks, and with replicas one stays up.
     for b in &r.pdbs {
@@ -555,11 +615,18 @@ fn ca(r: &Release, e: &Expect, p: &mut Problems) {
     let data = s.data.clone().unwrap_or_default();
     let keys: BTreeSet<String> = data.keys().cloned().collect();
     let want = set(&["ca-cert.pem", "ca-key.pem", "cert-chain.pem", "root-cert.pem"]);
-    p.ensure(keys == want, || format!("Secret cacerts: keys {keys:?}, want Istio's plugged-CA layout {want:?}"));
-    let keep = s.metadata.annotations.as_ref().and_then(|a| a.get("helm.sh/resource-policy")).map(String::as_str);
-    p.ensure(keep == Some("keep"), || "Secret cacerts: not kept on uninstall (helm.sh/resource-policy)".into());
-    let secret_root = data.get("root-cert.pem").map(|b| String::from_utf8_lossy(&b.0).into_owned()).unwrap_or_default();
+    p.ensure(keys == want, || {
+        format!("Secret cacerts: keys {keys:?}, want Istio's plugged-CA layout {want:?}")
+    });
+    let keep =
+        s.metadata.annotations.as_ref().and_then(|a| a.get("helm.sh/resource-policy")).map(String::as_str);
+    p.ensure(keep == Some("keep"), || {
+        "Secret cacerts: not kept on uninstall (helm.sh/resource-policy)".into()
+    });
+    let secret_root =
+        data.get("root-cert.pem").map(|b| String::from_utf8_lossy(&b.0).into_owned()).unwrap_or_default();
     p.ensure(secret_root.trim() == root.trim(), || {
-        "ConfigMap istio-ca-root-cert is not the Secret's root-cert.pem: proxies would not trust the CA".into()
+        "ConfigMap istio-ca-root-cert is not the Secret's root-cert.pem: proxies would not trust the CA"
+            .into()
     });
 }

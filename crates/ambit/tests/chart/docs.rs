@@ -70,7 +70,12 @@ fn splits_like_a_shell() {
     assert_eq!(
         got,
         [
-            DocCommand { line: 3, words: ["helm", "install", "ambit", "deploy/charts/ambit", "-n", "istio-system"].map(String::from).to_vec() },
+            DocCommand {
+                line: 3,
+                words: ["helm", "install", "ambit", "deploy/charts/ambit", "-n", "istio-system"]
+                    .map(String::from)
+                    .to_vec()
+            },
             DocCommand { line: 5, words: ["kubectl", "get", "pods", "-A"].map(String::from).to_vec() },
         ]
     );

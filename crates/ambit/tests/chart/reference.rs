@@ -29,7 +29,10 @@ pub fn load() -> BTreeMap<String, Surface> {
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!("ambit config-reference printed no {{component: {{flags, env}}}} JSON ({e}):\n{}", String::from_utf8_lossy(&out.stdout))
+        panic!(
+            "ambit config-reference printed no {{component: {{flags, env}}}} JSON ({e}):\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        )
     })
 }
 
@@ -40,7 +43,11 @@ pub fn unknown_settings(r: &Release, reference: &BTreeMap<String, Surface>) -> V
         .daemon_sets
         .iter()
         .filter_map(|d| d.spec.as_ref().map(|s| (d.metadata.name.clone(), s.template.clone())))
-        .chain(r.deployments.iter().filter_map(|d| d.spec.as_ref().map(|s| (d.metadata.name.clone(), s.template.clone()))));
+        .chain(
+            r.deployments
+                .iter()
+                .filter_map(|d| d.spec.as_ref().map(|s| (d.metadata.name.clone(), s.template.clone()))),
+        );
     for (owner, template) in templates {
         for c in template.spec.iter().flat_map(|s| s.containers.iter()) {
             let at = format!("{} container {}", owner.clone().unwrap_or_default(), c.name);
@@ -61,7 +68,8 @@ pub fn unknown_settings(r: &Release, reference: &BTreeMap<String, Surface>) -> V
             for flag in argv.filter(|a| a.starts_with("--")) {
                 let flag = flag.split('=').next().unwrap_or_default();
                 if !surface.flags.contains(flag) {
-                    problems.push(format!("{at}: passes {flag}, which `ambit {}` does not accept", comp.key()));
+                    problems
+                        .push(format!("{at}: passes {flag}, which `ambit {}` does not accept", comp.key()));
                 }
             }
         }

@@ -127,10 +127,14 @@ impl Release {
 
     /// `kind/name` of every object, as `kubectl` names them (lower-case kind).
     pub fn names(&self) -> Vec<String> {
-        fn each<T: ambit_objects::k8s_openapi::Resource + ambit_objects::k8s_openapi::Metadata<Ty = ObjectMeta>>(
+        fn each<
+            T: ambit_objects::k8s_openapi::Resource + ambit_objects::k8s_openapi::Metadata<Ty = ObjectMeta>,
+        >(
             items: &[T],
         ) -> impl Iterator<Item = String> + '_ {
-            items.iter().map(|i| format!("{}/{}", T::KIND.to_lowercase(), i.metadata().name.clone().unwrap_or_default()))
+            items.iter().map(|i| {
+                format!("{}/{}", T::KIND.to_lowercase(), i.metadata().name.clone().unwrap_or_default())
+            })
         }
         use ambit_objects::ObjectMeta;
         let mut out = Vec::new();
@@ -175,9 +179,11 @@ pub fn first_difference(a: &Value, b: &Value, at: String) -> Option<String> {
             }
             None
         }
-        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
-            x.iter().zip(y).enumerate().find_map(|(i, (va, vb))| first_difference(va, vb, format!("{at}/{i}")))
-        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => x
+            .iter()
+            .zip(y)
+            .enumerate()
+            .find_map(|(i, (va, vb))| first_difference(va, vb, format!("{at}/{i}"))),
         (x, y) if x == y => None,
         _ => Some(if at.is_empty() { "/".into() } else { at }),
     }
