@@ -545,11 +545,7 @@ fn images_and_charts_carry_the_workspace_version() {
     assert_eq!(chart_app_version(), version);
     let dockerfile = std::fs::read_to_string(repo().join("deploy/images/Dockerfile")).expect("Dockerfile");
     let r = render(&[]).expect("renders");
-    let agent = r
-        .daemon_set("ambit-agent")
-        .and_then(|d| d.spec.clone())
-        .and_then(|s| s.template.spec)
-        .expect("agent");
+    let agent = r.pod_spec("ambit-agent").expect("agent");
     let c = &agent.containers[0];
     let plugin = chart::pods::env(c, "AMBIT_CNI_BINARY").expect("AMBIT_CNI_BINARY");
     assert!(dockerfile.contains(&format!("/out{plugin}")), "the image has no {plugin}");
@@ -604,11 +600,7 @@ async fn the_generated_ca_is_one_ambit_control_serves_with() {
     }
     let config = tempfile::tempdir().expect("config dir");
     let state = tempfile::tempdir().expect("state dir");
-    let control = r
-        .deployment("ambit-control")
-        .and_then(|d| d.spec.clone())
-        .and_then(|s| s.template.spec)
-        .expect("control");
+    let control = r.pod_spec("ambit-control").expect("control");
     let c = &control.containers[0];
     let custom = chart::pods::env(c, "ISTIOD_CUSTOM_HOST").expect("ISTIOD_CUSTOM_HOST");
     let [grpc, monitoring, ready] = free_ports();

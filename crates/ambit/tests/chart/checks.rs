@@ -23,13 +23,13 @@ pub fn check(r: &Release, e: &Expect) -> Vec<String> {
             container(&what, c, comp, e, &mut p);
         }
     }
-    if let Some(spec) = pod(r, "DaemonSet ambit-agent") {
+    if let Some(spec) = r.pod_spec("ambit-agent") {
         agent(&spec, e, &mut p);
     }
-    if let Some(spec) = pod(r, "DaemonSet ztunnel") {
+    if let Some(spec) = r.pod_spec("ztunnel") {
         proxy(r, &spec, e, &mut p);
     }
-    if let (Some(agent), Some(proxy)) = (pod(r, "DaemonSet ambit-agent"), pod(r, "DaemonSet ztunnel")) {
+    if let (Some(agent), Some(proxy)) = (r.pod_spec("ambit-agent"), r.pod_spec("ztunnel")) {
         agent_and_proxy(r, &agent, &proxy, &mut p);
     }
     // The agent: never two on a node. The proxy: the new one before the old one leaves.
@@ -233,10 +233,6 @@ fn workloads(r: &Release) -> Vec<(String, PodTemplateSpec, Option<Component>)> {
         .collect()
 }
 
-fn pod(r: &Release, what: &str) -> Option<PodSpec> {
-    workloads(r).into_iter().find(|(w, _, _)| w == what).and_then(|(_, t, _)| t.spec)
-}
-
 /// Image pinned, least privilege, probes on declared ports.
 fn container(what: &str, c: &Container, comp: Option<Component>, e: &Expect, p: &mut Problems) {
     let at = format!("{what} container {}", c.name);
@@ -424,7 +420,7 @@ fn proxy(r: &Release, spec: &PodSpec, e: &Expect, p: &mut Problems) {
             format!("{what}: {var} is not the downward API's {field}")
         });
     }
-    p.ensure(pods::env_resource(c, "ZTUNNEL_CPU_LIMIT") == Some("limits.cpu"), || {
+    p.ensure(env_field(c, "ZTUNNEL_CPU_LIMIT") == Some("limits.cpu"), || {
         format!("{what}: ZTUNNEL_CPU_LIMIT is not the container's limits.cpu")
     });
     for var in ["XDS_ADDRESS", "CA_ADDRESS"] {

@@ -123,26 +123,15 @@ pub fn env<'a>(c: &'a Container, name: &str) -> Option<&'a str> {
     c.env.iter().flatten().find(|e| e.name == name).and_then(|e| e.value.as_deref())
 }
 
-/// The downward-API field behind the environment variable `name`.
+/// The downward-API field (`metadata.name`) or container resource (`limits.cpu`) behind the
+/// environment variable `name`.
 pub fn env_field<'a>(c: &'a Container, name: &str) -> Option<&'a str> {
-    c.env
-        .iter()
-        .flatten()
-        .find(|e| e.name == name)
-        .and_then(|e| e.value_from.as_ref())
-        .and_then(|f| f.field_ref.as_ref())
-        .map(|f| f.field_path.as_str())
-}
-
-/// The container resource behind the environment variable `name`.
-pub fn env_resource<'a>(c: &'a Container, name: &str) -> Option<&'a str> {
-    c.env
-        .iter()
-        .flatten()
-        .find(|e| e.name == name)
-        .and_then(|e| e.value_from.as_ref())
-        .and_then(|f| f.resource_field_ref.as_ref())
-        .map(|f| f.resource.as_str())
+    let from = c.env.iter().flatten().find(|e| e.name == name)?.value_from.as_ref()?;
+    match (&from.field_ref, &from.resource_field_ref) {
+        (Some(f), _) => Some(f.field_path.as_str()),
+        (None, Some(r)) => Some(r.resource.as_str()),
+        (None, None) => None,
+    }
 }
 
 /// Every environment variable name the container sets.

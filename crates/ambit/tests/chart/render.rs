@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use ambit_objects::k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-use ambit_objects::k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
+use ambit_objects::k8s_openapi::api::core::v1::{ConfigMap, PodSpec, Secret, Service, ServiceAccount};
 use ambit_objects::k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use ambit_objects::k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use ambit_objects::k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -123,6 +123,13 @@ impl Release {
     /// The Deployment named `name`.
     pub fn deployment(&self, name: &str) -> Option<&Deployment> {
         self.deployments.iter().find(|d| d.metadata.name.as_deref() == Some(name))
+    }
+
+    /// The pod template of the DaemonSet or Deployment `name`.
+    pub fn pod_spec(&self, name: &str) -> Option<PodSpec> {
+        let ds = self.daemon_set(name).and_then(|d| d.spec.as_ref()).map(|s| &s.template);
+        let deploy = self.deployment(name).and_then(|d| d.spec.as_ref()).map(|s| &s.template);
+        ds.or(deploy).and_then(|t| t.spec.clone())
     }
 
     /// `kind/name` of every object, as `kubectl` names them (lower-case kind).
