@@ -12,8 +12,11 @@
 //! that opens it.
 //!
 //! A kernel without the sysctl (older than 5.14) does not fail the capture: the pod is still
-//! captured and served, only an upgrade may reset queued connections. [`tcp_migrate_req_supported`]
-//! lets the agent say so once at start.
+//! captured and served, only an upgrade may reset queued connections. Nor does a read-only
+//! `/proc/sys`, which is what container runtimes give an unprivileged container (Ambit's chart
+//! and Istio's `cni` chart both run the agent unprivileged): the sysctl is then left as it is
+//! and not checked. [`tcp_migrate_req_supported`] lets the agent say which case it is in, once
+//! at start.
 
 use std::io::{self, Read, Write};
 use std::path::Path;
@@ -26,10 +29,22 @@ pub const TCP_MIGRATE_REQ: &str = "net.ipv4.tcp_migrate_req";
 /// Its file in the current thread's network namespace.
 const PATH: &str = "/proc/sys/net/ipv4/tcp_migrate_req";
 
-/// Whether this kernel has `net.ipv4.tcp_migrate_req` (Linux ≥ 5.14). Its presence is a
-/// property of the kernel, the same in every network namespace.
+/// Whether the sysctl can be set here: the kernel has it (Linux ≥ 5.14; the same in every
+/// network namespace) and this process's `/proc/sys` is writable (a property of its mounts).
 pub fn tcp_migrate_req_supported() -> bool {
-    Path::new(PATH).exists()
+    Path::new(PATH).exists() && !read_only()
+}
+
+/// Whether `/proc/sys` is mounted read-only for this process, found once by opening the file for
+/// writing (which writes nothing).
+fn read_only() -> bool {
+    static READ_ONLY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *READ_ONLY
+        .get_or_init(|| std::fs::OpenOptions::new().write(true).open(PATH).is_err_and(|e| is_read_only(&e)))
+}
+
+fn is_read_only(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::ReadOnlyFilesystem
 }
 
 /// Sets the sysctl to 1 in the current thread's netns (nothing to do on a kernel without it).
@@ -37,8 +52,12 @@ pub(crate) fn apply() -> Result<(), RedirectError> {
     write_at(Path::new(PATH), "1")
 }
 
-/// The difference from what the capture needs, if any, in the current thread's netns.
+/// The difference from what the capture needs, if any, in the current thread's netns (none
+/// where the sysctl cannot be set).
 pub(crate) fn verify() -> Result<Option<String>, RedirectError> {
+    if read_only() {
+        return Ok(None);
+    }
     verify_at(Path::new(PATH))
 }
 
@@ -57,6 +76,8 @@ fn write_at(path: &Path, value: &'static str) -> Result<(), RedirectError> {
     match written {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        // A read-only /proc/sys (an unprivileged container): left as it is, see the module doc.
+        Err(e) if is_read_only(&e) => Ok(()),
         Err(source) => Err(RedirectError::Sysctl {
             name: TCP_MIGRATE_REQ,
             value,
@@ -112,8 +133,15 @@ mod tests {
         assert!(!path.exists(), "the sysctl file must not be created");
     }
 
-    /// Any other failure (a read-only /proc/sys in an unprivileged container) is an error that
-    /// names the sysctl, the value and the file.
+    /// A read-only /proc/sys (an unprivileged container) is recognised as such and skipped.
+    #[test]
+    fn a_read_only_proc_sys_is_recognised() {
+        assert!(is_read_only(&io::Error::from_raw_os_error(30)), "EROFS");
+        assert!(!is_read_only(&io::Error::from_raw_os_error(13)), "EACCES is an error, not read-only");
+        assert!(!is_read_only(&io::Error::from(io::ErrorKind::NotFound)));
+    }
+
+    /// Any other failure is an error that names the sysctl, the value and the file.
     #[test]
     fn other_write_failures_are_errors() {
         let dir = tempfile::tempdir().expect("tempdir");
