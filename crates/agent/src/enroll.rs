@@ -149,6 +149,22 @@ impl Default for Enrollment {
     }
 }
 
+/// `ambient.enablementSelectors` of istio-cni's chart, as its ConfigMap renders them into
+/// `AMBIENT_ENABLEMENT_SELECTOR` (YAML): the same list as [`default_selectors`].
+pub const ISTIO_CHART_SELECTORS: &str = "- podSelector:
+    matchLabels:
+      istio.io/dataplane-mode: ambient
+- podSelector:
+    matchExpressions:
+    - key: istio.io/dataplane-mode
+      operator: NotIn
+      values:
+      - none
+  namespaceSelector:
+    matchLabels:
+      istio.io/dataplane-mode: ambient
+";
+
 /// Istio's default enablement selectors.
 pub fn default_selectors() -> Vec<EnablementSelector> {
     vec![

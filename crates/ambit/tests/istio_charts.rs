@@ -58,19 +58,7 @@ spec:
 "#;
 
 /// `ambient.enablementSelectors` of istio-cni's chart, rendered as its ConfigMap does (YAML).
-const SELECTORS: &str = "- podSelector:
-    matchLabels:
-      istio.io/dataplane-mode: ambient
-- podSelector:
-    matchExpressions:
-    - key: istio.io/dataplane-mode
-      operator: NotIn
-      values:
-      - none
-  namespaceSelector:
-    matchLabels:
-      istio.io/dataplane-mode: ambient
-";
+const SELECTORS: &str = ambit_agent::enroll::ISTIO_CHART_SELECTORS;
 
 /// The environment istio-cni's chart gives its `install-cni` container (ConfigMap
 /// `istio-cni-config` and the container's `env`, defaults of an ambient install).

@@ -100,21 +100,6 @@ fn selector_operators_and_parsing() {
     }
 }
 
-/// `ambient.enablementSelectors` of istio-cni's chart, as its ConfigMap renders them (YAML).
-const ISTIO_CHART_SELECTORS: &str = "- podSelector:
-    matchLabels:
-      istio.io/dataplane-mode: ambient
-- podSelector:
-    matchExpressions:
-    - key: istio.io/dataplane-mode
-      operator: NotIn
-      values:
-      - none
-  namespaceSelector:
-    matchLabels:
-      istio.io/dataplane-mode: ambient
-";
-
 #[test]
 fn selectors_in_yaml_as_istio_cni_s_chart_renders_them() {
     assert_eq!(parse_selectors(ISTIO_CHART_SELECTORS).expect("yaml"), default_selectors());
