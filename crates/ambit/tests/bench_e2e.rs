@@ -37,6 +37,9 @@ struct Settings {
     rounds: usize,
     secs: u64,
     modes: Vec<String>,
+    /// `BENCH_PERF_DIR`: record the proxies with `perf record` during each Ambit figure, into
+    /// `<dir>/<mode>-<figure>-r<round>.data` (a profiling run: perf's own cost is in its numbers).
+    perf_dir: Option<std::path::PathBuf>,
 }
 
 impl Settings {
@@ -49,6 +52,7 @@ impl Settings {
             rounds: usize::try_from(number("BENCH_ROUNDS", "5")).unwrap_or(5).max(1),
             secs: number("BENCH_SECONDS", "10").max(1),
             modes: var("BENCH_MODES", "default,dedicated").split(',').map(|m| m.trim().to_owned()).collect(),
+            perf_dir: std::env::var_os("BENCH_PERF_DIR").map(Into::into),
         }
     }
 }
@@ -199,8 +203,34 @@ struct Results {
     cpu_req: Vec<f64>,
 }
 
+/// `perf record` of `pids` while it lives (sampled at 999 Hz, no call graphs: the release build
+/// has no frame pointers, and a flat profile of self time is what BENCHMARKS.md keeps).
+struct Perf(Option<ChildGuard>);
+
+impl Perf {
+    fn start(s: &Settings, name: &str, pids: &[u32]) -> Perf {
+        let Some(dir) = &s.perf_dir else { return Perf(None) };
+        std::fs::create_dir_all(dir).expect("perf dir");
+        let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
+        let mut cmd = Command::new("perf");
+        cmd.args(["record", "-q", "-F", "999", "-p", &pids.join(","), "-o"])
+            .arg(dir.join(format!("{name}.data")));
+        let guard = ChildGuard::spawn("perf record", cmd);
+        std::thread::sleep(Duration::from_millis(300));
+        Perf(Some(guard))
+    }
+
+    fn stop(mut self) {
+        if let Some(mut g) = self.0.take() {
+            g.signal(nix::sys::signal::Signal::SIGINT);
+            let status = g.wait_timeout(Duration::from_secs(30));
+            assert!(status.is_some_and(|s| s.success()), "perf record failed: {:?}\n{}", status, g.logs());
+        }
+    }
+}
+
 /// Runs every figure `rounds` times, baseline and Ambit back to back.
-fn measure(s: &Settings, base: &Pair, ambit: &Pair, proxies: &[u32]) -> Results {
+fn measure(s: &Settings, mode: &str, base: &Pair, ambit: &Pair, proxies: &[u32]) -> Results {
     let mut r = Results::default();
     // Warm-up: certificates, pooled HBONE connections, nginx workers.
     for pair in [base, ambit] {
@@ -218,9 +248,18 @@ fn measure(s: &Settings, base: &Pair, ambit: &Pair, proxies: &[u32]) -> Results 
             out
         };
         let secs = s.secs;
+        let perf = |figure: &str, is_ambit: bool| {
+            if is_ambit {
+                Perf::start(s, &format!("{mode}-{figure}-r{}", round + 1), proxies)
+            } else {
+                Perf(None)
+            }
+        };
         r.tput.push(pick(&mut |pair, is_ambit| {
+            let p = perf("tput", is_ambit);
             let c0 = cpu_seconds(proxies);
             let (gbps, bytes) = pair.iperf(secs);
+            p.stop();
             if is_ambit {
                 r.cpu_gb.push((cpu_seconds(proxies) - c0) / (bytes / 1e9));
             }
@@ -238,16 +277,20 @@ fn measure(s: &Settings, base: &Pair, ambit: &Pair, proxies: &[u32]) -> Results 
         }));
         r.p99.push(p99);
         r.cps.push(pick(&mut |pair, is_ambit| {
+            let p = perf("conn", is_ambit);
             let c0 = cpu_seconds(proxies);
             let (rate, n) = pair.wrk(secs, true);
+            p.stop();
             if is_ambit {
                 r.cpu_conn.push((cpu_seconds(proxies) - c0) / n * 1e4);
             }
             rate
         }));
         r.rps.push(pick(&mut |pair, is_ambit| {
+            let p = perf("req", is_ambit);
             let c0 = cpu_seconds(proxies);
             let (rate, n) = pair.wrk(secs, false);
+            p.stop();
             if is_ambit {
                 r.cpu_req.push((cpu_seconds(proxies) - c0) / n * 1e4);
             }
@@ -457,7 +500,7 @@ fn default_path(s: &Settings, www: &Path) {
             && got.principals == ["spiffe://cluster.local/ns/mesh/sa/default"],
         "{got:?}"
     );
-    let r = measure(s, &base, &ambit, &proxies);
+    let r = measure(s, "default", &base, &ambit, &proxies);
     print_table(
         "Default path on `ambit up`: node1 → node2, shared node proxies, nftables capture by the agents, xDS and certificates from `ambit control`",
         "both node proxies",
@@ -482,7 +525,7 @@ fn dedicated(s: &Settings, logs: &Path, www: &Path) {
     drop(echo);
     let base = Pair::new(&bc.netns, &bs, www, "dedicated-base");
     let ambit = Pair::new(&c.pod.netns, &sv.pod, www, "dedicated-ambit");
-    let r = measure(s, &base, &ambit, &pids);
+    let r = measure(s, "dedicated", &base, &ambit, &pids);
     print_table(
         "Dedicated mode: one proxy per pod, iptables capture (spec rule set)",
         "both proxies",
