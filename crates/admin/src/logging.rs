@@ -5,9 +5,16 @@
 //! swaps it without a restart. A change is appended to the current directives (a later directive
 //! for the same target replaces the earlier one); `reset` goes back to the filter the process
 //! started with (`RUST_LOG`).
+//!
+//! Lines go to stderr through [`writer::LogSink`]: buffered and written by a thread of their own,
+//! so logging never makes a data-plane thread wait for its output. [`flush`] writes out what is
+//! still buffered; the binary calls it before it exits.
+
+pub mod writer;
 
 use std::sync::{Mutex, OnceLock};
 
+use tracing_subscriber::fmt::writer::BoxMakeWriter;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Registry, reload};
@@ -68,17 +75,45 @@ pub fn init(filter: &str, json: bool) {
     use std::io::IsTerminal;
     let default = if EnvFilter::try_new(filter).is_ok() { filter.to_owned() } else { "info".to_owned() };
     let (layer, handle) = reload::Layer::new(EnvFilter::new(&default));
-    let fmt = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
+    // Without a thread for the sink (thread limit reached), lines go to stderr directly.
+    let sink = writer::LogSink::new(Box::new(std::io::stderr()), writer::MAX_PENDING).ok();
+    let make = match &sink {
+        Some(s) => BoxMakeWriter::new(s.clone()),
+        None => BoxMakeWriter::new(std::io::stderr),
+    };
+    let fmt = tracing_subscriber::fmt::layer().with_writer(make).with_ansi(std::io::stderr().is_terminal());
     let installed = if json {
         let fmt = fmt.json().flatten_event(true).with_current_span(false);
         tracing_subscriber::registry().with(layer).with(fmt).try_init()
     } else {
         tracing_subscriber::registry().with(layer).with(fmt).try_init()
     };
-    if installed.is_ok() {
-        let _ = CONTROL.set(LogControl::new(handle, default));
+    match (installed, sink) {
+        (Ok(()), Some(sink)) => {
+            if SINK.set(sink).is_ok() {
+                // A panic message comes after every line logged before it.
+                let previous = std::panic::take_hook();
+                std::panic::set_hook(Box::new(move |info| {
+                    flush();
+                    previous(info);
+                }));
+            }
+            let _ = CONTROL.set(LogControl::new(handle, default));
+        }
+        (Ok(()), None) => {
+            let _ = CONTROL.set(LogControl::new(handle, default));
+        }
+        (Err(_), Some(sink)) => sink.stop(),
+        (Err(_), None) => {}
+    }
+}
+
+static SINK: OnceLock<writer::LogSink> = OnceLock::new();
+
+/// Writes out every line logged so far (the process calls this before it exits).
+pub fn flush() {
+    if let Some(sink) = SINK.get() {
+        sink.flush();
     }
 }
 

@@ -138,7 +138,14 @@ fn main() -> ExitCode {
     if matches!(cli.command, Command::Proxy(_) | Command::Agent(_) | Command::Control(_)) {
         prepare_fd_table();
     }
-    match cli.command {
+    let code = run(cli.command);
+    // Lines still buffered by the log writer thread (see ambit_admin::logging) go out now.
+    ambit_admin::logging::flush();
+    code
+}
+
+fn run(command: Command) -> ExitCode {
+    match command {
         Command::Proxy(args) => {
             ambit_admin::logging::init(&args.rust_log, args.log_format == "json");
             let cfg = match ambit_proxy::config::Config::from_args(&args) {

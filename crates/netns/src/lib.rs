@@ -156,6 +156,8 @@ impl Netns {
         let out = f();
         if let Err(e) = setns(home.as_fd(), CloneFlags::CLONE_NEWNET) {
             tracing::error!(error = %e, "cannot switch a thread back to the process's netns; aborting");
+            // Log lines may be buffered by a writer thread that an abort does not wait for.
+            eprintln!("cannot switch a thread back to the process's netns ({e}); aborting");
             std::process::abort();
         }
         Ok(out)
