@@ -17,7 +17,7 @@ use crate::state::{Route, RouteKind, Workload};
 /// Serves one captured outbound connection.
 pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: SocketAddr) {
     let peer = crate::socket::canonical(peer);
-    let orig = match crate::socket::original_dst(&stream) {
+    let (orig, local_addr) = match crate::socket::original_dst(&stream) {
         Ok(a) => a,
         Err(e) => {
             tracing::warn!(src.addr = %peer, error = %e, "no original destination");
@@ -36,8 +36,7 @@ pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: Sock
         dst_identity: None,
         mtls: false,
     };
-    let local_addr = stream.local_addr().ok().map(crate::socket::canonical);
-    if (crate::socket::is_loopback(orig.ip()) && is_illegal_port(orig.port())) || Some(orig) == local_addr {
+    if (crate::socket::is_loopback(orig.ip()) && is_illegal_port(orig.port())) || orig == local_addr {
         return metrics::record_failure(
             &inputs.metrics,
             &info,

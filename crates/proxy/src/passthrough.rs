@@ -33,7 +33,7 @@ pub enum PassthroughError {
 pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: SocketAddr) {
     let peer = crate::socket::canonical(peer);
     let orig = match crate::socket::original_dst(&stream) {
-        Ok(a) => a,
+        Ok((a, _)) => a,
         Err(_) => return,
     };
     let state = inputs.state.current();

@@ -132,12 +132,13 @@ impl SocketOptions {
             let src = canonical_ip(src);
             if src.is_ipv4() == dst.is_ipv4() {
                 let s = SockRef::from(&sock);
+                // IP_TRANSPARENT alone lets the socket bind a non-local address (the kernel's
+                // nonlocal-bind check accepts transparent or freebind), so IP_FREEBIND would
+                // only be another setsockopt per connection.
                 if dst.is_ipv4() {
                     s.set_ip_transparent_v4(true)?;
-                    s.set_freebind_v4(true)?;
                 } else {
                     s.set_ip_transparent_v6(true)?;
-                    s.set_freebind_v6(true)?;
                 }
                 sock.bind(SocketAddr::new(src, 0))?;
             }
@@ -149,8 +150,9 @@ impl SocketOptions {
 }
 
 /// Reads the pre-redirect destination of a captured connection (`SO_ORIGINAL_DST`), falling
-/// back to the local address (TPROXY, or no redirect).
-pub fn original_dst(stream: &TcpStream) -> io::Result<SocketAddr> {
+/// back to the local address (TPROXY, or no redirect). Returns it with the local address
+/// (canonical), which callers would otherwise ask the kernel for again.
+pub fn original_dst(stream: &TcpStream) -> io::Result<(SocketAddr, SocketAddr)> {
     let sock = SockRef::from(stream);
     let local = stream.local_addr()?;
     let orig = if local.is_ipv4() || is_v4_mapped(local.ip()) {
@@ -162,7 +164,7 @@ pub fn original_dst(stream: &TcpStream) -> io::Result<SocketAddr> {
         Some(a) => a,
         None => local,
     };
-    Ok(canonical(addr))
+    Ok((canonical(addr), canonical(local)))
 }
 
 /// Whether the proxy can spoof source addresses here (`IP_TRANSPARENT` needs CAP_NET_ADMIN).
