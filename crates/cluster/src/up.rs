@@ -789,7 +789,10 @@ impl Cluster {
             ("POD_NAME", format!("ztunnel-{}", n.member.name)),
             ("POD_NAMESPACE", crate::desired::SYSTEM_NAMESPACE.to_owned()),
             ("FAKE_CA", "false".to_owned()),
-            ("ZTUNNEL_WORKER_THREADS", "2".to_owned()),
+            (
+                "ZTUNNEL_WORKER_THREADS",
+                proxy_workers(std::env::var("ZTUNNEL_WORKER_THREADS").ok(), host_cores(), self.nodes.len()),
+            ),
             ("AMBIT_ADMIN_ADDR", format!("127.0.0.1:{}", ports.admin)),
             ("AMBIT_STATS_ADDR", format!("[::]:{}", ports.stats)),
             ("AMBIT_READINESS_ADDR", format!("[::]:{}", ports.ready)),
@@ -1209,5 +1212,41 @@ pub fn run(cfg: UpConfig, stop: &AtomicBool) -> Result<(), UpError> {
             progress(&format!("failed: {e}"));
             Err(e)
         }
+    }
+}
+
+/// The host's cores (1 if unknown).
+fn host_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+}
+
+/// `ZTUNNEL_WORKER_THREADS` of every node proxy: `ambit up`'s own environment value if it has
+/// one, else the proxy's rule (a quarter of the node's cores, rounded up) applied to each node's
+/// share of the host (`cores / nodes`), at least 1. Not the proxy's floor of 2: the nodes share
+/// the host's cores, and on a small host two workers per proxy put more worker threads than
+/// cores under every connection, which costs CPU and latency in hand-offs between threads
+/// (measured in BENCHMARKS.md, issue 13).
+fn proxy_workers(env: Option<String>, cores: usize, nodes: usize) -> String {
+    match env.map(|v| v.trim().to_owned()) {
+        Some(v) if !v.is_empty() => v,
+        _ => (cores / nodes.max(1)).div_ceil(4).max(1).to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::proxy_workers;
+
+    #[test]
+    fn node_proxies_get_a_quarter_of_their_share_of_the_host() {
+        assert_eq!(proxy_workers(None, 2, 2), "1");
+        assert_eq!(proxy_workers(None, 2, 1), "1");
+        assert_eq!(proxy_workers(None, 1, 3), "1", "at least one");
+        assert_eq!(proxy_workers(None, 16, 2), "2");
+        assert_eq!(proxy_workers(None, 64, 2), "8");
+        assert_eq!(proxy_workers(None, 8, 0), "2", "no division by zero");
+        assert_eq!(proxy_workers(Some(" 4 ".into()), 2, 2), "4", "the user's setting wins");
+        assert_eq!(proxy_workers(Some("50%".into()), 2, 2), "50%");
+        assert_eq!(proxy_workers(Some(String::new()), 2, 2), "1", "empty means unset");
     }
 }
