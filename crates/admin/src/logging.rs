@@ -88,24 +88,23 @@ pub fn init(filter: &str, json: bool) {
     } else {
         tracing_subscriber::registry().with(layer).with(fmt).try_init()
     };
-    match (installed, sink) {
-        (Ok(()), Some(sink)) => {
-            if SINK.set(sink).is_ok() {
-                // A panic message comes after every line logged before it.
-                let previous = std::panic::take_hook();
-                std::panic::set_hook(Box::new(move |info| {
-                    flush();
-                    previous(info);
-                }));
-            }
-            let _ = CONTROL.set(LogControl::new(handle, default));
+    if installed.is_err() {
+        if let Some(sink) = sink {
+            sink.stop();
         }
-        (Ok(()), None) => {
-            let _ = CONTROL.set(LogControl::new(handle, default));
-        }
-        (Err(_), Some(sink)) => sink.stop(),
-        (Err(_), None) => {}
+        return;
     }
+    if let Some(sink) = sink
+        && SINK.set(sink).is_ok()
+    {
+        // A panic message comes after every line logged before it.
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            flush();
+            previous(info);
+        }));
+    }
+    let _ = CONTROL.set(LogControl::new(handle, default));
 }
 
 static SINK: OnceLock<writer::LogSink> = OnceLock::new();

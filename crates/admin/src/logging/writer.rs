@@ -19,7 +19,8 @@ use std::time::Duration;
 pub const FLUSH_INTERVAL: Duration = Duration::from_millis(50);
 /// Waiting bytes that wake the writer thread before the interval is up.
 pub const WAKE_AT: usize = 64 * 1024;
-/// Default bound on waiting bytes; lines beyond it are dropped and counted.
+/// Default bound on waiting bytes; lines beyond it are dropped and counted. The sink holds at
+/// most twice this: what is waiting, and the batch the writer thread is writing out.
 pub const MAX_PENDING: usize = 4 << 20;
 
 /// Lines waiting to be written.
