@@ -74,6 +74,8 @@ fn agent_sets_verifies_and_repairs_tcp_migrate_req() {
         "repair not counted: {:?}",
         w.agent_metric("ambit_agent_capture_repairs_total")
     );
+    // Log lines reach the file through the agent's log writer thread (at most 50 ms later).
+    wait_for(|| plain(&w.agent_logs()).contains("capture drifted; re-applied"), Duration::from_secs(2));
     let logs = plain(&w.agent_logs());
     let line = logs
         .lines()
