@@ -413,7 +413,10 @@ fn agent_restart_keeps_twenty_pods_captured() {
             w.agent_logs(),
             w.proxy_logs()
         );
-        assert!(proxy_connections(&w) > conns, "after {signal}: the proxy did not reconnect");
+        assert!(
+            wait_for(|| proxy_connections(&w) > conns, Duration::from_secs(2)),
+            "after {signal}: the proxy did not reconnect"
+        );
         let up = wait_for(
             || {
                 let p = w.proxy_pods();

@@ -235,7 +235,11 @@ fn del_then_readd_with_new_netns() {
     let state = workload_state(s.node(), 15000);
     assert_eq!(state.len(), 3, "expected pods a, b, c in workloadState: {state:?}");
     assert_eq!(state.get("uid-b").map(String::as_str), Some("Up"), "{state:?}");
-    assert!(proxy.logs().contains("pod proxy stopped"), "no log line for the Del:\n{}", proxy.logs());
+    assert!(
+        proxy.wait_for_log("pod proxy stopped", Duration::from_secs(2)),
+        "no log line for the Del:\n{}",
+        proxy.logs()
+    );
 }
 
 /// uid → state ("Up"/"Pending") from the node proxy's `/config_dump` (admin on `port`).
@@ -577,7 +581,11 @@ fn zds_second_uid_for_a_served_netns_is_nacked() {
          {principals:?} (want {expected_principals:?})"
     );
     assert!(!state.contains_key("uid-intruder"), "the refused pod is in workloadState: {state:?}");
-    assert!(proxy.logs().contains(&expected), "the refusal is not logged:\n{}", proxy.logs());
+    assert!(
+        proxy.wait_for_log(&expected, Duration::from_secs(2)),
+        "the refusal is not logged:\n{}",
+        proxy.logs()
+    );
     // The first owner is still served, and a Del of it frees the namespace for a new uid.
     assert_eq!(state.get("uid-a").map(String::as_str), Some("Up"), "{state:?}");
     s.agent.del_pod("uid-a").expect("del a");
@@ -679,8 +687,8 @@ fn zds_proxy_own_and_host_netns_are_nacked() {
          {node_listeners:?} (want none); host namespace: {host_ack:?} (want NACK {host_reason:?}), \
          listeners there: {host_listeners:?} (want {host_before:?}, as before the Add)"
     );
-    let logs = proxy.logs();
-    assert!(logs.contains(&own_reason) && logs.contains(&host_reason), "refusals not logged:\n{logs}");
+    let logged = [&own_reason, &host_reason].map(|r| proxy.wait_for_log(r, Duration::from_secs(2)));
+    assert_eq!(logged, [true, true], "refusals not logged (own, host):\n{}", proxy.logs());
     let state = workload_state(node, 15000);
     assert!(state.is_empty(), "refused pods are in workloadState: {state:?}");
     for p in [&a, &b] {

@@ -4,8 +4,11 @@
 //! `write` syscall on a data-plane worker, and a stderr that stops draining (a stuck log
 //! collector on the other end of the pipe) would block the worker and every connection on it.
 //! [`LogSink`] instead appends each line to a bounded in-memory buffer and lets one thread of its
-//! own write the buffer out, many lines per syscall: at least every [`FLUSH_INTERVAL`], sooner
-//! once [`WAKE_AT`] bytes are waiting. When more than the sink's limit (default [`MAX_PENDING`])
+//! own write the buffer out. A line logged while the thread is idle is written at once (a lone
+//! line is not held back); lines logged within [`FLUSH_INTERVAL`] of a write wait for the next
+//! write, which comes when the interval is up, or sooner once [`WAKE_AT`] bytes are waiting. So a
+//! busy proxy makes one `write` per interval for many lines, and a quiet one shows each line as
+//! it happens. When more than the sink's limit (default [`MAX_PENDING`])
 //! is waiting, new lines are dropped and counted, and the count is written as a line of its own
 //! once the output drains; the caller never waits for the output. [`LogSink::flush`] writes
 //! everything out now; the process calls it before it exits, and a panic calls it before the
@@ -15,7 +18,7 @@ use std::io::{self, Write};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-/// Longest a line waits in the buffer.
+/// Shortest time between two writes while lines keep coming; the longest a line waits.
 pub const FLUSH_INTERVAL: Duration = Duration::from_millis(50);
 /// Waiting bytes that wake the writer thread before the interval is up.
 pub const WAKE_AT: usize = 64 * 1024;
@@ -31,6 +34,8 @@ struct Pending {
     dropped: u64,
     /// The writer thread was told to stop.
     stopped: bool,
+    /// The writer thread waits for a line with no deadline: the next line must wake it.
+    idle: bool,
 }
 
 struct Shared {
@@ -39,6 +44,8 @@ struct Shared {
     /// The output; held while writing, so lines come out in the order they were logged.
     out: Mutex<Box<dyn Write + Send>>,
     max_pending: usize,
+    /// [`FLUSH_INTERVAL`], except in tests.
+    interval: Duration,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -81,29 +88,40 @@ pub struct LogSink {
 impl LogSink {
     /// A sink writing to `out`, holding at most `max_pending` waiting bytes; starts its thread.
     pub fn new(out: Box<dyn Write + Send>, max_pending: usize) -> io::Result<LogSink> {
+        LogSink::start(out, max_pending, FLUSH_INTERVAL)
+    }
+
+    fn start(out: Box<dyn Write + Send>, max_pending: usize, interval: Duration) -> io::Result<LogSink> {
         let shared = Arc::new(Shared {
             pending: Mutex::new(Pending::default()),
             wake: Condvar::new(),
             out: Mutex::new(out),
             max_pending,
+            interval,
         });
         let s = shared.clone();
         std::thread::Builder::new().name("ambit-log".into()).spawn(move || {
             let mut spare = Vec::new();
+            let mut p = lock(&s.pending);
             loop {
-                {
-                    let p = lock(&s.pending);
-                    let (p, _) = s
-                        .wake
-                        .wait_timeout_while(p, FLUSH_INTERVAL, |p| !p.stopped && p.buf.len() < WAKE_AT)
-                        .unwrap_or_else(|e| e.into_inner());
-                    if p.stopped {
-                        drop(p);
-                        s.write_out(&mut spare);
-                        return;
-                    }
+                while p.buf.is_empty() && p.dropped == 0 && !p.stopped {
+                    p.idle = true;
+                    p = s.wake.wait(p).unwrap_or_else(|e| e.into_inner());
                 }
+                p.idle = false;
+                let stopped = p.stopped;
+                drop(p);
                 s.write_out(&mut spare);
+                if stopped {
+                    return;
+                }
+                // Lines logged in the interval after a write are gathered for the next one.
+                p = lock(&s.pending);
+                p = s
+                    .wake
+                    .wait_timeout_while(p, s.interval, |p| !p.stopped && p.buf.len() < WAKE_AT)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
             }
         })?;
         Ok(LogSink { shared })
@@ -125,11 +143,14 @@ impl LogSink {
         let mut p = lock(&self.shared.pending);
         if p.buf.len() + line.len() > self.shared.max_pending {
             p.dropped += 1;
+            if p.idle {
+                self.shared.wake.notify_one();
+            }
             return;
         }
         let was = p.buf.len();
         p.buf.extend_from_slice(line);
-        if was < WAKE_AT && p.buf.len() >= WAKE_AT {
+        if (p.idle && was == 0) || (was < WAKE_AT && p.buf.len() >= WAKE_AT) {
             self.shared.wake.notify_one();
         }
     }
@@ -213,6 +234,26 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert_eq!(out.text(), "hello\n");
+        sink.stop();
+    }
+
+    #[test]
+    fn a_lone_line_is_written_at_once_and_a_quick_second_one_waits_for_the_interval() {
+        let out = Shared::default();
+        let sink = LogSink::start(Box::new(out.clone()), MAX_PENDING, Duration::from_secs(3600)).unwrap();
+        log(&sink, "first\n");
+        // The thread was idle: the line does not wait for the (hour-long) interval.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while out.text().is_empty() {
+            assert!(Instant::now() < deadline, "a lone line was held back");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // Right after a write, the next line is gathered for the next write.
+        log(&sink, "second\n");
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(out.text(), "first\n", "a line within the interval after a write was written on its own");
+        sink.flush();
+        assert_eq!(out.text(), "first\nsecond\n");
         sink.stop();
     }
 

@@ -73,6 +73,13 @@ impl ChildGuard {
         String::from_utf8_lossy(&out).into_owned()
     }
 
+    /// Waits up to `timeout` for `needle` to appear in the output. The output arrives through a
+    /// pipe or a file after the process's log writer thread writes it, so a line can land a
+    /// little after whatever else the line's event did is visible.
+    pub fn wait_for_log(&self, needle: &str, timeout: Duration) -> bool {
+        super::wait_for(|| self.logs().contains(needle), timeout)
+    }
+
     /// Sends `signal` to the process (no-op once it has been reaped).
     pub fn signal(&mut self, signal: Signal) {
         if self.exited.is_none() {
