@@ -245,7 +245,7 @@ fn starts_as_the_istio_ztunnel_chart_starts_ztunnel() {
     assert_eq!(streams[0].node_id, expected_id);
     let requests = chart.ca.requests();
     assert!(
-        proxy.logs().contains("initial xDS sync complete"),
+        proxy.wait_for_log("initial xDS sync complete", Duration::from_secs(2)),
         "the proxy did not log its initial sync:\n{}",
         proxy.logs()
     );
