@@ -861,3 +861,191 @@ fn raise_hard_nofile_allowed(hard: u64) -> bool {
     let want = format!("--nofile={0}:{0}", hard.max(65_536));
     std::process::Command::new("prlimit").args([want.as_str(), "true"]).status().is_ok_and(|s| s.success())
 }
+
+fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// One HBONE connection from the test: TLS, the HTTP/2 handshake, and one CONNECT to `dst`
+/// that echoes `ping` and ends; the connection is then left open with no stream.
+async fn hbone_round_trip(
+    tcp: TcpStream,
+    cert: &WorkloadCertificate,
+    hbone: SocketAddr,
+    dst: &str,
+) -> Result<(h2::client::SendRequest<Bytes>, tokio::task::JoinHandle<Result<(), h2::Error>>), String> {
+    let t = tls(tcp, cert, hbone).await.map_err(|e| format!("tls: {e}"))?;
+    let (send, conn) = h2::client::handshake(t).await.map_err(|e| format!("h2 handshake: {e}"))?;
+    let conn = tokio::spawn(conn);
+    let mut ready = send.clone().ready().await.map_err(|e| format!("ready: {e}"))?;
+    let req = http::Request::connect(dst).body(()).map_err(|e| e.to_string())?;
+    let (resp, mut body) = ready.send_request(req, false).map_err(|e| format!("CONNECT: {e}"))?;
+    body.send_data(Bytes::from_static(b"ping"), true).map_err(|e| format!("send: {e}"))?;
+    let resp = resp.await.map_err(|e| format!("response: {e}"))?;
+    if resp.status() != 200 {
+        return Err(format!("CONNECT answered {}", resp.status()));
+    }
+    let mut recv = resp.into_body();
+    let mut echoed = Vec::new();
+    while let Some(chunk) = recv.data().await {
+        let chunk = chunk.map_err(|e| format!("receive: {e}"))?;
+        let _ = recv.flow_control().release_capacity(chunk.len());
+        echoed.extend_from_slice(&chunk);
+    }
+    if echoed != b"ping" {
+        return Err(format!("echoed {echoed:?}"));
+    }
+    Ok((send, conn))
+}
+
+/// A process's resident memory (KiB) and open descriptors.
+type Usage = (u64, usize);
+
+/// What [`bench_connections_per_proxy`] holds open.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Held {
+    /// HBONE connections from one outside peer, each used for one CONNECT and then left open
+    /// with no stream (a peer's pooled connection between requests).
+    IdleHbone,
+    /// App connections from pod a to pod b through the mesh, each with one byte echoed.
+    Tunnels,
+}
+
+/// Opens `n` connections of `kind` on a fresh node proxy, twice (the second round runs on
+/// memory the first freed, as a proxy under churn does); returns, per round, the time to open
+/// them and the proxy's (RSS KiB, descriptors) with them held and after they closed, with the
+/// empty proxy's figures first.
+fn hold_connections(kind: Held, n: usize) -> (Usage, Vec<(Duration, Usage, Usage)>) {
+    let s = Setup::new();
+    let a = s.mesh.pod("a", "client");
+    let b = s.mesh.pod("b", "server");
+    let x = s.mesh.outside_pod("x");
+    s.mesh.write_config(&[&a, &b], &[], &[]);
+    let proxy = s.start_proxy(&[
+        ("AMBIT_HBONE_MAX_CONNECTIONS_PER_PEER", "100000"),
+        ("AMBIT_HBONE_MAX_STREAMS_PER_PEER", "100000"),
+        ("AMBIT_HBONE_PEER_BUFFER_BYTES", "17179869184"),
+    ]);
+    s.enroll(&a);
+    s.enroll(&b);
+    let _echo = b.pod.echo_server(8080);
+    assert_echo(&a.pod, b.pod.addr4(8080), "before the bench");
+    let pid = proxy.pid();
+    let settle = || std::thread::sleep(Duration::from_secs(2));
+    let now = || (rss_kib(pid), fd_count(pid));
+    let relays = || {
+        let m = s.metrics();
+        (
+            sample(&m, "istio_tcp_sockets_open", "reporter=\"source\""),
+            sample(&m, "istio_tcp_sockets_open", "reporter=\"destination\""),
+        )
+    };
+    settle();
+    let base = now();
+    let hbone = b.pod.addr4(15008);
+    let dst = b.pod.addr4(8080).to_string();
+    let cert = Arc::new(cert_for(&s.mesh, "peer"));
+    let rt = runtime();
+    let handshakes = Arc::new(tokio::sync::Semaphore::new(64));
+    let mut rounds = Vec::new();
+    for round in 1..=2 {
+        let t0 = Instant::now();
+        let (opened_in, held, after) = match kind {
+            Held::IdleHbone => {
+                let tasks: Vec<_> = connect_many(&x, hbone, n)
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, tcp)| {
+                        let (cert, handshakes, dst) = (cert.clone(), handshakes.clone(), dst.clone());
+                        rt.spawn(async move {
+                            let _permit = handshakes.acquire().await.expect("semaphore");
+                            hbone_round_trip(tcp, &cert, hbone, &dst)
+                                .await
+                                .map_err(|e| format!("round {round}, connection {i}: {e}"))
+                        })
+                    })
+                    .collect();
+                let conns: Vec<_> = tasks
+                    .into_iter()
+                    .map(|t| rt.block_on(t).expect("join").unwrap_or_else(|e| panic!("{e}")))
+                    .collect();
+                let opened_in = t0.elapsed();
+                settle();
+                let held = now();
+                assert_eq!(relays(), (0, 0), "a stream of the idle connections is still open");
+                rt.block_on(async {
+                    for (send, conn) in conns {
+                        drop(send);
+                        conn.abort();
+                    }
+                });
+                settle();
+                (opened_in, held, now())
+            }
+            Held::Tunnels => {
+                let mut conns = connect_many(&a.pod, b.pod.addr4(8080), n);
+                for (i, c) in conns.iter_mut().enumerate() {
+                    c.set_read_timeout(Some(Duration::from_secs(10))).expect("read timeout");
+                    let mut byte = [0u8; 1];
+                    c.write_all(b"t")
+                        .and_then(|()| c.read_exact(&mut byte))
+                        .unwrap_or_else(|e| panic!("round {round}, tunnel {i}: {e}"));
+                    assert_eq!(&byte, b"t", "tunnel {i} echoed something else");
+                }
+                let opened_in = t0.elapsed();
+                settle();
+                let held = now();
+                assert_eq!(relays(), (n as u64, n as u64), "tunnels open (source, destination side)");
+                drop(conns);
+                settle();
+                assert_eq!(relays(), (0, 0), "relays still open after the app closed every tunnel");
+                (opened_in, held, now())
+            }
+        };
+        // Tunnels leave the pool's HBONE connections (100 streams each,
+        // POOL_MAX_STREAMS_PER_CONNECTION) open for POOL_UNUSED_RELEASE_TIMEOUT; each is two
+        // descriptors here, its client and its server end.
+        let pooled = if kind == Held::Tunnels { 2 * n.div_ceil(100) } else { 0 };
+        assert!(
+            after.1 <= base.1 + pooled + 16,
+            "{kind:?}, round {round}: descriptors not released: {} before, {} after ({pooled} kept by the pool)",
+            base.1,
+            after.1
+        );
+        rounds.push((opened_in, held, after));
+    }
+    (base, rounds)
+}
+
+/// Benchmark: what connections cost one node proxy: `BENCH_IDLE` (default 1 000) idle HBONE
+/// connections from one outside peer, and `BENCH_TUNNELS` (default 2 000) active tunnels from
+/// pod a to pod b (see [`Held`]), each kind on a fresh proxy. Pods a and b share the node proxy,
+/// so each tunnel costs it both halves: the outbound relay with its stream on a pooled HBONE
+/// connection, and the inbound stream with its relay to the app. The per-peer caps are raised so
+/// that one peer can open this many.
+#[test]
+#[ignore = "benchmark: run explicitly with --ignored on a release build"]
+fn bench_connections_per_proxy() {
+    if !require_root() {
+        return;
+    }
+    println!("connections per proxy (RSS KiB, descriptors; per connection: above the empty proxy):");
+    for (kind, n) in
+        [(Held::IdleHbone, env_or("BENCH_IDLE", 1000)), (Held::Tunnels, env_or("BENCH_TUNNELS", 2000))]
+    {
+        let (base, rounds) = hold_connections(kind, n);
+        println!("  {kind:?}: empty proxy {} KiB, {} fds", base.0, base.1);
+        for (round, (opened_in, held, after)) in rounds.iter().enumerate() {
+            println!(
+                "  {kind:?} round {}: {n} held (opened in {opened_in:?}): {} KiB, {} fds: {:.1} KiB and {:.2} fds each; after they closed {} KiB, {} fds",
+                round + 1,
+                held.0,
+                held.1,
+                held.0.saturating_sub(base.0) as f64 / n as f64,
+                held.1.saturating_sub(base.1) as f64 / n as f64,
+                after.0,
+                after.1
+            );
+        }
+    }
+}

@@ -162,13 +162,11 @@ impl Forwarder {
         // Connected: only the upstream's datagrams arrive, and ICMP errors surface.
         socket.connect(upstream).await.map_err(io)?;
         socket.send(bytes).await.map_err(io)?;
-        let mut buf = vec![0u8; MAX_MESSAGE];
         loop {
-            let n = socket.recv(&mut buf).await.map_err(io)?;
-            let datagram = &buf[..n];
-            match check(upstream, datagram, id, question) {
+            let (datagram, _) = super::serve::recv_datagram(&socket).await.map_err(io)?;
+            match check(upstream, &datagram, id, question) {
                 Ok(truncated) => {
-                    return Ok(Reply { bytes: datagram.to_vec(), truncated });
+                    return Ok(Reply { bytes: datagram, truncated });
                 }
                 // A stray or spoofed datagram: keep waiting for the real answer.
                 Err(ForwardError::BadResponse { reason, .. }) => {
