@@ -151,7 +151,7 @@ fn leak_check_covers_every_netns_prefix_the_tests_use() {
             }
         }
     }
-    for p in ["amb", "ambb", "rdx"] {
+    for p in ["amb", "ambc", "rdx"] {
         assert!(prefixes.iter().any(|(q, _)| q == p), "the scan no longer finds {p}: {prefixes:?}");
     }
     for (prefix, file) in &prefixes {
