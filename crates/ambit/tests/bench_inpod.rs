@@ -29,18 +29,6 @@ fn fd_count(pid: u32) -> u64 {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count() as u64).unwrap_or(0)
 }
 
-/// The hard open-files limit the proxy inherits from this process (it raises its soft limit
-/// to it at start).
-fn nofile() -> u64 {
-    let limits = std::fs::read_to_string("/proc/self/limits").expect("read /proc/self/limits");
-    limits
-        .lines()
-        .find(|l| l.starts_with("Max open files"))
-        .and_then(|l| l.split_whitespace().nth(4))
-        .and_then(|v| v.parse().ok())
-        .expect("Max open files in /proc/self/limits")
-}
-
 /// `tokio_num_alive_tasks` of the proxy's data-plane runtime (its stats port).
 fn alive_tasks() -> u64 {
     use std::io::{Read, Write};
@@ -80,7 +68,8 @@ fn bench_pods_per_proxy() {
     // the bench lowers the headroom and says so: the pods' own cost is what it measures.
     let extra_cycles: usize =
         std::env::var("BENCH_CYCLES").ok().and_then(|v| v.parse().ok()).unwrap_or(3).max(1) - 1;
-    let limit = nofile();
+    // The proxy raises its soft limit to the hard one it inherits from this process.
+    let limit = hard_nofile();
     let headroom = ((limit.saturating_sub(FD_RESERVE)) / pods as u64).saturating_sub(POD_FIXED_FDS).min(64);
     assert!(headroom > 0, "RLIMIT_NOFILE {limit} cannot hold {pods} pods");
     println!(

@@ -845,17 +845,6 @@ fn bench_pod_capacity() {
     }
 }
 
-/// The hard open-files limit of this process.
-fn hard_nofile() -> u64 {
-    let limits = std::fs::read_to_string("/proc/self/limits").expect("read /proc/self/limits");
-    limits
-        .lines()
-        .find(|l| l.starts_with("Max open files"))
-        .and_then(|l| l.split_whitespace().nth(4))
-        .and_then(|v| v.parse().ok())
-        .expect("Max open files in /proc/self/limits")
-}
-
 /// Whether `prlimit` may raise the hard open-files limit above `hard` (CAP_SYS_RESOURCE).
 fn raise_hard_nofile_allowed(hard: u64) -> bool {
     let want = format!("--nofile={0}:{0}", hard.max(65_536));

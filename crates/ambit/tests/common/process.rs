@@ -186,6 +186,17 @@ fn collect(mut from: impl Read + Send + 'static, into: Arc<Mutex<Vec<u8>>>) -> J
     })
 }
 
+/// The hard open-files limit of this process.
+pub fn hard_nofile() -> u64 {
+    let limits = std::fs::read_to_string("/proc/self/limits").expect("read /proc/self/limits");
+    limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(4))
+        .and_then(|v| v.parse().ok())
+        .expect("Max open files in /proc/self/limits")
+}
+
 /// Resident memory of a process (`VmRSS`), in KiB; 0 if it is gone.
 pub fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
