@@ -128,10 +128,16 @@ async fn applies_nacks_the_bad_resource_and_keeps_the_rest_and_tracks_removals_a
         nack.message,
         "cluster1//v1/Pod/ns0/legacy: workload \"cluster1//v1/Pod/ns0/legacy\": tunnel protocol LEGACY_ISTIO_MTLS is not supported; use HBONE or NONE"
     );
-    let streams = s.ads.status();
-    let nacks: Vec<_> =
-        streams[0].types.iter().flat_map(|t| t.nacks.iter().map(|n| n.message.clone())).collect();
-    assert_eq!(nacks, vec![nack.message.clone()], "the server saw the NACK");
+    // The client records the NACK as it sends it; the server sees it a moment later.
+    let server_nacks = || -> Vec<String> {
+        s.ads
+            .status()
+            .iter()
+            .flat_map(|st| st.types.iter().flat_map(|t| t.nacks.iter().map(|n| n.message.clone())))
+            .collect()
+    };
+    eventually("the server sees the NACK", || !server_nacks().is_empty()).await;
+    assert_eq!(server_nacks(), vec![nack.message.clone()], "the server saw the NACK");
     // As ztunnel: the first sync is an ACK of every type, so a NACKed first response keeps the
     // proxy unready until a later response of that type is ACKed.
     assert!(!xds.is_synced(), "synced although the only Address response was NACKed");
