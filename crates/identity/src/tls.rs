@@ -64,6 +64,8 @@ pub(crate) fn server_config(
         .with_client_cert_verifier(Arc::new(verifier))
         .with_cert_resolver(Arc::new(SingleCertAndKey::from(key.clone())));
     config.alpn_protocols = vec![ALPN_H2.to_vec()];
+    // The proxy protects HBONE records itself once rustls finished the handshake.
+    config.enable_secret_extraction = true;
     Ok(Arc::new(config))
 }
 
@@ -90,6 +92,8 @@ pub(crate) fn client_config(
     config.alpn_protocols = vec![ALPN_H2.to_vec()];
     config.enable_sni = false;
     config.resumption = Resumption::disabled();
+    // The proxy protects HBONE records itself once rustls finished the handshake.
+    config.enable_secret_extraction = true;
     Arc::new(config)
 }
 

@@ -10,9 +10,8 @@ use std::time::Instant;
 
 use ambit_identity::{FakeCa, Identity};
 use ambit_proxy::authz::{self, Connection};
-use ambit_proxy::hbone::pool::Tunnel;
 use ambit_proxy::state::{LocalConfig, State};
-use ambit_proxy::testing::{EchoServer, RelayServer, echo_once, pool_for, pool_to, send_all, settings};
+use ambit_proxy::testing::{EchoServer, RelayServer, echo_once, pool_for, pool_to, settings};
 use bytes::Bytes;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 
@@ -45,24 +44,23 @@ fn hbone(c: &mut Criterion) {
     }
     const CHUNKS: usize = 16;
     let chunk = Bytes::from(vec![1u8; 256 * 1024]);
-    let mut tunnel = rt.block_on(pool.connect(&key, authority, &headers)).expect("tunnel");
+    let tunnel = rt.block_on(pool.connect(&key, authority, &headers)).expect("tunnel");
     g.throughput(Throughput::Bytes((CHUNKS * chunk.len()) as u64));
     g.bench_function("throughput_4MiB", |b| {
         b.iter_custom(|iters| {
             rt.block_on(async {
                 let start = Instant::now();
                 for _ in 0..iters {
-                    let Tunnel { send, recv, .. } = &mut tunnel;
+                    let stream = &tunnel.stream;
                     let sender = async {
                         for _ in 0..CHUNKS {
-                            send_all(send, chunk.clone()).await.expect("send");
+                            stream.send(&chunk).await.expect("send");
                         }
                     };
                     let receiver = async {
                         let mut got = 0;
                         while got < CHUNKS * chunk.len() {
-                            let c = recv.data().await.expect("open").expect("data");
-                            let _ = recv.flow_control().release_capacity(c.len());
+                            let c = stream.recv().await.expect("open").expect("data");
                             got += c.len();
                         }
                     };
@@ -174,24 +172,23 @@ fn relay(c: &mut Criterion) {
     });
     const CHUNKS: usize = 16;
     let chunk = Bytes::from(vec![1u8; 256 * 1024]);
-    let mut tunnel = rt.block_on(pool.connect(&key, authority, &headers)).expect("tunnel");
+    let tunnel = rt.block_on(pool.connect(&key, authority, &headers)).expect("tunnel");
     g.throughput(Throughput::Bytes((CHUNKS * chunk.len()) as u64));
     g.bench_function("throughput_4MiB", |b| {
         b.iter_custom(|iters| {
             rt.block_on(async {
                 let start = Instant::now();
                 for _ in 0..iters {
-                    let Tunnel { send, recv, .. } = &mut tunnel;
+                    let stream = &tunnel.stream;
                     let sender = async {
                         for _ in 0..CHUNKS {
-                            send_all(send, chunk.clone()).await.expect("send");
+                            stream.send(&chunk).await.expect("send");
                         }
                     };
                     let receiver = async {
                         let mut got = 0;
                         while got < CHUNKS * chunk.len() {
-                            let c = recv.data().await.expect("open").expect("data");
-                            let _ = recv.flow_control().release_capacity(c.len());
+                            let c = stream.recv().await.expect("open").expect("data");
                             got += c.len();
                         }
                     };

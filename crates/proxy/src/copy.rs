@@ -1,12 +1,11 @@
-//! Bidirectional byte copying between a downstream and an upstream, half-close preserving.
+//! Bidirectional byte copying between a downstream and an upstream, half-close preserving: the
+//! plain TCP relays (HBONE streams relay through [`crate::hbone::conn::StreamHandle::relay`]),
+//! and the byte accounting both share.
 //!
-//! Each direction is a [`Source`] feeding a [`Sink`] with whole [`Bytes`] chunks, so data read
-//! from TCP is handed to HTTP/2 without another copy, and HTTP/2 DATA frames are written to TCP
-//! as they arrive. Read buffers start small and grow with the flow (1 KiB, then ~16 KiB after
-//! 128 KiB, then ~256 KiB after 10 MiB), which keeps idle connections cheap and bulk transfers
-//! efficient.
+//! Each direction is a [`Source`] feeding a [`Sink`] with whole [`Bytes`] chunks. Read buffers
+//! start small and grow with the flow (1 KiB, then ~16 KiB after 128 KiB, then ~256 KiB after
+//! 10 MiB), which keeps idle connections cheap and bulk transfers efficient.
 
-use std::future::poll_fn;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -74,6 +73,22 @@ impl LiveCounters {
     /// Counters feeding these metric counters.
     pub fn new(sent: Vec<Counter>, received: Vec<Counter>) -> Self {
         LiveCounters { sent, received, ..Default::default() }
+    }
+
+    /// Counts `n` bytes moved downstream → upstream.
+    pub fn add_sent(&self, n: usize) {
+        self.sent_bytes.fetch_add(n as u64, Ordering::Relaxed);
+        for c in &self.sent {
+            c.inc_by(n as u64);
+        }
+    }
+
+    /// Counts `n` bytes moved upstream → downstream.
+    pub fn add_received(&self, n: usize) {
+        self.received_bytes.fetch_add(n as u64, Ordering::Relaxed);
+        for c in &self.received {
+            c.inc_by(n as u64);
+        }
     }
 
     /// Bytes moved so far by this connection.
@@ -239,128 +254,6 @@ impl Sink for TcpSink {
         // Closing then resets the connection and frees unsent bytes at once, instead of leaving
         // them (and an orphaned socket) queued to an app that does not read.
         let _ = socket2::SockRef::from(self.0.as_ref()).set_linger(Some(std::time::Duration::ZERO));
-    }
-}
-
-/// The receiving side of an HTTP/2 stream (tunnel bytes from the peer proxy).
-///
-/// A DATA frame's flow-control capacity is released only once its bytes were written on
-/// ([`Source::consumed`]), so the stream and connection windows bound what the proxy holds.
-/// Frames that arrive while the sink is blocked are kept here (still unreleased, so within the
-/// window) while [`Source::gone`] watches for a reset.
-pub struct H2Source {
-    recv: h2::RecvStream,
-    /// Frames taken from the stream while the sink was busy, and whether END_STREAM followed.
-    early: std::collections::VecDeque<Bytes>,
-    ended: bool,
-}
-
-impl H2Source {
-    /// Wraps the receiving side of a stream.
-    pub fn new(recv: h2::RecvStream) -> H2Source {
-        H2Source { recv, early: std::collections::VecDeque::new(), ended: false }
-    }
-}
-
-impl Source for H2Source {
-    async fn read_chunk(&mut self) -> io::Result<Option<Bytes>> {
-        if let Some(b) = self.early.pop_front() {
-            return Ok(Some(b));
-        }
-        if self.ended {
-            return Ok(None);
-        }
-        loop {
-            match self.recv.data().await {
-                None => return Ok(None),
-                Some(Ok(b)) if b.is_empty() => continue,
-                Some(Ok(b)) => return Ok(Some(b)),
-                Some(Err(e)) => return h2_read_error(e),
-            }
-        }
-    }
-
-    fn consumed(&mut self, n: usize) {
-        let _ = self.recv.flow_control().release_capacity(n);
-    }
-
-    async fn gone(&mut self) -> io::Error {
-        if self.ended {
-            return std::future::pending().await;
-        }
-        loop {
-            match self.recv.data().await {
-                Some(Ok(b)) => {
-                    if !b.is_empty() {
-                        self.early.push_back(b);
-                    }
-                }
-                None => {
-                    self.ended = true;
-                    return std::future::pending().await;
-                }
-                Some(Err(e)) => return gone(e),
-            }
-        }
-    }
-}
-
-fn gone(e: h2::Error) -> io::Error {
-    io::Error::new(GONE, format!("the HBONE stream is gone: {e}"))
-}
-
-fn h2_read_error(e: h2::Error) -> io::Result<Option<Bytes>> {
-    // A peer that resets with NO_ERROR or CANCEL is closing, not failing.
-    match e.reason() {
-        Some(h2::Reason::NO_ERROR) | Some(h2::Reason::CANCEL) => Ok(None),
-        _ => Err(h2_to_io(e)),
-    }
-}
-
-/// Converts an HTTP/2 error into an I/O error for the copy loop.
-pub fn h2_to_io(e: h2::Error) -> io::Error {
-    if e.is_io() {
-        match e.into_io() {
-            Some(io) => io,
-            None => io::Error::other("http2 i/o error"),
-        }
-    } else {
-        io::Error::new(io::ErrorKind::ConnectionReset, e)
-    }
-}
-
-/// The sending side of an HTTP/2 stream.
-pub struct H2Sink(pub h2::SendStream<Bytes>);
-
-impl Sink for H2Sink {
-    async fn gone(&mut self) -> io::Error {
-        match poll_fn(|cx| self.0.poll_reset(cx)).await {
-            Ok(reason) => io::Error::new(GONE, format!("the HBONE stream was reset by the peer: {reason}")),
-            Err(e) => gone(e),
-        }
-    }
-
-    async fn write_chunk(&mut self, mut chunk: Bytes) -> io::Result<()> {
-        while !chunk.is_empty() {
-            self.0.reserve_capacity(chunk.len());
-            let cap = match poll_fn(|cx| self.0.poll_capacity(cx)).await {
-                None => return Err(io::Error::new(io::ErrorKind::BrokenPipe, "stream closed")),
-                Some(Err(e)) => return Err(h2_to_io(e)),
-                Some(Ok(0)) => continue,
-                Some(Ok(n)) => n,
-            };
-            let part = chunk.split_to(cap.min(chunk.len()));
-            self.0.send_data(part, false).map_err(h2_to_io)?;
-        }
-        Ok(())
-    }
-
-    async fn finish(&mut self) -> io::Result<()> {
-        self.0.send_data(Bytes::new(), true).map_err(h2_to_io)
-    }
-
-    fn abort(&mut self) {
-        self.0.send_reset(h2::Reason::CANCEL);
     }
 }
 

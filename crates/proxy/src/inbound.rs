@@ -6,11 +6,10 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use ambit_identity::Identity;
-use http::{HeaderValue, StatusCode};
+use http::{HeaderMap, HeaderValue, StatusCode};
 use tokio::net::TcpStream;
 
 use crate::authz::{self, Connection, Decision};
-use crate::copy::{self, H2Sink, H2Source, TcpSink, TcpSource};
 use crate::hbone::H2Settings;
 use crate::hbone::server::{self, ConnectRequest, Ended, ServeError, ServerConfig};
 use crate::inputs::Inputs;
@@ -47,8 +46,7 @@ pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: Sock
             .fetch(&inputs.identity_of(&local))
             .await
             .map_err(|e| format!("identity error: {e}"))?;
-        let acceptor = tokio_rustls::TlsAcceptor::from(cert.server_config());
-        acceptor.accept(stream).await.map_err(|e| format!("tls error: {e}"))
+        crate::hbone::tls::accept(&stream, cert.server_config()).await.map_err(|e| format!("tls error: {e}"))
     };
     let tls = match tokio::time::timeout(cfg.hbone_handshake_timeout, handshake).await {
         Ok(Ok(t)) => t,
@@ -61,7 +59,7 @@ pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: Sock
             ));
         }
     };
-    let peer_identity = tls.get_ref().1.peer_certificates().and_then(ambit_identity::peer_identity);
+    let peer_identity = ambit_identity::peer_identity(&tls.peer_certificates);
     let server_cfg = ServerConfig {
         settings: H2Settings {
             window_size: cfg.window_size,
@@ -76,7 +74,7 @@ pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: Sock
     let drain = inputs.drain.clone();
     let id = peer_identity.clone();
     let ctx = Arc::new(StreamCtx { inputs: inputs.clone(), peer, dst, peer_identity });
-    let r = server::serve(tls, server_cfg, peer_conn, limits.metrics.clone(), drain, move |req| {
+    let r = server::serve(stream, tls, server_cfg, peer_conn, limits.metrics.clone(), drain, move |req| {
         let ctx = ctx.clone();
         async move { ctx.handle(req).await }
     })
@@ -122,15 +120,19 @@ impl StreamCtx {
             dst_identity: None,
             mtls: true,
         };
-        if req.request.method() != http::Method::CONNECT {
-            let e = format!("expected method CONNECT, got {}", req.request.method());
+        let method = req.head.method.as_deref().unwrap_or_default();
+        if method != "CONNECT" {
+            let e = format!("expected method CONNECT, got {method:?}");
             metrics::record_failure(&inputs.metrics, &info, Flag::Connect, &e);
             return req.reject(StatusCode::BAD_REQUEST);
         }
-        let authority = match req.request.uri().authority().map(|a| Authority::from_str(a.as_str())) {
+        let authority = match req.head.authority.as_deref().map(Authority::from_str) {
             Some(Ok(a)) => a,
             _ => {
-                let e = format!("no valid authority pseudo header: {}", req.request.uri());
+                let e = format!(
+                    "no valid authority pseudo header: {}",
+                    req.head.authority.as_deref().unwrap_or("(none)")
+                );
                 metrics::record_failure(&inputs.metrics, &info, Flag::Connect, &e);
                 return req.reject(StatusCode::BAD_REQUEST);
             }
@@ -182,19 +184,18 @@ impl StreamCtx {
             return req.reject(StatusCode::UNAUTHORIZED);
         }
         let spoof = (inputs.transparent && self.peer.ip() != upstream.ip()).then_some(self.peer.ip());
-        let ConnectRequest { request, mut respond } = req;
         // A stream the peer reset is never dialed, and a reset during the dial aborts it (the
         // reset is polled first, so one already received wins over a dial that is ready).
         let dialed = tokio::select! {
             biased;
-            _ = std::future::poll_fn(|cx| respond.poll_reset(cx)) => None,
+            _ = std::future::poll_fn(|cx| req.stream.poll_gone(cx)) => None,
             r = inputs.dial(upstream, spoof) => Some(r),
         };
         let (app, _app_fd) = match dialed {
             Some(Ok(s)) => s,
             Some(Err(e)) => {
                 metrics::record_failure(&inputs.metrics, &info, Flag::Connect, &e);
-                return ConnectRequest { request, respond }.reject(StatusCode::SERVICE_UNAVAILABLE);
+                return req.reject(StatusCode::SERVICE_UNAVAILABLE);
             }
             None => {
                 inputs.limits.metrics.reset_before_dial();
@@ -203,26 +204,17 @@ impl StreamCtx {
             }
         };
         let registration = inputs.connections.register(conn, local.clone());
-        let mut resp = http::Response::builder().status(StatusCode::OK);
+        let mut headers = HeaderMap::new();
         if let Ok(v) = HeaderValue::from_str(&crate::outbound::baggage(&local)) {
-            resp = resp.header("baggage", v);
+            headers.insert("baggage", v);
         }
-        let send = match respond.send_response(resp.body(()).unwrap_or_default(), false) {
-            Ok(s) => s,
-            Err(e) => {
-                metrics::record_failure(&inputs.metrics, &info, Flag::Connect, &format!("http2 error: {e}"));
-                return;
-            }
-        };
+        if let Err(e) = req.stream.respond(StatusCode::OK.as_u16(), &headers, false) {
+            metrics::record_failure(&inputs.metrics, &info, Flag::Connect, &format!("http2 error: {e}"));
+            return;
+        }
         let record = ConnectionRecord::open(&inputs.metrics, info);
-        let counters = record.counters.clone();
-        let (ar, aw) = app.into_split();
-        let recv = request.into_body();
-        let copy = copy::bidirectional(
-            (H2Source::new(recv), H2Sink(send)),
-            (TcpSource::new(ar), TcpSink(aw)),
-            &counters,
-        );
+        // Bytes from the stream go to the app, the upstream here.
+        let copy = req.stream.relay(app, record.counters.clone(), true);
         inputs.relay(record, copy, Some(&registration.closed)).await;
     }
 }

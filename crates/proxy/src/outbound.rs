@@ -7,7 +7,7 @@ use std::sync::Arc;
 use http::{HeaderMap, HeaderValue};
 use tokio::net::TcpStream;
 
-use crate::copy::{self, H2Sink, H2Source, TcpSink, TcpSource};
+use crate::copy::{self, TcpSink, TcpSource};
 use crate::hbone::pool::{PoolKey, TunnelError};
 use crate::inputs::Inputs;
 use crate::listener::is_illegal_port;
@@ -88,13 +88,8 @@ pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: Sock
                 Err(e) => return metrics::record_failure(&inputs.metrics, &info, flag_of(&e), &e),
             };
             let record = ConnectionRecord::open(&inputs.metrics, info);
-            let counters = record.counters.clone();
-            let (dr, dw) = stream.into_split();
-            let copy = copy::bidirectional(
-                (TcpSource::new(dr), TcpSink(dw)),
-                (H2Source::new(tunnel.recv), H2Sink(tunnel.send)),
-                &counters,
-            );
+            // The app is the downstream here: its bytes count as sent.
+            let copy = tunnel.stream.relay(stream, record.counters.clone(), false);
             inputs.relay(record, copy, None).await;
         }
         RouteKind::Tcp { target } | RouteKind::Passthrough { target } => {

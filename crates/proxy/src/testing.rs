@@ -65,7 +65,7 @@ impl EchoServer {
         let cert = ca.issue(&identity, Duration::from_secs(3600)).expect("test CA issues");
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind 127.0.0.1");
         let addr = listener.local_addr().expect("local addr");
-        let acceptor = tokio_rustls::TlsAcceptor::from(cert.server_config());
+        let config = cert.server_config();
         let drain = Drain::new();
         let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let (d, n) = (drain.clone(), accepted.clone());
@@ -76,28 +76,27 @@ impl EchoServer {
                 };
                 n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let _ = tcp.set_nodelay(true);
-                let (acceptor, d) = (acceptor.clone(), d.clone());
+                let (config, d) = (config.clone(), d.clone());
                 tokio::spawn(async move {
-                    let Ok(tls) = acceptor.accept(tcp).await else {
+                    let Ok(tls) = crate::hbone::tls::accept(&tcp, config).await else {
                         return;
                     };
                     let Ok(peer) = unlimited_peer(settings) else { return };
                     let cfg = server::ServerConfig::new(settings);
-                    let _ = server::serve(tls, cfg, peer, LimitMetrics::default(), d, |req| async move {
-                        let server::ConnectRequest { request, mut respond } = req;
-                        let Ok(mut send) = respond.send_response(http::Response::new(()), false) else {
-                            return;
-                        };
-                        let mut recv = request.into_body();
-                        while let Some(Ok(chunk)) = recv.data().await {
-                            let _ = recv.flow_control().release_capacity(chunk.len());
-                            if send_all(&mut send, chunk).await.is_err() {
+                    let _ =
+                        server::serve(tcp, tls, cfg, peer, LimitMetrics::default(), d, |req| async move {
+                            let stream = req.stream;
+                            if stream.respond(200, &http::HeaderMap::new(), false).is_err() {
                                 return;
                             }
-                        }
-                        let _ = send.send_data(Bytes::new(), true);
-                    })
-                    .await;
+                            while let Some(Ok(chunk)) = stream.recv().await {
+                                if stream.send(&chunk).await.is_err() {
+                                    return;
+                                }
+                            }
+                            let _ = stream.finish();
+                        })
+                        .await;
                 });
             }
         });
@@ -143,50 +142,49 @@ impl RelayServer {
         peers: Peers,
         app: SocketAddr,
     ) -> RelayServer {
-        use crate::copy::{self, H2Sink, H2Source, LiveCounters, TcpSink, TcpSource};
         let identity = Identity::new("cluster.local", "default", "server");
         let cert = ca.issue(&identity, Duration::from_secs(3600)).expect("test CA issues");
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind 127.0.0.1");
         let addr = listener.local_addr().expect("local addr");
-        let acceptor = tokio_rustls::TlsAcceptor::from(cert.server_config());
+        let config = cert.server_config();
         let relays = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let ended = Arc::new(std::sync::Mutex::new(Vec::new()));
         let (relays2, ended2) = (relays.clone(), ended.clone());
         tokio::spawn(async move {
             while let Ok((tcp, client)) = listener.accept().await {
                 let _ = tcp.set_nodelay(true);
-                let (acceptor, peers, relays, ended) =
-                    (acceptor.clone(), peers.clone(), relays2.clone(), ended2.clone());
+                let (config, peers, relays, ended) =
+                    (config.clone(), peers.clone(), relays2.clone(), ended2.clone());
                 tokio::spawn(async move {
                     let Ok(peer) = peers.connect(client.ip()) else { return };
-                    let Ok(tls) = acceptor.accept(tcp).await else {
+                    let Ok(tls) = crate::hbone::tls::accept(&tcp, config).await else {
                         return;
                     };
-                    let r =
-                        server::serve(tls, cfg, peer, LimitMetrics::default(), Drain::new(), move |req| {
+                    let r = server::serve(
+                        tcp,
+                        tls,
+                        cfg,
+                        peer,
+                        LimitMetrics::default(),
+                        Drain::new(),
+                        move |req| {
                             let relays = relays.clone();
                             async move {
-                                let server::ConnectRequest { request, mut respond } = req;
                                 let Ok(app) = tokio::net::TcpStream::connect(app).await else {
                                     return;
                                 };
                                 let _ = app.set_nodelay(true);
-                                let Ok(send) = respond.send_response(http::Response::new(()), false) else {
+                                if req.stream.respond(200, &http::HeaderMap::new(), false).is_err() {
                                     return;
-                                };
+                                }
                                 relays.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-                                let (ar, aw) = app.into_split();
-                                let counters = LiveCounters::default();
-                                let _ = copy::bidirectional(
-                                    (H2Source::new(request.into_body()), H2Sink(send)),
-                                    (TcpSource::new(ar), TcpSink(aw)),
-                                    &counters,
-                                )
-                                .await;
+                                let counters = Arc::new(crate::copy::LiveCounters::default());
+                                let _ = req.stream.relay(app, counters, true).await;
                                 relays.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
                             }
-                        })
-                        .await;
+                        },
+                    )
+                    .await;
                     ended.lock().unwrap_or_else(|p| p.into_inner()).push(r.map_err(|e| e.to_string()));
                 });
             }
@@ -196,7 +194,8 @@ impl RelayServer {
 }
 
 /// A TLS connection to an HBONE server at `addr` (presenting `server`), with a certificate for
-/// `default/client` from `ca`: for hand-built HBONE clients.
+/// `default/client` from `ca`, through tokio-rustls: for hand-built HBONE clients (the `h2`
+/// crate's, in interoperability tests).
 pub async fn tls_client(
     ca: &FakeCa,
     addr: SocketAddr,
@@ -243,7 +242,8 @@ pub fn unlimited_peer(settings: H2Settings) -> Result<PeerConn, Refusal> {
         .connect(Ipv4Addr::LOCALHOST.into())
 }
 
-/// Sends a whole chunk on an HTTP/2 stream, waiting for flow-control capacity.
+/// Sends a whole chunk on an `h2` stream, waiting for flow-control capacity (for tests that
+/// speak to the proxy through the `h2` crate).
 pub async fn send_all(send: &mut h2::SendStream<Bytes>, mut chunk: Bytes) -> Result<(), h2::Error> {
     while !chunk.is_empty() {
         send.reserve_capacity(chunk.len());
@@ -260,11 +260,10 @@ pub async fn send_all(send: &mut h2::SendStream<Bytes>, mut chunk: Bytes) -> Res
 
 /// Sends `payload` through the tunnel and reads the same number of bytes back.
 pub async fn echo_once(t: &mut Tunnel, payload: &Bytes) {
-    send_all(&mut t.send, payload.clone()).await.expect("send");
+    t.stream.send(payload).await.expect("send");
     let mut got = 0;
     while got < payload.len() {
-        let chunk = t.recv.data().await.expect("stream open").expect("data");
-        let _ = t.recv.flow_control().release_capacity(chunk.len());
+        let chunk = t.stream.recv().await.expect("stream open").expect("data");
         got += chunk.len();
     }
 }

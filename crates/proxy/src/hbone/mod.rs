@@ -1,7 +1,11 @@
 //! HBONE: HTTP/2 CONNECT over mutual TLS, port 15008.
 
+pub mod conn;
+pub mod frame;
+pub mod hpack;
 pub mod pool;
 pub mod server;
+pub mod tls;
 
 use std::time::Duration;
 
@@ -24,17 +28,6 @@ pub const PING_INTERVAL: Duration = Duration::from_secs(10);
 pub const PING_TIMEOUT: Duration = Duration::from_secs(20);
 /// Port of the HBONE listener.
 pub const HBONE_PORT: u16 = 15008;
-
-/// Sends PINGs until the peer stops answering; returns when it does (or PINGs are unavailable).
-pub(crate) async fn keepalive(mut pp: h2::PingPong) {
-    loop {
-        tokio::time::sleep(PING_INTERVAL).await;
-        match tokio::time::timeout(PING_TIMEOUT, pp.ping(h2::Ping::opaque())).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(_)) | Err(_) => return,
-        }
-    }
-}
 
 #[cfg(test)]
 mod server_tests;

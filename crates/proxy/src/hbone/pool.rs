@@ -10,11 +10,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ambit_identity::{CertManager, Identity};
-use bytes::Bytes;
-use http::{HeaderMap, Method, Request, StatusCode};
+use http::{HeaderMap, StatusCode};
 use rustls_pki_types::ServerName;
 
-use super::{H2Settings, keepalive};
+use super::conn::{self, ConnError, Keepalive, StreamError, StreamHandle};
+use super::tls::{self, TlsError};
+use super::{H2Settings, PING_INTERVAL, PING_TIMEOUT};
 use crate::limits::FdBudget;
 use crate::socket::SocketOptions;
 
@@ -45,16 +46,13 @@ pub enum TunnelError {
     Identity(#[from] ambit_identity::CertError),
     /// TLS handshake failed (including identity verification of the server).
     #[error("tls error: {0}")]
-    Tls(std::io::Error),
+    Tls(TlsError),
     /// HTTP/2 handshake failed.
     #[error("http2 handshake failed: {0}")]
-    H2Handshake(h2::Error),
+    H2Handshake(ConnError),
     /// The CONNECT stream failed.
     #[error("http2 error: {0}")]
-    H2(h2::Error),
-    /// The CONNECT request could not be built (an invalid authority).
-    #[error("invalid CONNECT request: {0}")]
-    Request(http::Error),
+    H2(StreamError),
     /// The server answered with a non-200 status.
     #[error("http status: {0}")]
     Status(StatusCode),
@@ -64,7 +62,7 @@ pub enum TunnelError {
 }
 
 struct PooledConn {
-    sender: h2::client::SendRequest<Bytes>,
+    client: conn::Client,
     streams: Arc<AtomicU32>,
     cap: u32,
     closed: Arc<AtomicBool>,
@@ -89,10 +87,8 @@ struct Entry {
 
 /// An open CONNECT stream; dropping it releases its slot in the pooled connection.
 pub struct Tunnel {
-    /// Bytes towards the peer.
-    pub send: h2::SendStream<Bytes>,
-    /// Bytes from the peer.
-    pub recv: h2::RecvStream,
+    /// The stream (relay it with [`StreamHandle::relay`]).
+    pub stream: StreamHandle,
     /// Response headers of the peer (e.g. its baggage).
     pub headers: HeaderMap,
     _slot: Slot,
@@ -107,6 +103,8 @@ impl Drop for Slot {
 }
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the TLS handshake with a peer may take.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Pool {
     /// An empty pool; every connection it dials holds a descriptor of `fds`.
@@ -135,7 +133,11 @@ impl Pool {
             match self.open_stream(&conn, authority, headers).await {
                 Ok(t) => return Ok(t),
                 Err((e, retryable)) => {
-                    conn.closed.store(true, Ordering::Relaxed);
+                    // A refused stream or a failed connection: this connection takes no more. A
+                    // stream the peer answered (a denial) leaves it in the pool.
+                    if retryable || matches!(e, TunnelError::H2(StreamError::Connection(_))) {
+                        conn.closed.store(true, Ordering::Relaxed);
+                    }
                     if !retryable {
                         return Err(e);
                     }
@@ -154,30 +156,16 @@ impl Pool {
         headers: &HeaderMap,
     ) -> Result<Tunnel, (TunnelError, bool)> {
         let slot = Slot(conn.streams.clone());
-        let mut req = Request::builder()
-            .method(Method::CONNECT)
-            .uri(authority.to_string())
-            .version(http::Version::HTTP_2)
-            .body(())
-            .map_err(|e| (TunnelError::Request(e), false))?;
-        req.headers_mut().extend(headers.clone());
-        let mut sender = conn.sender.clone().ready().await.map_err(|e| {
-            let r = refused(&e);
+        let (stream, head) = conn.client.connect(&authority.to_string(), headers).await.map_err(|e| {
+            let r = e.is_retryable();
             (TunnelError::H2(e), r)
         })?;
-        let (resp, send) = sender.send_request(req, false).map_err(|e| {
-            let r = refused(&e);
-            (TunnelError::H2(e), r)
-        })?;
-        let resp = resp.await.map_err(|e| {
-            let r = refused(&e);
-            (TunnelError::H2(e), r)
-        })?;
-        if resp.status() != StatusCode::OK {
-            return Err((TunnelError::Status(resp.status()), false));
+        let status =
+            head.status.and_then(|s| StatusCode::from_u16(s).ok()).unwrap_or(StatusCode::BAD_GATEWAY);
+        if status != StatusCode::OK {
+            return Err((TunnelError::Status(status), false));
         }
-        let (parts, recv) = resp.into_parts();
-        Ok(Tunnel { send, recv, headers: parts.headers, _slot: slot })
+        Ok(Tunnel { stream, headers: head.headers, _slot: slot })
     }
 
     /// A connection with a free stream slot (reserved), dialing a new one if needed.
@@ -211,45 +199,40 @@ impl Pool {
             Ok(Err(e)) => return Err(TunnelError::Connect(key.dst, e)),
             Ok(Ok(s)) => s,
         };
-        let tls_config = cert.client_config(&key.dst_identities);
-        let connector = tokio_rustls::TlsConnector::from(tls_config);
         let name = ServerName::IpAddress(key.dst.ip().into());
-        let tls = connector.connect(name, tcp).await.map_err(TunnelError::Tls)?;
-        let (sender, mut conn) = h2::client::Builder::new()
-            .initial_window_size(self.settings.window_size)
-            .initial_connection_window_size(self.settings.connection_window_size)
-            .max_frame_size(self.settings.frame_size)
-            .initial_max_send_streams(self.settings.max_streams as usize)
-            .max_header_list_size(16 * 1024)
-            .max_send_buffer_size(self.settings.window_size as usize)
-            .enable_push(false)
-            .handshake::<_, Bytes>(tls)
-            .await
-            .map_err(TunnelError::H2Handshake)?;
+        let handshake = tls::connect(&tcp, cert.client_config(&key.dst_identities), name);
+        let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
+            Ok(Ok(t)) => t,
+            Ok(Err(e)) => return Err(TunnelError::Tls(e)),
+            Err(_) => {
+                return Err(TunnelError::Tls(TlsError::Io(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("TLS handshake with {} not done within {HANDSHAKE_TIMEOUT:?}", key.dst),
+                ))));
+            }
+        };
+        let cfg = conn::Config {
+            stream_window: self.settings.window_size,
+            connection_window: self.settings.connection_window_size,
+            max_frame_size: self.settings.frame_size,
+            max_concurrent_streams: None,
+            max_header_list_size: 64 * 1024,
+            keepalive: Some(Keepalive { interval: PING_INTERVAL, timeout: PING_TIMEOUT }),
+        };
+        let (client, driver) = conn::client(tcp, tls, cfg).map_err(TunnelError::H2Handshake)?;
         let closed = Arc::new(AtomicBool::new(false));
-        let pp = conn.ping_pong();
         let done = closed.clone();
         let dst = key.dst;
         tokio::spawn(async move {
             let _permit = permit;
-            let driver = async {
-                if let Err(e) = (&mut conn).await {
-                    tracing::debug!(%dst, error = %e, "pooled HBONE connection ended");
-                }
-            };
-            match pp {
-                Some(pp) => {
-                    tokio::select! {
-                        _ = driver => {}
-                        _ = keepalive(pp) => tracing::debug!(%dst, "HBONE peer stopped answering pings"),
-                    }
-                }
-                None => driver.await,
+            match driver.await {
+                Ok(()) => tracing::debug!(%dst, "pooled HBONE connection closed"),
+                Err(e) => tracing::debug!(%dst, error = %e, "pooled HBONE connection ended"),
             }
             done.store(true, Ordering::Relaxed);
         });
         Ok(PooledConn {
-            sender,
+            client,
             streams: Arc::new(AtomicU32::new(0)),
             cap: self.settings.max_streams.max(1),
             closed,
@@ -267,6 +250,7 @@ impl Pool {
             conns.retain(|c| {
                 let last = *c.last_used.lock().unwrap_or_else(|p| p.into_inner());
                 !c.closed.load(Ordering::Relaxed)
+                    && !c.client.is_closed()
                     && (c.streams.load(Ordering::Relaxed) > 0 || now.duration_since(last) < self.idle_timeout)
             });
             !conns.is_empty()
@@ -284,13 +268,12 @@ impl Entry {
     fn reserve(&self) -> Option<Arc<PooledConn>> {
         let conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
         for c in conns.iter() {
-            if c.closed.load(Ordering::Relaxed) {
+            if c.closed.load(Ordering::Relaxed) || c.client.is_closed() {
                 continue;
             }
-            // The peer's SETTINGS_MAX_CONCURRENT_STREAMS can change; h2 would queue streams
-            // beyond it, so a full connection sends new streams to another one instead.
-            let cap =
-                c.cap.min(u32::try_from(c.sender.current_max_send_streams()).unwrap_or(u32::MAX)).max(1);
+            // The peer's SETTINGS_MAX_CONCURRENT_STREAMS can change: a full connection sends new
+            // streams to another one.
+            let cap = c.cap.min(c.client.max_concurrent_streams()).max(1);
             let n = c.streams.fetch_add(1, Ordering::Relaxed);
             if n < cap {
                 *c.last_used.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
@@ -300,9 +283,4 @@ impl Entry {
         }
         None
     }
-}
-
-/// Whether the peer never processed the stream, so a retry elsewhere is safe.
-fn refused(e: &h2::Error) -> bool {
-    e.is_go_away() || e.reason() == Some(h2::Reason::REFUSED_STREAM)
 }

@@ -1,33 +1,35 @@
-//! The HBONE server side: HTTP/2 over an accepted TLS stream, one task per CONNECT, with a
-//! deadline on every phase of the connection and the per-peer caps applied to its streams and
-//! windows.
+//! The HBONE server side: HTTP/2 over an accepted TLS session ([`super::conn`]), one task per
+//! CONNECT, with a deadline on every phase of the connection and the per-peer caps applied to
+//! its streams and windows.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{Request, Response, StatusCode};
+use http::{HeaderMap, StatusCode};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use super::{H2Settings, keepalive};
+use super::conn::{self, ConnError, ConnErrorKind, Keepalive, StreamHandle};
+use super::frame::Reason;
+use super::hpack::Decoded;
+use super::tls::Established;
+use super::{H2Settings, PING_INTERVAL, PING_TIMEOUT};
 use crate::drain::Drain;
 use crate::limits::{LimitMetrics, PeerConn};
 
 /// One CONNECT request, ready to be answered.
 pub struct ConnectRequest {
     /// The request head.
-    pub request: Request<h2::RecvStream>,
-    /// Where to send the response.
-    pub respond: h2::server::SendResponse<Bytes>,
+    pub head: Decoded,
+    /// The stream: answer with [`StreamHandle::respond`], then relay.
+    pub stream: StreamHandle,
 }
 
 impl ConnectRequest {
     /// Answers with an error status and ends the stream.
-    pub fn reject(mut self, status: StatusCode) {
-        let resp = Response::builder().status(status).body(()).unwrap_or_default();
-        let _ = self.respond.send_response(resp, true);
+    pub fn reject(self, status: StatusCode) {
+        let _ = self.stream.respond(status.as_u16(), &HeaderMap::new(), true);
     }
 }
 
@@ -66,7 +68,7 @@ pub enum ServeError {
     PrefaceTimeout(Duration),
     /// The HTTP/2 handshake failed.
     #[error("http2 handshake failed: {0}")]
-    Handshake(h2::Error),
+    Handshake(ConnError),
     /// No CONNECT in time.
     #[error(
         "no CONNECT within {0:?} of the HTTP/2 preface (AMBIT_HBONE_FIRST_STREAM_TIMEOUT): connection closed"
@@ -74,7 +76,7 @@ pub enum ServeError {
     FirstStreamTimeout(Duration),
     /// The connection failed.
     #[error("http2 error: {0}")]
-    H2(h2::Error),
+    H2(ConnError),
 }
 
 /// How a connection ended without a failure.
@@ -93,12 +95,13 @@ pub enum Ended {
 /// How long a connection that is being closed by us may take to flush its GOAWAY.
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
-/// Runs HTTP/2 over an established TLS stream, handing every request to `handle` on its own
+/// Runs HTTP/2 over an established TLS session, handing every request to `handle` on its own
 /// task. The peer gets the windows `peer` grants it; a stream over the peer's stream cap is
 /// refused (REFUSED_STREAM, counted in `metrics`). On drain the server sends GOAWAY and lets
-/// open streams finish; when the drain is forced it stops polling (closing the connection).
+/// open streams finish; when the drain is forced it stops serving (closing the connection).
 pub async fn serve<F, Fut>(
-    tls: tokio_rustls::server::TlsStream<TcpStream>,
+    tcp: TcpStream,
+    tls: Established,
     cfg: ServerConfig,
     mut peer: PeerConn,
     metrics: LimitMetrics,
@@ -110,46 +113,28 @@ where
     Fut: Future<Output = ()> + Send + 'static,
 {
     let windows = peer.windows();
-    let handshake = h2::server::Builder::new()
-        .initial_window_size(windows.stream)
-        .initial_connection_window_size(windows.connection)
-        .max_frame_size(cfg.settings.frame_size)
-        .max_concurrent_streams(200)
-        .max_header_list_size(64 * 1024)
-        .max_send_buffer_size(400 * 1024)
-        .handshake::<_, Bytes>(tls);
-    let mut conn = match tokio::time::timeout(cfg.preface_timeout, handshake).await {
-        Ok(Ok(c)) => c,
-        Ok(Err(e)) => return Err(ServeError::Handshake(e)),
-        Err(_) => return Err(ServeError::PrefaceTimeout(cfg.preface_timeout)),
+    let engine = conn::Config {
+        stream_window: windows.stream,
+        connection_window: windows.connection,
+        max_frame_size: cfg.settings.frame_size,
+        max_concurrent_streams: Some(200),
+        max_header_list_size: 64 * 1024,
+        keepalive: Some(Keepalive { interval: PING_INTERVAL, timeout: PING_TIMEOUT }),
     };
-    // The keepalive task lives exactly as long as this connection.
-    // A peer that stops answering PINGs gets its connection closed.
-    let alive = tokio_util::sync::CancellationToken::new();
-    let _alive = alive.clone().drop_guard();
-    let dead = tokio_util::sync::CancellationToken::new();
-    if let Some(pp) = conn.ping_pong() {
-        let (d, dead) = (drain.clone(), dead.clone());
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = keepalive(pp) => dead.cancel(),
-                _ = d.forced() => {}
-                _ = alive.cancelled() => {}
-            }
-        });
-    }
+    let mut conn = conn::server(tcp, tls, engine).map_err(ServeError::Handshake)?;
     let handle = Arc::new(handle);
     let activity = Arc::new(Activity::new());
     let mut goaway_sent = false;
-    // One timer for the first-stream deadline, then the idle deadline, then the close grace.
-    let timer = tokio::time::sleep(cfg.first_stream_timeout);
+    // One timer for the preface deadline, then the first-stream deadline, then the idle
+    // deadline, then the close grace.
+    let timer = tokio::time::sleep(cfg.preface_timeout);
     tokio::pin!(timer);
     let mut seen_stream = false;
     let mut closing: Option<Result<Ended, ServeError>> = None;
     loop {
         tokio::select! {
             next = conn.accept() => match next {
-                Some(Ok((request, mut respond))) => {
+                Some(Ok(conn::Incoming { head, stream })) => {
                     if !seen_stream {
                         seen_stream = true;
                         timer.as_mut().reset(Instant::now() + cfg.idle_timeout);
@@ -158,22 +143,30 @@ where
                         Ok(s) => s,
                         Err(refusal) => {
                             metrics.refused(&refusal, None);
-                            respond.send_reset(h2::Reason::REFUSED_STREAM);
+                            stream.reset(Reason::REFUSED_STREAM);
                             continue;
                         }
                     };
                     if let Some(w) = peer.grow() {
-                        conn.set_target_window_size(w.connection);
-                        let _ = conn.set_initial_window_size(w.stream);
+                        conn.grow_windows(w.stream, w.connection);
                     }
                     let open = activity.enter();
                     let h = handle.clone();
                     drain.spawn(async move {
-                        h(ConnectRequest { request, respond }).await;
+                        h(ConnectRequest { head, stream }).await;
                         drop((open, slot));
                     });
                 }
-                Some(Err(e)) => return closing.unwrap_or(Err(ServeError::H2(e))),
+                Some(Err(e)) => {
+                    return closing.unwrap_or(match e.kind {
+                        ConnErrorKind::PeerDead => {
+                            tracing::debug!("HBONE peer stopped answering pings; closing the connection");
+                            Ok(Ended::PeerDead)
+                        }
+                        ConnErrorKind::Closed => Ok(Ended::Closed),
+                        _ => Err(ServeError::H2(e)),
+                    });
+                }
                 None => return closing.unwrap_or(Ok(Ended::Closed)),
             },
             () = &mut timer => {
@@ -181,19 +174,26 @@ where
                     return closing.unwrap_or(Ok(Ended::Closed));
                 }
                 let now = Instant::now();
-                let next = if !seen_stream {
-                    closing = Some(Err(ServeError::FirstStreamTimeout(cfg.first_stream_timeout)));
-                    None
-                } else if activity.open() > 0 {
-                    Some(now + cfg.idle_timeout)
-                } else {
-                    let idle_since = activity.idle_since();
-                    let due = idle_since + cfg.idle_timeout;
-                    if due <= now {
-                        closing = Some(Ok(Ended::Idle));
-                        None
-                    } else {
-                        Some(due)
+                let next = match conn.preface_received_at() {
+                    None => return Err(ServeError::PrefaceTimeout(cfg.preface_timeout)),
+                    Some(at) if !seen_stream => {
+                        let due = at + cfg.first_stream_timeout;
+                        if due <= now {
+                            closing = Some(Err(ServeError::FirstStreamTimeout(cfg.first_stream_timeout)));
+                            None
+                        } else {
+                            Some(due)
+                        }
+                    }
+                    Some(_) if activity.open() > 0 => Some(now + cfg.idle_timeout),
+                    Some(_) => {
+                        let due = activity.idle_since() + cfg.idle_timeout;
+                        if due <= now {
+                            closing = Some(Ok(Ended::Idle));
+                            None
+                        } else {
+                            Some(due)
+                        }
                     }
                 };
                 match next {
@@ -212,10 +212,6 @@ where
                 conn.graceful_shutdown();
             }
             _ = drain.forced() => return Ok(Ended::Drained),
-            _ = dead.cancelled() => {
-                tracing::debug!("HBONE peer stopped answering pings; closing the connection");
-                return Ok(Ended::PeerDead);
-            }
         }
     }
 }

@@ -1,0 +1,255 @@
+//! The record layer against rustls itself (tokio-rustls on the other end): handshakes both
+//! ways, data both ways, key updates started by either side, session tickets, close_notify, and
+//! records that must be refused.
+
+use std::time::Duration;
+
+use ambit_identity::{FakeCa, Identity, WorkloadCertificate};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::*;
+
+fn identity(name: &str) -> Identity {
+    Identity::new("cluster.local", "default", name)
+}
+
+fn cert(ca: &FakeCa, name: &str) -> WorkloadCertificate {
+    ca.issue(&identity(name), Duration::from_secs(3600)).expect("test CA issues")
+}
+
+async fn pair() -> (TcpStream, TcpStream) {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let (a, b) = tokio::join!(TcpStream::connect(addr), l.accept());
+    (a.expect("connect"), b.expect("accept").0)
+}
+
+fn name() -> ServerName<'static> {
+    ServerName::IpAddress(std::net::Ipv4Addr::LOCALHOST.into())
+}
+
+/// One application-data record holding `data`.
+fn record(sealer: &mut Sealer, data: &[u8]) -> Vec<u8> {
+    let mut rec = vec![0u8; OVERHEAD + data.len()];
+    rec[HEADER_LEN..HEADER_LEN + data.len()].copy_from_slice(data);
+    sealer.seal(&mut rec).expect("seal");
+    rec
+}
+
+/// Reads records from `tcp` until `want` bytes of application data arrived; handles
+/// post-handshake messages (and answers a requested key update on `tcp`).
+async fn read_data(tcp: &mut TcpStream, est: &mut Established, want: usize) -> Vec<u8> {
+    let mut buf = std::mem::take(&mut est.leftover);
+    let mut got = std::mem::take(&mut est.early);
+    while got.len() < want {
+        while let Some(len) = record_len(&buf).expect("record header") {
+            if buf.len() < len {
+                break;
+            }
+            let mut rec: Vec<u8> = buf.drain(..len).collect();
+            match est.session.open(&mut rec).expect("open") {
+                Content::Data(r) => got.extend_from_slice(&rec[r]),
+                Content::Handshake(r) => {
+                    let post = est.session.handshake(&rec[r], &mut est.sealer).expect("post-handshake");
+                    if post.update_requested {
+                        let mut out = Vec::new();
+                        est.sealer.key_update(&mut out).expect("key update");
+                        tcp.write_all(&out).await.expect("write key update");
+                    }
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        if got.len() >= want {
+            break;
+        }
+        let mut chunk = vec![0u8; 64 * 1024];
+        let n = tcp.read(&mut chunk).await.expect("read");
+        assert!(n > 0, "EOF with {} of {want} bytes", got.len());
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    est.leftover = buf;
+    got
+}
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+#[tokio::test]
+async fn our_client_and_server_agree_both_ways() {
+    let ca = FakeCa::generate();
+    let (c, s) = pair().await;
+    let server = cert(&ca, "server");
+    let client = cert(&ca, "client");
+    let (mut ce, mut se) = tokio::join!(
+        connect(&c, client.client_config(&[identity("server")]), name()),
+        accept(&s, server.server_config()),
+    );
+    let (ce, se) = (ce.as_mut().expect("client handshake"), se.as_mut().expect("server handshake"));
+    assert_eq!(ambit_identity::peer_identity(&ce.peer_certificates), Some(identity("server")));
+    assert_eq!(ambit_identity::peer_identity(&se.peer_certificates), Some(identity("client")));
+    let (mut c, mut s) = (c, s);
+    let up = pattern(100_000, 1);
+    for part in up.chunks(MAX_CONTENT) {
+        c.write_all(&record(&mut ce.sealer, part)).await.expect("write");
+    }
+    assert_eq!(read_data(&mut s, se, up.len()).await, up);
+    let down = pattern(50_000, 2);
+    for part in down.chunks(7000) {
+        s.write_all(&record(&mut se.sealer, part)).await.expect("write");
+    }
+    assert_eq!(read_data(&mut c, ce, down.len()).await, down);
+}
+
+#[tokio::test]
+async fn interoperates_with_rustls_both_ways_across_key_updates() {
+    let ca = FakeCa::generate();
+    let server = cert(&ca, "server");
+    let client = cert(&ca, "client");
+
+    // Our client, rustls's server.
+    let (mut c, s) = pair().await;
+    let acceptor = tokio_rustls::TlsAcceptor::from(server.server_config());
+    let (ours, theirs) =
+        tokio::join!(connect(&c, client.client_config(&[identity("server")]), name()), acceptor.accept(s));
+    let (mut ours, mut theirs) = (ours.expect("our client"), theirs.expect("rustls server"));
+    // Our key moves every 3 records; rustls follows.
+    ours.sealer.set_key_update_after(3);
+    let data = pattern(200_000, 3);
+    for part in data.chunks(10_000) {
+        if ours.sealer.wants_key_update() {
+            let mut out = Vec::new();
+            ours.sealer.key_update(&mut out).expect("key update");
+            c.write_all(&out).await.expect("write");
+        }
+        c.write_all(&record(&mut ours.sealer, part)).await.expect("write");
+    }
+    let mut got = vec![0u8; data.len()];
+    theirs.read_exact(&mut got).await.expect("rustls reads");
+    assert_eq!(got, data);
+    // rustls moves its key and asks us to move ours; we follow and answer.
+    theirs.get_mut().1.refresh_traffic_keys().expect("rustls key update");
+    theirs.write_all(b"after the update").await.expect("rustls writes");
+    theirs.flush().await.expect("flush");
+    assert_eq!(read_data(&mut c, &mut ours, 16).await, b"after the update");
+    c.write_all(&record(&mut ours.sealer, b"still readable")).await.expect("write");
+    let mut got = [0u8; 14];
+    theirs.read_exact(&mut got).await.expect("rustls reads after our answer");
+    assert_eq!(&got, b"still readable");
+
+    // rustls's client, our server.
+    let (c, mut s) = pair().await;
+    let connector = tokio_rustls::TlsConnector::from(client.client_config(&[identity("server")]));
+    let (theirs, ours) = tokio::join!(connector.connect(name(), c), accept(&s, server.server_config()));
+    let (mut theirs, mut ours) = (theirs.expect("rustls client"), ours.expect("our server"));
+    let data = pattern(300_000, 4);
+    let writer = async {
+        theirs.write_all(&data).await.expect("rustls writes");
+        theirs.flush().await.expect("flush");
+        theirs
+    };
+    let (mut theirs, got) = tokio::join!(writer, read_data(&mut s, &mut ours, data.len()));
+    assert_eq!(got, data);
+    s.write_all(&record(&mut ours.sealer, b"from our server")).await.expect("write");
+    let mut got = [0u8; 15];
+    theirs.read_exact(&mut got).await.expect("rustls reads");
+    assert_eq!(&got, b"from our server");
+    // close_notify from our side: rustls sees a clean end of stream.
+    let mut out = Vec::new();
+    ours.sealer.close_notify(&mut out).expect("close_notify");
+    s.write_all(&out).await.expect("write");
+    let mut rest = Vec::new();
+    assert_eq!(theirs.read_to_end(&mut rest).await.expect("clean EOF"), 0);
+}
+
+#[tokio::test]
+async fn session_tickets_from_the_server_are_taken_after_the_handshake() {
+    // rustls's server sends TLS 1.3 tickets once the client's Finished arrived: they reach our
+    // client as post-handshake messages, and the data after them still reads.
+    let ca = FakeCa::generate();
+    let server = cert(&ca, "server");
+    let client = cert(&ca, "client");
+    let mut config = (*server.server_config()).clone();
+    config.send_tls13_tickets = 2;
+    let (mut c, s) = pair().await;
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let (ours, theirs) =
+        tokio::join!(connect(&c, client.client_config(&[identity("server")]), name()), acceptor.accept(s));
+    let (mut ours, mut theirs) = (ours.expect("our client"), theirs.expect("rustls server"));
+    theirs.write_all(b"hello").await.expect("write");
+    theirs.flush().await.expect("flush");
+    assert_eq!(read_data(&mut c, &mut ours, 5).await, b"hello");
+}
+
+#[tokio::test]
+async fn a_server_with_another_identity_is_refused_and_told_why() {
+    let ca = FakeCa::generate();
+    let server = cert(&ca, "server");
+    let client = cert(&ca, "client");
+    let (c, s) = pair().await;
+    let acceptor = tokio_rustls::TlsAcceptor::from(server.server_config());
+    let (ours, theirs) = tokio::join!(
+        connect(&c, client.client_config(&[identity("someone-else")]), name()),
+        acceptor.accept(s)
+    );
+    let err = ours.err().expect("our client refuses the server").to_string();
+    assert!(err.contains("someone-else"), "{err}");
+    let err = theirs.expect_err("the server learns of it").to_string();
+    assert!(err.contains("received fatal alert"), "{err}");
+}
+
+#[tokio::test]
+async fn tampered_and_malformed_records_are_refused() {
+    let ca = FakeCa::generate();
+    let (c, s) = pair().await;
+    let server = cert(&ca, "server");
+    let client = cert(&ca, "client");
+    let (ce, se) = tokio::join!(
+        connect(&c, client.client_config(&[identity("server")]), name()),
+        accept(&s, server.server_config()),
+    );
+    let (mut ce, mut se) = (ce.expect("client"), se.expect("server"));
+    let mut rec = record(&mut ce.sealer, b"payload");
+    rec[HEADER_LEN + 2] ^= 1;
+    assert!(matches!(se.session.open(&mut rec), Err(TlsError::BadRecordMac)));
+    // Keys stay in step only if records are opened in order: a skipped record fails the next.
+    let _skipped = record(&mut ce.sealer, b"one");
+    let mut next = record(&mut ce.sealer, b"two");
+    assert!(matches!(se.session.open(&mut next), Err(TlsError::BadRecordMac)));
+
+    let err = |b: &[u8]| record_len(b).err().map(|e| e.to_string());
+    assert_eq!(
+        err(&[22, 3, 3, 0, 10]).as_deref(),
+        Some("malformed TLS record: outer record type is not application_data")
+    );
+    assert_eq!(err(&[23, 2, 3, 0, 10]).as_deref(), Some("malformed TLS record: record version"));
+    assert_eq!(
+        err(&[23, 3, 3, 0x41, 0x01]).as_deref(),
+        Some("malformed TLS record: record over 2^14 + 256 bytes")
+    );
+    assert_eq!(record_len(&[23, 3, 3, 0x41, 0x00]).expect("the largest record"), Some(MAX_RECORD));
+    assert_eq!(record_len(&[23, 3, 3]).expect("a partial header"), None);
+
+    // A record of all zeros after decryption has no content type.
+    let mut zeros = vec![0u8; OVERHEAD + 4];
+    let hdr = [TYPE_APPLICATION_DATA, 3, 3, 0, (4 + 1 + TAG_LEN) as u8];
+    zeros[..HEADER_LEN].copy_from_slice(&hdr);
+    let body_len = zeros.len() - HEADER_LEN - TAG_LEN;
+    let (inner, tag) = zeros[HEADER_LEN..].split_at_mut(body_len);
+    let t = ce
+        .sealer
+        .aead
+        .key
+        .seal_in_place_separate_tag(ce.sealer.aead.nonce(ce.sealer.seq), Aad::from(hdr), inner)
+        .expect("seal");
+    tag.copy_from_slice(t.as_ref());
+    ce.sealer.seq += 1;
+    // The receiver is one record behind after the two failures above: realign it.
+    se.session.opener.seq = ce.sealer.seq - 1;
+    assert_eq!(
+        se.session.open(&mut zeros).err().map(|e| e.to_string()).as_deref(),
+        Some("malformed TLS record: record without a content type")
+    );
+}

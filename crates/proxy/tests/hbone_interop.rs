@@ -1,0 +1,421 @@
+//! Ambit's HBONE (its own TLS record layer and HTTP/2, `ambit_proxy::hbone::conn`) against the
+//! reference stack the proxy used before and Istio's HBONE peers are built on: the `h2` crate
+//! over tokio-rustls, as client and as server. Every HTTP/2 feature HBONE peers use is crossed:
+//! flow control (small windows both ways, windows changed mid-connection), SETTINGS, PING,
+//! GOAWAY (graceful, with streams in flight), RST_STREAM, CONTINUATION and large header blocks,
+//! the peer's stream limit, and bulk data whose every byte is checked.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use ambit_identity::{FakeCa, Identity};
+use ambit_proxy::hbone::H2Settings;
+use ambit_proxy::hbone::conn::StreamError;
+use ambit_proxy::hbone::frame::Reason;
+use ambit_proxy::hbone::pool::TunnelError;
+use ambit_proxy::hbone::server::ServerConfig;
+use ambit_proxy::limits::Peers;
+use ambit_proxy::testing::{EchoServer, RelayServer, pool_to, send_all, settings, tls_client};
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use tokio::net::TcpListener;
+
+const T: Duration = Duration::from_secs(20);
+
+fn authority() -> SocketAddr {
+    "10.0.0.2:8080".parse().expect("addr")
+}
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n).map(|i| ((i / 7) as u8).wrapping_mul(13).wrapping_add(seed)).collect()
+}
+
+fn small_windows() -> H2Settings {
+    H2Settings { window_size: 65_535, connection_window_size: 65_535, frame_size: 16_384, max_streams: 100 }
+}
+
+async fn echo_app() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind app");
+    let addr = l.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.into_split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    addr
+}
+
+/// Our server (the relay to an echo app) with `s` as its settings.
+async fn our_server(ca: &FakeCa, s: H2Settings) -> RelayServer {
+    let peers = Peers::unlimited(s.window_size, s.connection_window_size);
+    RelayServer::start_with(ca, ServerConfig::new(s), peers, echo_app().await).await
+}
+
+type H2Client =
+    (h2::client::SendRequest<Bytes>, tokio::sync::mpsc::UnboundedSender<u32>, Option<h2::PingPong>);
+
+/// An `h2` client over tokio-rustls; the sender takes new window sizes for the connection.
+async fn h2_client(
+    ca: &FakeCa,
+    addr: SocketAddr,
+    server: &Identity,
+    builder: h2::client::Builder,
+) -> H2Client {
+    let tls = tls_client(ca, addr, server).await.expect("tls");
+    let (send, mut conn) = builder.handshake::<_, Bytes>(tls).await.expect("h2 handshake");
+    let pp = conn.ping_pong();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<u32>();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                r = &mut conn => return r,
+                Some(w) = rx.recv() => {
+                    conn.set_initial_window_size(w).expect("new initial window");
+                    conn.set_target_window_size(w);
+                }
+            }
+        }
+    });
+    (send, tx, pp)
+}
+
+async fn h2_connect(
+    send: &h2::client::SendRequest<Bytes>,
+    headers: &[(&'static str, String)],
+) -> Result<(h2::SendStream<Bytes>, h2::RecvStream), h2::Error> {
+    let mut send = send.clone().ready().await?;
+    let mut req = Request::connect(authority().to_string()).body(()).expect("request");
+    for (k, v) in headers {
+        req.headers_mut().insert(*k, HeaderValue::from_str(v).expect("value"));
+    }
+    let (resp, body) = send.send_request(req, false)?;
+    let resp = resp.await?;
+    assert_eq!(resp.status(), StatusCode::OK);
+    Ok((body, resp.into_body()))
+}
+
+/// Sends `data` on an `h2` stream and reads it back, concurrently.
+async fn h2_echo(body: &mut h2::SendStream<Bytes>, recv: &mut h2::RecvStream, data: &[u8]) {
+    let sender = async {
+        for part in data.chunks(100_000) {
+            send_all(body, Bytes::copy_from_slice(part)).await.expect("send");
+        }
+    };
+    let receiver = async {
+        let mut got = Vec::with_capacity(data.len());
+        while got.len() < data.len() {
+            let chunk = recv.data().await.expect("open").expect("data");
+            let _ = recv.flow_control().release_capacity(chunk.len());
+            got.extend_from_slice(&chunk);
+        }
+        got
+    };
+    let ((), got) =
+        tokio::time::timeout(T, async { tokio::join!(sender, receiver) }).await.expect("echo in time");
+    assert!(got == data, "echoed bytes differ");
+}
+
+/// Waits for END_STREAM on an `h2` stream (h2 hands out the empty DATA frame that carries it).
+async fn h2_end(recv: &mut h2::RecvStream) {
+    let end = tokio::time::timeout(T, async {
+        loop {
+            match recv.data().await {
+                Some(Ok(b)) if b.is_empty() => continue,
+                other => return other,
+            }
+        }
+    })
+    .await
+    .expect("END_STREAM in time");
+    assert!(end.is_none(), "data or an error instead of END_STREAM: {end:?}");
+}
+
+#[tokio::test]
+async fn h2_client_bulk_data_through_small_windows_both_ways() {
+    let ca = FakeCa::generate();
+    let server = our_server(&ca, small_windows()).await;
+    // h2's own windows are small too, so both directions stop and start on flow control.
+    let mut b = h2::client::Builder::new();
+    b.initial_window_size(16_384).initial_connection_window_size(40_000);
+    let (send, _, _) = h2_client(&ca, server.addr, &server.identity, b).await;
+    let (mut body, mut recv) = h2_connect(&send, &[]).await.expect("CONNECT");
+    h2_echo(&mut body, &mut recv, &pattern(8 << 20, 1)).await;
+    // A second stream on the same connection while the first is still open.
+    let (mut body2, mut recv2) = h2_connect(&send, &[]).await.expect("second CONNECT");
+    h2_echo(&mut body2, &mut recv2, &pattern(1 << 20, 2)).await;
+    // END_STREAM passes through to the app (FIN) and back.
+    body.send_data(Bytes::new(), true).expect("end");
+    h2_end(&mut recv).await;
+}
+
+#[tokio::test]
+async fn h2_client_changes_its_windows_mid_connection_and_pings() {
+    let ca = FakeCa::generate();
+    let server = our_server(&ca, settings()).await;
+    let mut b = h2::client::Builder::new();
+    b.initial_window_size(65_535).initial_connection_window_size(65_535);
+    let (send, windows, pp) = h2_client(&ca, server.addr, &server.identity, b).await;
+    let (mut body, mut recv) = h2_connect(&send, &[]).await.expect("CONNECT");
+    h2_echo(&mut body, &mut recv, &pattern(1 << 20, 3)).await;
+    // New SETTINGS_INITIAL_WINDOW_SIZE and a connection WINDOW_UPDATE with a stream open.
+    windows.send(4 << 20).expect("send");
+    h2_echo(&mut body, &mut recv, &pattern(4 << 20, 4)).await;
+    let mut pp = pp.expect("ping_pong");
+    tokio::time::timeout(T, pp.ping(h2::Ping::opaque())).await.expect("pong in time").expect("pong");
+}
+
+#[tokio::test]
+async fn h2_client_sees_our_graceful_goaway_and_finishes_its_stream() {
+    let ca = FakeCa::generate();
+    let server = EchoServer::start(&ca, settings()).await;
+    let (send, _, _) = h2_client(&ca, server.addr, &server.identity, h2::client::Builder::new()).await;
+    let (mut body, mut recv) = h2_connect(&send, &[]).await.expect("CONNECT");
+    server.drain.clone().begin();
+    // The stream opened before the GOAWAY keeps working.
+    h2_echo(&mut body, &mut recv, &pattern(300_000, 5)).await;
+    // A new stream on this connection is refused: h2 reports the GOAWAY.
+    let refused = tokio::time::timeout(T, async {
+        loop {
+            match h2_connect(&send, &[]).await {
+                Err(e) => return e,
+                Ok(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+    })
+    .await
+    .expect("refused in time");
+    assert!(refused.is_go_away() || refused.reason() == Some(h2::Reason::REFUSED_STREAM), "{refused}");
+    body.send_data(Bytes::new(), true).expect("end");
+    h2_end(&mut recv).await;
+}
+
+#[tokio::test]
+async fn h2_client_resets_one_stream_and_the_others_go_on() {
+    let ca = FakeCa::generate();
+    let server = our_server(&ca, settings()).await;
+    let (send, _, _) = h2_client(&ca, server.addr, &server.identity, h2::client::Builder::new()).await;
+    let (mut body, mut recv) = h2_connect(&send, &[]).await.expect("CONNECT");
+    let (mut gone, _gone_recv) = h2_connect(&send, &[]).await.expect("CONNECT");
+    send_all(&mut gone, Bytes::from(vec![1u8; 100_000])).await.expect("send");
+    gone.send_reset(h2::Reason::CANCEL);
+    h2_echo(&mut body, &mut recv, &pattern(2 << 20, 6)).await;
+    let t0 = std::time::Instant::now();
+    while server.relays.load(Ordering::Acquire) > 1 {
+        assert!(t0.elapsed() < T, "the reset stream's relay did not end");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn h2_client_headers_in_continuation_frames_and_over_our_limit() {
+    let ca = FakeCa::generate();
+    // 16 KiB frames: a 40 KiB header block needs HEADERS and CONTINUATION frames.
+    let server = our_server(&ca, small_windows()).await;
+    let (send, _, _) = h2_client(&ca, server.addr, &server.identity, h2::client::Builder::new()).await;
+    let big = "v".repeat(40 * 1024);
+    let (mut body, mut recv) =
+        h2_connect(&send, &[("x-large", big)]).await.expect("CONNECT with large headers");
+    h2_echo(&mut body, &mut recv, b"after large headers").await;
+    // Over our 64 KiB header list: that stream is refused, the connection stays.
+    let huge = "h".repeat(70 * 1024);
+    let err = h2_connect(&send, &[("x-huge", huge)]).await.expect_err("refused");
+    assert_eq!(err.reason(), Some(h2::Reason::PROTOCOL_ERROR), "{err}");
+    let (mut body, mut recv) = h2_connect(&send, &[]).await.expect("the connection still serves");
+    h2_echo(&mut body, &mut recv, b"still here").await;
+}
+
+// ---- Our client against an h2 server ----
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Behaviour {
+    Echo,
+    /// Answers 200 with a header of this many bytes, then echoes.
+    LargeHeaders(usize),
+    /// Answers 200, then resets the stream with CANCEL.
+    Reset,
+    /// Answers 401.
+    Deny,
+}
+
+struct H2Server {
+    addr: SocketAddr,
+    identity: Identity,
+    accepted: Arc<AtomicUsize>,
+    shutdown: Arc<tokio::sync::Notify>,
+    /// PINGs the server sent that came back.
+    pongs: Arc<AtomicUsize>,
+}
+
+async fn h2_server(ca: &FakeCa, builder: h2::server::Builder, behaviour: Behaviour) -> H2Server {
+    let identity = Identity::new("cluster.local", "default", "h2-server");
+    let cert = ca.issue(&identity, Duration::from_secs(3600)).expect("issue");
+    let acceptor = tokio_rustls::TlsAcceptor::from(cert.server_config());
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let shutdown = Arc::new(tokio::sync::Notify::new());
+    let pongs = Arc::new(AtomicUsize::new(0));
+    let (n, sd, pg) = (accepted.clone(), shutdown.clone(), pongs.clone());
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = l.accept().await {
+            n.fetch_add(1, Ordering::AcqRel);
+            let (acceptor, builder, sd, pg) = (acceptor.clone(), builder.clone(), sd.clone(), pg.clone());
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else { return };
+                let Ok(mut conn) = builder.handshake::<_, Bytes>(tls).await else { return };
+                if let Some(mut pp) = conn.ping_pong() {
+                    tokio::spawn(async move {
+                        if pp.ping(h2::Ping::opaque()).await.is_ok() {
+                            pg.fetch_add(1, Ordering::AcqRel);
+                        }
+                    });
+                }
+                let mut shut = false;
+                loop {
+                    let next = tokio::select! {
+                        next = conn.accept() => next,
+                        () = sd.notified(), if !shut => {
+                            shut = true;
+                            conn.graceful_shutdown();
+                            continue;
+                        }
+                    };
+                    let Some(Ok((req, respond))) = next else { return };
+                    tokio::spawn(serve_h2(req, respond, behaviour));
+                }
+            });
+        }
+    });
+    H2Server { addr, identity, accepted, shutdown, pongs }
+}
+
+async fn serve_h2(req: Request<h2::RecvStream>, mut respond: h2::server::SendResponse<Bytes>, b: Behaviour) {
+    assert_eq!(req.method(), http::Method::CONNECT);
+    assert_eq!(req.uri().authority().map(|a| a.as_str()), Some("10.0.0.2:8080"));
+    assert_eq!(req.headers().get("x-from").map(|v| v.as_bytes()), Some(&b"ambit"[..]));
+    let mut resp = Response::builder().status(if b == Behaviour::Deny { 401 } else { 200 });
+    if let Behaviour::LargeHeaders(n) = b {
+        resp = resp.header("x-large", "L".repeat(n));
+    }
+    let Ok(mut send) = respond.send_response(resp.body(()).expect("response"), b == Behaviour::Deny) else {
+        return;
+    };
+    if b == Behaviour::Reset {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        send.send_reset(h2::Reason::CANCEL);
+        return;
+    }
+    let mut recv = req.into_body();
+    while let Some(Ok(chunk)) = recv.data().await {
+        let _ = recv.flow_control().release_capacity(chunk.len());
+        if send_all(&mut send, chunk).await.is_err() {
+            return;
+        }
+    }
+    let _ = send.send_data(Bytes::new(), true);
+}
+
+fn from_ambit() -> HeaderMap {
+    let mut h = HeaderMap::new();
+    h.insert("x-from", HeaderValue::from_static("ambit"));
+    h
+}
+
+/// Sends `data` through our tunnel and reads it back.
+async fn our_echo(t: &ambit_proxy::hbone::pool::Tunnel, data: &[u8]) {
+    let sender = async { t.stream.send(data).await.expect("send") };
+    let receiver = async {
+        let mut got = Vec::with_capacity(data.len());
+        while got.len() < data.len() {
+            got.extend_from_slice(&t.stream.recv().await.expect("open").expect("data"));
+        }
+        got
+    };
+    let ((), got) =
+        tokio::time::timeout(T, async { tokio::join!(sender, receiver) }).await.expect("echo in time");
+    assert!(got == data, "echoed bytes differ");
+}
+
+#[tokio::test]
+async fn our_client_bulk_data_through_an_h2_server_with_small_windows() {
+    let ca = Arc::new(FakeCa::generate());
+    let mut b = h2::server::Builder::new();
+    b.initial_window_size(16_384).initial_connection_window_size(30_000).max_frame_size(16_384);
+    let server = h2_server(&ca, b, Behaviour::Echo).await;
+    let (pool, key) = pool_to(ca.clone(), server.addr, &server.identity, small_windows());
+    let t = pool.connect(&key, authority(), &from_ambit()).await.expect("tunnel");
+    our_echo(&t, &pattern(8 << 20, 7)).await;
+    // END_STREAM both ways.
+    t.stream.finish().expect("finish");
+    assert!(tokio::time::timeout(T, t.stream.recv()).await.expect("end in time").is_none());
+    // The h2 server's PING was answered by our connection.
+    let t0 = std::time::Instant::now();
+    while server.pongs.load(Ordering::Acquire) == 0 {
+        assert!(t0.elapsed() < T, "the server's PING went unanswered");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn our_client_keeps_to_the_h2_servers_stream_limit() {
+    let ca = Arc::new(FakeCa::generate());
+    let mut b = h2::server::Builder::new();
+    b.max_concurrent_streams(1);
+    let server = h2_server(&ca, b, Behaviour::Echo).await;
+    let (pool, key) = pool_to(ca.clone(), server.addr, &server.identity, settings());
+    let t1 = pool.connect(&key, authority(), &from_ambit()).await.expect("t1");
+    our_echo(&t1, b"one").await;
+    let t2 = pool.connect(&key, authority(), &from_ambit()).await.expect("t2");
+    our_echo(&t2, b"two").await;
+    assert_eq!(server.accepted.load(Ordering::Acquire), 2, "a second stream needs a second connection");
+}
+
+#[tokio::test]
+async fn our_client_moves_to_a_fresh_connection_after_the_h2_servers_goaway() {
+    let ca = Arc::new(FakeCa::generate());
+    let server = h2_server(&ca, h2::server::Builder::new(), Behaviour::Echo).await;
+    let (pool, key) = pool_to(ca.clone(), server.addr, &server.identity, settings());
+    let held = pool.connect(&key, authority(), &from_ambit()).await.expect("held");
+    our_echo(&held, b"before").await;
+    server.shutdown.notify_one();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let fresh = pool.connect(&key, authority(), &from_ambit()).await.expect("fresh");
+    our_echo(&fresh, b"fresh").await;
+    our_echo(&held, &pattern(1 << 20, 8)).await;
+    assert_eq!(server.accepted.load(Ordering::Acquire), 2, "the new stream went to a fresh connection");
+}
+
+#[tokio::test]
+async fn our_client_takes_large_headers_resets_and_denials_from_an_h2_server() {
+    let ca = Arc::new(FakeCa::generate());
+    // With our 16 KiB frames, a 40 KiB response head comes as HEADERS and CONTINUATION frames.
+    let large = h2_server(&ca, h2::server::Builder::new(), Behaviour::LargeHeaders(40 * 1024)).await;
+    let (pool, key) = pool_to(ca.clone(), large.addr, &large.identity, small_windows());
+    let t = pool.connect(&key, authority(), &from_ambit()).await.expect("tunnel with large headers");
+    assert_eq!(t.headers.get("x-large").map(|v| v.len()), Some(40 * 1024));
+    our_echo(&t, b"after large headers").await;
+    // Over our 64 KiB header list: the stream fails, the connection stays.
+    let huge = h2_server(&ca, h2::server::Builder::new(), Behaviour::LargeHeaders(70 * 1024)).await;
+    let (pool, key) = pool_to(ca.clone(), huge.addr, &huge.identity, small_windows());
+    let err = pool.connect(&key, authority(), &from_ambit()).await.err().expect("refused");
+    assert_eq!(err.to_string(), "http2 error: header list larger than 65536 bytes");
+
+    let reset = h2_server(&ca, h2::server::Builder::new(), Behaviour::Reset).await;
+    let (pool, key) = pool_to(ca.clone(), reset.addr, &reset.identity, settings());
+    let t = pool.connect(&key, authority(), &from_ambit()).await.expect("tunnel");
+    let r = tokio::time::timeout(T, t.stream.recv()).await.expect("reset in time");
+    assert_eq!(r.map(|r| r.err()), Some(Some(StreamError::Reset(Reason::CANCEL))));
+
+    let deny = h2_server(&ca, h2::server::Builder::new(), Behaviour::Deny).await;
+    let (pool, key) = pool_to(ca.clone(), deny.addr, &deny.identity, settings());
+    for _ in 0..3 {
+        let err = pool.connect(&key, authority(), &from_ambit()).await.err().expect("denied");
+        assert!(matches!(err, TunnelError::Status(s) if s == StatusCode::UNAUTHORIZED), "{err}");
+    }
+    assert_eq!(deny.accepted.load(Ordering::Acquire), 1, "denials keep the pooled connection");
+}
