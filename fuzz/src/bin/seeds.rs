@@ -74,6 +74,50 @@ fn all() -> Vec<(&'static str, Vec<Vec<u8>>)> {
         ("dns_upstream_reply", dns_replies()),
         ("objects_yaml", texts(&OBJECT_FILES)),
         ("ca_csr", csrs()),
+        ("hbone_plaintext", hbone_plaintexts()),
+    ]
+}
+
+/// A server's view (first byte even) and a client's (odd) of a whole HBONE exchange, built with
+/// the proxy's own frame writers and header encoder; the second byte sizes the pieces.
+fn hbone_plaintexts() -> Vec<Vec<u8>> {
+    use ambit_proxy::hbone::frame::{self, Reason, setting};
+    use ambit_proxy::hbone::hpack::Encoder;
+    let mut headers = http::HeaderMap::new();
+    headers.insert("baggage", http::HeaderValue::from_static("k8s.namespace.name=default"));
+    let mut server = frame::PREFACE.to_vec();
+    frame::settings(&mut server, &[(setting::INITIAL_WINDOW_SIZE, 1 << 20), (setting::MAX_FRAME_SIZE, 1 << 20)]);
+    frame::window_update(&mut server, 0, 1 << 20);
+    let mut block = Vec::new();
+    Encoder::default().connect(&mut block, "10.244.7.2:8080", &headers);
+    frame::headers(&mut server, 1, &block, false, 16_384);
+    let mut data = vec![0u8; 9];
+    frame::Head { len: 5, kind: 0, flags: 0, stream: 1 }.encode(&mut data);
+    data.extend_from_slice(b"hello");
+    server.extend_from_slice(&data);
+    frame::window_update(&mut server, 1, 100);
+    frame::ping(&mut server, *b"12345678", false);
+    frame::data_end(&mut server, 1);
+    frame::rst_stream(&mut server, 1, Reason::CANCEL);
+    frame::goaway(&mut server, 0, Reason::NO_ERROR);
+    let mut client = Vec::new();
+    frame::settings(&mut client, &[(setting::MAX_CONCURRENT_STREAMS, 100)]);
+    frame::settings_ack(&mut client);
+    let mut block = Vec::new();
+    let mut enc = Encoder::default();
+    enc.response(&mut block, 200, &headers);
+    frame::headers(&mut client, 1, &block, false, 16);
+    client.extend_from_slice(&data);
+    let mut trailers = Vec::new();
+    enc.response(&mut trailers, 503, &http::HeaderMap::new());
+    frame::headers(&mut client, 3, &trailers, true, 16_384);
+    frame::goaway(&mut client, 3, Reason::ENHANCE_YOUR_CALM);
+    let with = |role: u8, step: u8, body: &[u8]| [&[role, step][..], body].concat();
+    vec![
+        with(0, 255, &server),
+        with(0, 7, &server),
+        with(1, 255, &client),
+        with(1, 3, &client),
     ]
 }
 

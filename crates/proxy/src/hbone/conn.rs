@@ -998,18 +998,21 @@ impl StreamHandle {
             let read = SEND_BUF.with_borrow_mut(|buf| {
                 let buf = send_buf(buf);
                 let n = {
+                    let mut slices: [io::IoSliceMut<'_>; SLOTS] =
+                        std::array::from_fn(|_| io::IoSliceMut::new(&mut []));
                     let mut left = cap;
-                    let mut slices: Vec<io::IoSliceMut<'_>> = Vec::with_capacity(SLOTS);
-                    for slot in buf.chunks_mut(SLOT) {
+                    let mut used = 0;
+                    for (slot, slice) in buf.chunks_mut(SLOT).zip(slices.iter_mut()) {
                         if left == 0 {
                             break;
                         }
                         let len = left.min(SLOT_PAYLOAD);
                         left -= len;
                         let at = tls::HEADER_LEN + frame::HEADER_LEN;
-                        slices.push(io::IoSliceMut::new(&mut slot[at..at + len]));
+                        *slice = io::IoSliceMut::new(&mut slot[at..at + len]);
+                        used += 1;
                     }
-                    app.try_read_vectored(&mut slices)
+                    read_drained(app, &mut slices[..used], cap)
                 };
                 let mut st = self.shared.lock();
                 match n {
@@ -1146,6 +1149,22 @@ fn gone(e: StreamError) -> io::Error {
         other => format!("the HBONE stream is gone: {other}"),
     };
     io::Error::new(crate::copy::GONE, what)
+}
+
+/// Reads from `sock` into `bufs` (`want` bytes of room). A short read means the socket's queue
+/// was emptied: its readiness is cleared then, as tokio's own reads do, so the next wait needs no
+/// extra read that would only find nothing.
+fn read_drained(sock: &TcpStream, bufs: &mut [io::IoSliceMut<'_>], want: usize) -> io::Result<usize> {
+    use std::io::Read;
+    let mut n = 0;
+    let r = sock.try_io(tokio::io::Interest::READABLE, || {
+        n = (&*socket2::SockRef::from(sock)).read_vectored(bufs)?;
+        if n > 0 && n < want { Err(io::ErrorKind::WouldBlock.into()) } else { Ok(n) }
+    });
+    match r {
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock && n > 0 => Ok(n),
+        r => r,
+    }
 }
 
 fn send_buf(buf: &mut Vec<u8>) -> &mut [u8] {
@@ -1531,7 +1550,8 @@ impl Driver {
                 }
                 let kept = self.stash.len();
                 buf[..kept].copy_from_slice(&self.stash);
-                let n = match shared.tcp.try_read(&mut buf[kept..]) {
+                let room = buf.len() - kept;
+                let n = match read_drained(&shared.tcp, &mut [io::IoSliceMut::new(&mut buf[kept..])], room) {
                     Ok(0) => return Ok(Some(Read::Eof)),
                     Ok(n) => n,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
@@ -2098,6 +2118,103 @@ impl Proto {
         }
         s.wake();
         Ok(())
+    }
+}
+
+/// Entry points for the fuzz targets in `fuzz/` (feature `fuzzing`, never on in a normal build).
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing {
+    use super::*;
+
+    /// Feeds `data` to one side's protocol machinery as the plaintext it receives after the TLS
+    /// handshake: a server when the first byte is even, a client otherwise; the next byte sizes
+    /// the pieces it arrives in. Stops at the first connection error, as a connection does.
+    pub fn plaintext(data: &[u8]) {
+        let [first, step, rest @ ..] = data else { return };
+        let role = if first % 2 == 0 { Role::Server } else { Role::Client };
+        let cfg = Config {
+            stream_window: 1 << 16,
+            connection_window: 1 << 17,
+            max_frame_size: frame::DEFAULT_MAX_FRAME,
+            max_concurrent_streams: Some(100),
+            max_header_list_size: 16 * 1024,
+            keepalive: None,
+        };
+        let mut st = State {
+            role,
+            sealer: tls::Sealer::for_fuzzing(),
+            out: Out::default(),
+            ctl: Vec::new(),
+            driver: None,
+            streams: HashMap::new(),
+            next_id: 1,
+            last_peer_id: 0,
+            peer: PeerSettings::default(),
+            local_window: cfg.stream_window,
+            local_max_concurrent: 100,
+            conn_send: i64::from(frame::DEFAULT_WINDOW),
+            conn_recv: i64::from(cfg.connection_window),
+            conn_unacked: 0,
+            conn_target: cfg.connection_window,
+            encoder: hpack::Encoder::default(),
+            goaway_received: None,
+            goaway_sent: false,
+            final_goaway: None,
+            closed: None,
+            send_waiters: Vec::new(),
+            handles: 1,
+        };
+        if role == Role::Client {
+            // Streams 1, 3 and 5 are open and waiting for their response.
+            for id in [1, 3, 5] {
+                st.streams
+                    .insert(id, Stream { send_window: 65_535, recv_window: 65_535, ..Stream::default() });
+            }
+            st.next_id = 7;
+        }
+        let max_block = 32 * 1024;
+        let mut reader = frame::Reader::new(cfg.max_frame_size, max_block);
+        let mut proto = Proto {
+            role,
+            decoder: hpack::Decoder::default(),
+            block: None,
+            max_block,
+            max_header_list: cfg.max_header_list_size as usize,
+            data_target: None,
+            preface_left: if role == Role::Server { frame::PREFACE.len() } else { 0 },
+            settings_seen: false,
+            preface_done_at: None,
+            incoming: VecDeque::new(),
+            flood: Flood::default(),
+            pong: None,
+        };
+        for piece in rest.chunks(usize::from(*step).max(1)) {
+            let mut input = piece;
+            if proto.preface_left > 0 {
+                let n = proto.preface_left.min(input.len());
+                let expect = &frame::PREFACE[frame::PREFACE.len() - proto.preface_left..][..n];
+                if &input[..n] != expect {
+                    return;
+                }
+                proto.preface_left -= n;
+                input = &input[n..];
+            }
+            while let Some(ev) = reader.next(&mut input) {
+                let Ok(ev) = ev else { return };
+                if proto.event(&mut st, ev).is_err() {
+                    return;
+                }
+            }
+            // Streams the peer opened are answered and dropped, as a handler would.
+            while let Some((id, _)) = proto.incoming.pop_front() {
+                st.streams.remove(&id);
+            }
+            if st.seal_control().is_err() {
+                return;
+            }
+            let n = st.out.len();
+            st.out.advance(n);
+        }
     }
 }
 

@@ -170,10 +170,7 @@ impl Sealer {
         out.resize(start + OVERHEAD + 5, 0);
         out[start + HEADER_LEN..start + HEADER_LEN + 5].copy_from_slice(&[HS_KEY_UPDATE, 0, 0, 1, 0]);
         self.seal_typed(&mut out[start..], TYPE_HANDSHAKE)?;
-        let (seq, secrets) = match &mut self.kernel {
-            Kernel::Client(k) => k.update_tx_secret()?,
-            Kernel::Server(k) => k.update_tx_secret()?,
-        };
+        let (seq, secrets) = self.kernel.update(true)?;
         self.aead = Aead::new(&secrets)?;
         self.seq = seq;
         Ok(())
@@ -195,6 +192,20 @@ impl Sealer {
     /// Records sealed with the current key.
     pub fn sequence(&self) -> u64 {
         self.seq
+    }
+
+    /// A sealer with a fixed key and no key schedule, for the fuzz targets.
+    #[cfg(feature = "fuzzing")]
+    pub fn for_fuzzing() -> Sealer {
+        let secrets = ConnectionTrafficSecrets::Aes256Gcm {
+            key: rustls::crypto::cipher::AeadKey::from([7u8; 32]),
+            iv: rustls::crypto::cipher::Iv::new([1u8; NONCE_LEN]),
+        };
+        let aead = match Aead::new(&secrets) {
+            Ok(a) => a,
+            Err(e) => panic!("a fixed AES-256 key: {e}"),
+        };
+        Sealer { aead, seq: 0, update_after: KEY_UPDATE_AFTER, kernel: Kernel::None }
     }
 
     /// Replaces the key after `records` records instead of [`KEY_UPDATE_AFTER`] (tests, so a
@@ -285,6 +296,22 @@ pub fn record_len(buf: &[u8]) -> Result<Option<usize>, TlsError> {
 enum Kernel {
     Client(KernelConnection<ClientConnectionData>),
     Server(KernelConnection<ServerConnectionData>),
+    /// The fuzz targets' connections, which had no handshake: no key schedule.
+    #[cfg(feature = "fuzzing")]
+    None,
+}
+
+impl Kernel {
+    fn update(&mut self, tx: bool) -> Result<(u64, ConnectionTrafficSecrets), TlsError> {
+        Ok(match (self, tx) {
+            (Kernel::Client(k), true) => k.update_tx_secret()?,
+            (Kernel::Client(k), false) => k.update_rx_secret()?,
+            (Kernel::Server(k), true) => k.update_tx_secret()?,
+            (Kernel::Server(k), false) => k.update_rx_secret()?,
+            #[cfg(feature = "fuzzing")]
+            (Kernel::None, _) => return Err(TlsError::Unsupported("key update without a key schedule")),
+        })
+    }
 }
 
 /// What a post-handshake message asks of the sender.
@@ -334,10 +361,7 @@ impl Session {
                         [1] => true,
                         _ => return Err(TlsError::Malformed("KeyUpdate")),
                     };
-                    let (seq, secrets) = match &mut sealer.kernel {
-                        Kernel::Client(k) => k.update_rx_secret()?,
-                        Kernel::Server(k) => k.update_rx_secret()?,
-                    };
+                    let (seq, secrets) = sealer.kernel.update(false)?;
                     self.opener = Opener { aead: Aead::new(&secrets)?, seq };
                     out.update_requested |= requested;
                 }
