@@ -224,10 +224,12 @@ impl Out {
     fn advance(&mut self, n: usize) {
         self.pos += n;
         if self.pos >= self.buf.len() {
-            self.buf.clear();
             self.pos = 0;
-            if self.buf.capacity() > OUT_HIGH {
+            // An idle connection keeps no queue: what a burst needed goes back.
+            if self.buf.capacity() > 4096 {
                 self.buf = Vec::new();
+            } else {
+                self.buf.clear();
             }
         }
     }
@@ -1562,10 +1564,12 @@ impl Driver {
                 shared.flush(&mut st);
                 drop(st);
                 let used = used?;
-                self.stash.clear();
-                self.stash.extend_from_slice(&buf[used..kept + n]);
-                if self.stash.capacity() > tls::MAX_RECORD && self.stash.is_empty() {
+                if used == kept + n {
+                    // Nothing partial: the connection keeps no buffer.
                     self.stash = Vec::new();
+                } else {
+                    self.stash.clear();
+                    self.stash.extend_from_slice(&buf[used..kept + n]);
                 }
                 Ok(Some(Read::Data))
             });
