@@ -204,6 +204,7 @@ pub async fn tls_client(
     let client = Identity::new("cluster.local", "default", "client");
     let cert = ca.issue(&client, Duration::from_secs(3600)).map_err(std::io::Error::other)?;
     let tcp = tokio::net::TcpStream::connect(addr).await?;
+    tcp.set_nodelay(true)?;
     tokio_rustls::TlsConnector::from(cert.client_config(std::slice::from_ref(server)))
         .connect(rustls_pki_types::ServerName::IpAddress(addr.ip().into()), tcp)
         .await

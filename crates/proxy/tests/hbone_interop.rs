@@ -263,6 +263,9 @@ async fn h2_server(ca: &FakeCa, builder: h2::server::Builder, behaviour: Behavio
     let (n, sd, pg) = (accepted.clone(), shutdown.clone(), pongs.clone());
     tokio::spawn(async move {
         while let Ok((tcp, _)) = l.accept().await {
+            // As every HBONE server (ztunnel, ours): without it, Nagle holds small frames
+            // (WINDOW_UPDATE) behind unacknowledged data.
+            let _ = tcp.set_nodelay(true);
             n.fetch_add(1, Ordering::AcqRel);
             let (acceptor, builder, sd, pg) = (acceptor.clone(), builder.clone(), sd.clone(), pg.clone());
             tokio::spawn(async move {

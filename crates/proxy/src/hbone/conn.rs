@@ -987,12 +987,16 @@ impl StreamHandle {
         app_is_upstream: bool,
     ) -> io::Result<()> {
         loop {
-            // Wait for the app, watching for the stream to go.
+            // Wait for the app, watching for the stream to go (only while waiting: a stream
+            // gone while the app has data shows when capacity is reserved).
             std::future::poll_fn(|cx| {
-                if let Poll::Ready(e) = self.poll_gone(cx) {
-                    return Poll::Ready(Err(gone(e)));
+                if let Poll::Ready(r) = app.poll_read_ready(cx) {
+                    return Poll::Ready(r);
                 }
-                app.poll_read_ready(cx)
+                match self.poll_gone(cx) {
+                    Poll::Ready(e) => Poll::Ready(Err(gone(e))),
+                    Poll::Pending => Poll::Pending,
+                }
             })
             .await?;
             let cap =
