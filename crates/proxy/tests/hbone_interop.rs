@@ -422,3 +422,77 @@ async fn our_client_takes_large_headers_resets_and_denials_from_an_h2_server() {
     }
     assert_eq!(deny.accepted.load(Ordering::Acquire), 1, "denials keep the pooled connection");
 }
+
+// ---- Both sides ours: the relays under connection churn ----
+
+/// An app that reads a request, answers `size` bytes and closes (an HTTP/1.0-style server).
+async fn answer_and_close_app(size: usize) -> SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind app");
+    let addr = l.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let _ = s.set_nodelay(true);
+            tokio::spawn(async move {
+                let mut req = [0u8; 64];
+                let mut got = 0;
+                while got < 16 {
+                    match s.read(&mut req[got..]).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got += n,
+                    }
+                }
+                let _ = s.write_all(&vec![b'r'; size]).await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn churned_connections_through_both_relays_end_cleanly_with_every_byte() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ca = Arc::new(FakeCa::generate());
+    let app = answer_and_close_app(1024).await;
+    let peers = Peers::unlimited(settings().window_size, settings().connection_window_size);
+    let server = RelayServer::start_with(&ca, ServerConfig::new(settings()), peers, app).await;
+    let (pool, key) = pool_to(ca.clone(), server.addr, &server.identity, settings());
+    // The client side: each accepted connection is relayed through a pooled tunnel, as the
+    // outbound listener does.
+    let front = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let front_addr = front.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((s, _)) = front.accept().await {
+            let _ = s.set_nodelay(true);
+            let (pool, key) = (pool.clone(), key.clone());
+            tokio::spawn(async move {
+                let Ok(t) = pool.connect(&key, authority(), &HeaderMap::new()).await else { return };
+                let counters = Arc::new(ambit_proxy::copy::LiveCounters::default());
+                let _ = t.stream.relay(s, counters, false).await;
+            });
+        }
+    });
+    let bad = Arc::new(AtomicUsize::new(0));
+    let mut clients = Vec::new();
+    for _ in 0..16 {
+        let bad = bad.clone();
+        clients.push(tokio::spawn(async move {
+            for _ in 0..100 {
+                let mut s = tokio::net::TcpStream::connect(front_addr).await.expect("connect");
+                s.write_all(b"GET /1k HTTP/1.0").await.expect("request");
+                let mut got = Vec::new();
+                match s.read_to_end(&mut got).await {
+                    Ok(_) if got.len() == 1024 => {}
+                    other => {
+                        eprintln!("bad answer: {:?} after {} bytes", other.map(|_| ()), got.len());
+                        bad.fetch_add(1, Ordering::AcqRel);
+                    }
+                }
+            }
+        }));
+    }
+    for c in clients {
+        tokio::time::timeout(Duration::from_secs(60), c).await.expect("in time").expect("client");
+    }
+    assert_eq!(bad.load(Ordering::Acquire), 0, "connections ended without their whole answer");
+}

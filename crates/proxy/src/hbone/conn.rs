@@ -570,6 +570,7 @@ fn new_connection(
             max_block,
             max_header_list: cfg.max_header_list_size as usize,
             data_target: None,
+            data_flow: 0,
             preface_left: if role == Role::Server { frame::PREFACE.len() } else { 0 },
             settings_seen: false,
             preface_done_at: None,
@@ -1058,7 +1059,12 @@ impl StreamHandle {
     }
 
     async fn stream_to_app(&self, app: &TcpStream) -> io::Result<()> {
-        std::future::poll_fn(|cx| self.poll_to_app(app, cx)).await?;
+        match std::future::poll_fn(|cx| self.poll_to_app(app, cx)).await {
+            // The app went away (reset, broken pipe): this direction is over, not failed, as
+            // in the plain relays; the stream is reset when the relay ends.
+            Err(e) if crate::copy::is_benign(&e) => return Ok(()),
+            r => r?,
+        }
         // END_STREAM, and everything before it written: FIN to the app.
         match socket2::SockRef::from(app).shutdown(std::net::Shutdown::Write) {
             Err(e) if !crate::copy::is_benign(&e) => Err(e),
@@ -1340,6 +1346,8 @@ struct Proto {
     max_block: usize,
     max_header_list: usize,
     data_target: Option<DataTarget>,
+    /// The flow-controlled length of the DATA frame being read.
+    data_flow: u32,
     preface_left: usize,
     settings_seen: bool,
     preface_done_at: Option<Instant>,
@@ -1676,6 +1684,11 @@ impl Proto {
                 Ok(())
             }
             Event::DataEnd { stream, undelivered, end_stream } => {
+                if self.data_flow == 0 && !end_stream {
+                    // An empty DATA frame that does not end its stream carries nothing: chatter.
+                    // (An empty one with END_STREAM is how a stream's sender ends it.)
+                    self.flood.chatter()?;
+                }
                 let target = self.data_target.take();
                 if let Some(DataTarget::Stream(id)) = target {
                     debug_assert_eq!(id, stream);
@@ -1692,10 +1705,7 @@ impl Proto {
     }
 
     fn data_start(&mut self, st: &mut State, id: u32, flow: u32) -> Result<(), ConnError> {
-        if flow == 0 {
-            // An empty DATA frame carries nothing; unless it ends the stream it is chatter.
-            self.flood.chatter()?;
-        }
+        self.data_flow = flow;
         st.conn_recv -= i64::from(flow);
         if st.conn_recv < 0 {
             return Err(ConnError::protocol(Reason::FLOW_CONTROL_ERROR, "DATA beyond the connection window"));
@@ -2189,6 +2199,7 @@ pub mod fuzzing {
             max_block,
             max_header_list: cfg.max_header_list_size as usize,
             data_target: None,
+            data_flow: 0,
             preface_left: if role == Role::Server { frame::PREFACE.len() } else { 0 },
             settings_seen: false,
             preface_done_at: None,

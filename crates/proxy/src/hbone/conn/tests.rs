@@ -338,3 +338,50 @@ async fn a_client_that_closes_cleanly_ends_the_connection_without_an_error() {
     let r = tokio::time::timeout(T, result).await.expect("in time").expect("ended");
     assert_eq!(r, Ok(()));
 }
+
+#[tokio::test]
+async fn streams_ended_by_empty_data_frames_are_not_a_flood() {
+    // Each stream ends with an empty DATA frame carrying END_STREAM, as ours and h2's do: more of
+    // them per interval than the chatter limit must not end the connection.
+    let ca = FakeCa::generate();
+    let (addr, identity, _result) = server(&ca).await;
+    let tls = tls_client(&ca, addr, &identity).await.expect("tls");
+    let (mut r, mut w) = tokio::io::split(tls);
+    let mut v = preface();
+    let block = connect_block();
+    for i in 0..(MAX_CHATTER + 100) {
+        let id = 2 * i + 1;
+        v.extend(raw(kind::HEADERS, flag::END_HEADERS, id, &block));
+        frame::data_end(&mut v, id);
+    }
+    frame::ping(&mut v, *b"alive?!!", false);
+    let writer = tokio::spawn(async move {
+        w.write_all(&v).await.expect("write");
+        w.flush().await.expect("flush");
+        w
+    });
+    let answered = tokio::time::timeout(T, async {
+        let mut reader = frame::Reader::new(frame::MAX_MAX_FRAME, 1 << 20);
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = r.read(&mut buf).await.expect("read");
+            assert!(n > 0, "the server closed the connection");
+            let mut input = &buf[..n];
+            while let Some(ev) = reader.next(&mut input) {
+                match ev.expect("frame") {
+                    Event::Frame(h, p)
+                        if h.kind == kind::PING && h.flags & flag::ACK != 0 && p == b"alive?!!" =>
+                    {
+                        return true;
+                    }
+                    Event::Frame(h, p) if h.kind == kind::GOAWAY => panic!("GOAWAY {p:?}"),
+                    _ => {}
+                }
+            }
+        }
+    })
+    .await
+    .expect("answered in time");
+    assert!(answered);
+    drop(writer.await.expect("writer"));
+}
