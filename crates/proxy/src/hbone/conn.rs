@@ -1446,7 +1446,10 @@ impl Driver {
             let early = std::mem::take(&mut self.early);
             let shared = self.shared.clone();
             let mut st = shared.lock();
-            self.plaintext(&mut st, &early)?;
+            let mut pending = Vec::new();
+            let r = self.plaintext(&mut st, &early, &mut pending);
+            deliver(&mut st, &pending);
+            r?;
             shared.flush(&mut st);
         }
         if let Err(e) = self.poll_keepalive(cx) {
@@ -1612,31 +1615,61 @@ impl Driver {
     /// Opens and dispatches the whole records at the start of `buf`; returns the bytes used.
     fn records(&mut self, st: &mut State, buf: &mut [u8]) -> Result<usize, ConnError> {
         let mut at = 0;
-        while !self.close_notify {
-            let Some(len) = tls::record_len(&buf[at..])? else { break };
-            if buf.len() - at < len {
-                break;
+        let mut rest = buf;
+        // DATA payloads of this read, written to their apps once the read is dispatched: one
+        // write per stream and read, not one per record.
+        let mut pending: Vec<(u32, &[u8])> = Vec::new();
+        let r = loop {
+            if self.close_notify {
+                break Ok(());
             }
-            let rec = &mut buf[at..at + len];
-            match self.session.open(rec)? {
-                Content::Data(r) => self.plaintext(st, &rec[r])?,
-                Content::Handshake(r) => {
-                    let post = self.session.handshake(&rec[r], &mut st.sealer)?;
-                    if post.update_requested {
-                        st.seal_control()?;
-                        st.sealer.key_update(&mut st.out.buf)?;
-                    }
-                }
-                Content::CloseNotify => self.close_notify = true,
-                Content::Ignored => {}
-            }
+            let len = match tls::record_len(rest) {
+                Ok(Some(len)) if len <= rest.len() => len,
+                Ok(_) => break Ok(()),
+                Err(e) => break Err(e.into()),
+            };
+            let (rec, tail) = std::mem::take(&mut rest).split_at_mut(len);
+            rest = tail;
             at += len;
-        }
-        Ok(at)
+            let content = match self.session.open(rec) {
+                Ok(c) => c,
+                Err(e) => break Err(e.into()),
+            };
+            let rec: &[u8] = rec;
+            let step = match content {
+                Content::Data(r) => self.plaintext(st, &rec[r], &mut pending),
+                Content::Handshake(r) => {
+                    self.session.handshake(&rec[r], &mut st.sealer).map_err(ConnError::from).and_then(
+                        |post| {
+                            if post.update_requested {
+                                st.seal_control()?;
+                                st.sealer.key_update(&mut st.out.buf)?;
+                            }
+                            Ok(())
+                        },
+                    )
+                }
+                Content::CloseNotify => {
+                    self.close_notify = true;
+                    Ok(())
+                }
+                Content::Ignored => Ok(()),
+            };
+            if let Err(e) = step {
+                break Err(e);
+            }
+        };
+        deliver(st, &pending);
+        r.map(|()| at)
     }
 
-    /// Dispatches decrypted HTTP/2 bytes.
-    fn plaintext(&mut self, st: &mut State, mut input: &[u8]) -> Result<(), ConnError> {
+    /// Dispatches decrypted HTTP/2 bytes; DATA payloads are added to `pending`.
+    fn plaintext<'i>(
+        &mut self,
+        st: &mut State,
+        mut input: &'i [u8],
+        pending: &mut Vec<(u32, &'i [u8])>,
+    ) -> Result<(), ConnError> {
         let proto = &mut self.proto;
         if proto.preface_left > 0 {
             let n = proto.preface_left.min(input.len());
@@ -1648,14 +1681,100 @@ impl Driver {
             input = &input[n..];
         }
         while let Some(ev) = self.reader.next(&mut input) {
-            proto.event(st, ev?)?;
+            proto.event(st, ev?, pending)?;
         }
         Ok(())
     }
 }
 
+/// Writes the DATA payloads of one read to their streams' apps, in order: each run of one
+/// stream's payloads with one vectored write, straight from the receive buffer, when the stream
+/// has an app and nothing queued; what the app does not take, and payloads of streams without
+/// an app yet, are copied into the stream's queue.
+fn deliver(st: &mut State, pending: &[(u32, &[u8])]) {
+    let mut i = 0;
+    while i < pending.len() {
+        let id = pending[i].0;
+        let mut j = i + 1;
+        while j < pending.len() && pending[j].0 == id {
+            j += 1;
+        }
+        deliver_run(st, id, &pending[i..j]);
+        i = j;
+    }
+}
+
+fn deliver_run(st: &mut State, id: u32, run: &[(u32, &[u8])]) {
+    let total: usize = run.iter().map(|(_, b)| b.len()).sum();
+    let Some(s) = st.streams.get_mut(&id) else {
+        st.release(None, total);
+        return;
+    };
+    if s.reset.is_some() || s.local_reset || s.app_failed {
+        st.release(None, total);
+        return;
+    }
+    let mut written = 0;
+    if s.queue.is_empty()
+        && let Some(app) = &s.app
+    {
+        const MAX_IOV: usize = 64;
+        let mut at = 0;
+        while at < run.len() {
+            let part = &run[at..(at + MAX_IOV).min(run.len())];
+            let slices: Vec<io::IoSlice<'_>> = part.iter().map(|(_, b)| io::IoSlice::new(b)).collect();
+            let want: usize = part.iter().map(|(_, b)| b.len()).sum();
+            match app.try_write_vectored(&slices) {
+                Ok(n) => {
+                    written += n;
+                    if n < want {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(_) => {
+                    // The relay learns of it and ends; the bytes are dropped.
+                    s.app_failed = true;
+                    s.wake();
+                    st.release(None, total);
+                    return;
+                }
+            }
+            at += part.len();
+        }
+    }
+    if written > 0 {
+        s.count_received(written);
+    }
+    if written < total {
+        let mut rest = bytes::BytesMut::with_capacity(total - written);
+        let mut skip = written;
+        for (_, b) in run {
+            if skip >= b.len() {
+                skip -= b.len();
+                continue;
+            }
+            rest.extend_from_slice(&b[skip..]);
+            skip = 0;
+        }
+        s.queued += rest.len();
+        s.queue.push_back(rest.freeze());
+        if let Some(w) = s.recv_waker.take() {
+            w.wake();
+        }
+    }
+    if written > 0 {
+        st.release(Some(id), written);
+    }
+}
+
 impl Proto {
-    fn event(&mut self, st: &mut State, ev: Event<'_, '_>) -> Result<(), ConnError> {
+    fn event<'i>(
+        &mut self,
+        st: &mut State,
+        ev: Event<'_, 'i>,
+        pending: &mut Vec<(u32, &'i [u8])>,
+    ) -> Result<(), ConnError> {
         if !self.settings_seen {
             match ev {
                 Event::Frame(h, _) if h.kind == kind::SETTINGS && h.flags & flag::ACK == 0 => {
@@ -1680,7 +1799,9 @@ impl Proto {
         match ev {
             Event::DataStart { stream, flow } => self.data_start(st, stream, flow),
             Event::Data { stream: _, bytes } => {
-                self.data(st, bytes);
+                if let Some(DataTarget::Stream(id)) = self.data_target {
+                    pending.push((id, bytes));
+                }
                 Ok(())
             }
             Event::DataEnd { stream, undelivered, end_stream } => {
@@ -1747,48 +1868,6 @@ impl Proto {
             }
         }
         Ok(())
-    }
-
-    fn data(&mut self, st: &mut State, bytes: &[u8]) {
-        let Some(DataTarget::Stream(id)) = self.data_target else { return };
-        let Some(s) = st.streams.get_mut(&id) else {
-            st.release(None, bytes.len());
-            return;
-        };
-        if s.reset.is_some() || s.local_reset || s.app_failed {
-            st.release(None, bytes.len());
-            return;
-        }
-        let mut written = 0;
-        if s.queue.is_empty()
-            && let Some(app) = &s.app
-        {
-            match app.try_write(bytes) {
-                Ok(n) => written = n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(_) => {
-                    // The relay learns of it and ends; the bytes are dropped.
-                    s.app_failed = true;
-                    s.wake();
-                    st.release(None, bytes.len());
-                    return;
-                }
-            }
-        }
-        if written > 0 {
-            s.count_received(written);
-        }
-        let rest = &bytes[written..];
-        if !rest.is_empty() {
-            s.queue.push_back(Bytes::copy_from_slice(rest));
-            s.queued += rest.len();
-            if let Some(w) = s.recv_waker.take() {
-                w.wake();
-            }
-        }
-        if written > 0 {
-            st.release(Some(id), written);
-        }
     }
 
     /// A stream id the peer may not use yet (RFC 9113 §5.1: idle).
@@ -2218,12 +2297,14 @@ pub mod fuzzing {
                 proto.preface_left -= n;
                 input = &input[n..];
             }
+            let mut pending = Vec::new();
             while let Some(ev) = reader.next(&mut input) {
                 let Ok(ev) = ev else { return };
-                if proto.event(&mut st, ev).is_err() {
+                if proto.event(&mut st, ev, &mut pending).is_err() {
                     return;
                 }
             }
+            deliver(&mut st, &pending);
             // Streams the peer opened are answered and dropped, as a handler would.
             while let Some((id, _)) = proto.incoming.pop_front() {
                 st.streams.remove(&id);
