@@ -120,17 +120,7 @@ pub struct RelayServer {
 impl RelayServer {
     /// Starts the relay and a TCP echo app, with default deadlines and no per-peer caps.
     pub async fn start(ca: &FakeCa, settings: H2Settings) -> RelayServer {
-        let echo = TcpListener::bind("127.0.0.1:0").await.expect("bind echo");
-        let echo_addr = echo.local_addr().expect("echo addr");
-        tokio::spawn(async move {
-            while let Ok((s, _)) = echo.accept().await {
-                let _ = s.set_nodelay(true);
-                tokio::spawn(async move {
-                    let (mut r, mut w) = s.into_split();
-                    let _ = tokio::io::copy(&mut r, &mut w).await;
-                });
-            }
-        });
+        let echo_addr = echo_app().await;
         let peers = Peers::unlimited(settings.window_size, settings.connection_window_size);
         RelayServer::start_with(ca, server::ServerConfig::new(settings), peers, echo_addr).await
     }
@@ -191,6 +181,22 @@ impl RelayServer {
         });
         RelayServer { addr, identity, relays, ended }
     }
+}
+
+/// A TCP app on 127.0.0.1 that echoes every connection until it ends.
+pub async fn echo_app() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind echo app");
+    let addr = l.local_addr().expect("echo addr");
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            let _ = s.set_nodelay(true);
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.into_split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    addr
 }
 
 /// A TLS connection to an HBONE server at `addr` (presenting `server`), with a certificate for

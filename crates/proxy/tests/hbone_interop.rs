@@ -17,7 +17,7 @@ use ambit_proxy::hbone::frame::Reason;
 use ambit_proxy::hbone::pool::TunnelError;
 use ambit_proxy::hbone::server::ServerConfig;
 use ambit_proxy::limits::Peers;
-use ambit_proxy::testing::{EchoServer, RelayServer, pool_to, send_all, settings, tls_client};
+use ambit_proxy::testing::{EchoServer, RelayServer, echo_app, pool_to, send_all, settings, tls_client};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use tokio::net::TcpListener;
@@ -34,20 +34,6 @@ fn pattern(n: usize, seed: u8) -> Vec<u8> {
 
 fn small_windows() -> H2Settings {
     H2Settings { window_size: 65_535, connection_window_size: 65_535, frame_size: 16_384, max_streams: 100 }
-}
-
-async fn echo_app() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind app");
-    let addr = l.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Ok((s, _)) = l.accept().await {
-            tokio::spawn(async move {
-                let (mut r, mut w) = s.into_split();
-                let _ = tokio::io::copy(&mut r, &mut w).await;
-            });
-        }
-    });
-    addr
 }
 
 /// Our server (the relay to an echo app) with `s` as its settings.

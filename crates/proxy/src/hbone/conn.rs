@@ -335,6 +335,33 @@ struct State {
 }
 
 impl State {
+    fn new(role: Role, sealer: Sealer, cfg: &Config) -> State {
+        State {
+            role,
+            sealer,
+            out: Out::default(),
+            ctl: Vec::new(),
+            driver: None,
+            streams: HashMap::new(),
+            next_id: 1,
+            last_peer_id: 0,
+            peer: PeerSettings::default(),
+            local_window: cfg.stream_window,
+            local_max_concurrent: cfg.max_concurrent_streams.unwrap_or(u32::MAX),
+            conn_send: i64::from(frame::DEFAULT_WINDOW),
+            conn_recv: i64::from(cfg.connection_window),
+            conn_unacked: 0,
+            conn_target: cfg.connection_window,
+            encoder: hpack::Encoder::default(),
+            goaway_received: None,
+            goaway_sent: false,
+            final_goaway: None,
+            closed: None,
+            send_waiters: Vec::new(),
+            handles: usize::from(role == Role::Client),
+        }
+    }
+
     fn fail(&mut self, e: ConnError) {
         if self.closed.is_none() {
             self.closed = Some(e);
@@ -522,30 +549,7 @@ fn new_connection(
         ..cfg
     };
     let Established { session, sealer, leftover, early, peer_closed, .. } = tls;
-    let mut st = State {
-        role,
-        sealer,
-        out: Out::default(),
-        ctl: Vec::new(),
-        driver: None,
-        streams: HashMap::new(),
-        next_id: 1,
-        last_peer_id: 0,
-        peer: PeerSettings::default(),
-        local_window: cfg.stream_window,
-        local_max_concurrent: cfg.max_concurrent_streams.unwrap_or(u32::MAX),
-        conn_send: i64::from(frame::DEFAULT_WINDOW),
-        conn_recv: i64::from(cfg.connection_window),
-        conn_unacked: 0,
-        conn_target: cfg.connection_window,
-        encoder: hpack::Encoder::default(),
-        goaway_received: None,
-        goaway_sent: false,
-        final_goaway: None,
-        closed: None,
-        send_waiters: Vec::new(),
-        handles: usize::from(role == Role::Client),
-    };
+    let mut st = State::new(role, sealer, &cfg);
     if role == Role::Client {
         st.ctl.extend_from_slice(frame::PREFACE);
     }
@@ -558,26 +562,12 @@ fn new_connection(
             return Err(e.clone());
         }
     }
-    let max_block = (cfg.max_header_list_size as usize).saturating_mul(2).clamp(16 * 1024, 1 << 20);
+    let max_block = Proto::max_block(&cfg);
     let driver = Driver {
         shared: shared.clone(),
         session,
         reader: frame::Reader::new(cfg.max_frame_size, max_block),
-        proto: Proto {
-            role,
-            decoder: hpack::Decoder::default(),
-            block: None,
-            max_block,
-            max_header_list: cfg.max_header_list_size as usize,
-            data_target: None,
-            data_flow: 0,
-            preface_left: if role == Role::Server { frame::PREFACE.len() } else { 0 },
-            settings_seen: false,
-            preface_done_at: None,
-            incoming: VecDeque::new(),
-            flood: Flood::default(),
-            pong: None,
-        },
+        proto: Proto::new(role, &cfg, max_block),
         stash: leftover,
         early,
         keepalive: cfg.keepalive.map(|k| KeepaliveState {
@@ -807,8 +797,9 @@ impl StreamHandle {
         Poll::Pending
     }
 
-    /// Sends the response head (server side); `end_stream` ends our side with it.
-    pub fn respond(&self, status: u16, headers: &HeaderMap, end_stream: bool) -> Result<(), StreamError> {
+    /// Runs `f` while our side of the stream is open (the connection up, no reset, no
+    /// END_STREAM sent yet), then writes what it queued.
+    fn while_open(&self, f: impl FnOnce(&mut State) -> Result<(), StreamError>) -> Result<(), StreamError> {
         let mut st = self.shared.lock();
         if let Some(e) = &st.closed {
             return Err(StreamError::Connection(e.clone()));
@@ -818,16 +809,29 @@ impl StreamHandle {
         if let Some(r) = s.reset {
             return Err(StreamError::Reset(r));
         }
-        if s.send_done || s.responded {
+        if s.send_done {
             return Err(StreamError::Closed);
         }
-        s.responded = true;
-        s.send_done = end_stream;
-        let mut block = Vec::with_capacity(128);
-        st.encoder.response(&mut block, status, headers);
-        frame::headers(&mut st.ctl, self.id, &block, end_stream, st.peer.max_frame);
+        let r = f(st);
         self.shared.flush(st);
-        Ok(())
+        r
+    }
+
+    /// Sends the response head (server side); `end_stream` ends our side with it.
+    pub fn respond(&self, status: u16, headers: &HeaderMap, end_stream: bool) -> Result<(), StreamError> {
+        let id = self.id;
+        self.while_open(|st| {
+            let Some(s) = st.streams.get_mut(&id) else { return Err(StreamError::Closed) };
+            if s.responded {
+                return Err(StreamError::Closed);
+            }
+            s.responded = true;
+            s.send_done = end_stream;
+            let mut block = Vec::with_capacity(128);
+            st.encoder.response(&mut block, status, headers);
+            frame::headers(&mut st.ctl, id, &block, end_stream, st.peer.max_frame);
+            Ok(())
+        })
     }
 
     /// Resets the stream with `reason`.
@@ -849,22 +853,14 @@ impl StreamHandle {
 
     /// Ends our side of the stream (END_STREAM).
     pub fn finish(&self) -> Result<(), StreamError> {
-        let mut st = self.shared.lock();
-        if let Some(e) = &st.closed {
-            return Err(StreamError::Connection(e.clone()));
-        }
-        let st = &mut *st;
-        let Some(s) = st.streams.get_mut(&self.id) else { return Err(StreamError::Closed) };
-        if let Some(r) = s.reset {
-            return Err(StreamError::Reset(r));
-        }
-        if s.send_done {
-            return Err(StreamError::Closed);
-        }
-        s.send_done = true;
-        frame::data_end(&mut st.ctl, self.id);
-        self.shared.flush(st);
-        Ok(())
+        let id = self.id;
+        self.while_open(|st| {
+            if let Some(s) = st.streams.get_mut(&id) {
+                s.send_done = true;
+            }
+            frame::data_end(&mut st.ctl, id);
+            Ok(())
+        })
     }
 
     /// Resolves when the peer resets the stream or the connection ends, with why.
@@ -1769,6 +1765,29 @@ fn deliver_run(st: &mut State, id: u32, run: &[(u32, &[u8])]) {
 }
 
 impl Proto {
+    fn new(role: Role, cfg: &Config, max_block: usize) -> Proto {
+        Proto {
+            role,
+            decoder: hpack::Decoder::default(),
+            block: None,
+            max_block,
+            max_header_list: cfg.max_header_list_size as usize,
+            data_target: None,
+            data_flow: 0,
+            preface_left: if role == Role::Server { frame::PREFACE.len() } else { 0 },
+            settings_seen: false,
+            preface_done_at: None,
+            incoming: VecDeque::new(),
+            flood: Flood::default(),
+            pong: None,
+        }
+    }
+
+    /// The largest header block a connection assembles: twice its header list limit.
+    fn max_block(cfg: &Config) -> usize {
+        (cfg.max_header_list_size as usize).saturating_mul(2).clamp(16 * 1024, 1 << 20)
+    }
+
     fn event<'i>(
         &mut self,
         st: &mut State,
@@ -2237,30 +2256,7 @@ pub mod fuzzing {
             max_header_list_size: 16 * 1024,
             keepalive: None,
         };
-        let mut st = State {
-            role,
-            sealer: tls::Sealer::for_fuzzing(),
-            out: Out::default(),
-            ctl: Vec::new(),
-            driver: None,
-            streams: HashMap::new(),
-            next_id: 1,
-            last_peer_id: 0,
-            peer: PeerSettings::default(),
-            local_window: cfg.stream_window,
-            local_max_concurrent: 100,
-            conn_send: i64::from(frame::DEFAULT_WINDOW),
-            conn_recv: i64::from(cfg.connection_window),
-            conn_unacked: 0,
-            conn_target: cfg.connection_window,
-            encoder: hpack::Encoder::default(),
-            goaway_received: None,
-            goaway_sent: false,
-            final_goaway: None,
-            closed: None,
-            send_waiters: Vec::new(),
-            handles: 1,
-        };
+        let mut st = State::new(role, tls::Sealer::for_fuzzing(), &cfg);
         if role == Role::Client {
             // Streams 1, 3 and 5 are open and waiting for their response.
             for id in [1, 3, 5] {
@@ -2269,23 +2265,9 @@ pub mod fuzzing {
             }
             st.next_id = 7;
         }
-        let max_block = 32 * 1024;
+        let max_block = Proto::max_block(&cfg);
         let mut reader = frame::Reader::new(cfg.max_frame_size, max_block);
-        let mut proto = Proto {
-            role,
-            decoder: hpack::Decoder::default(),
-            block: None,
-            max_block,
-            max_header_list: cfg.max_header_list_size as usize,
-            data_target: None,
-            data_flow: 0,
-            preface_left: if role == Role::Server { frame::PREFACE.len() } else { 0 },
-            settings_seen: false,
-            preface_done_at: None,
-            incoming: VecDeque::new(),
-            flood: Flood::default(),
-            pong: None,
-        };
+        let mut proto = Proto::new(role, &cfg, max_block);
         for piece in rest.chunks(usize::from(*step).max(1)) {
             let mut input = piece;
             if proto.preface_left > 0 {

@@ -13,7 +13,7 @@ use tokio::net::TcpListener;
 
 use super::server::{Ended, ServerConfig};
 use crate::limits::{LimitMetrics, PeerLimits, Peers};
-use crate::testing::{RelayServer, send_all, settings, tls_client};
+use crate::testing::{RelayServer, echo_app, send_all, settings, tls_client};
 
 const SHORT: Duration = Duration::from_millis(300);
 
@@ -42,20 +42,6 @@ async fn app_that_never_reads() -> (SocketAddr, Arc<tokio::sync::Mutex<Vec<tokio
         }
     });
     (addr, held)
-}
-
-async fn echo_app() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind app");
-    let addr = l.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Ok((s, _)) = l.accept().await {
-            tokio::spawn(async move {
-                let (mut r, mut w) = s.into_split();
-                let _ = tokio::io::copy(&mut r, &mut w).await;
-            });
-        }
-    });
-    addr
 }
 
 /// Waits until the server closes `tls` (EOF or error) and returns how long that took.
