@@ -11,14 +11,22 @@ from pathlib import Path
 
 def parse(path):
     """{mode title: {figure: (direct, ambit)}} of one run's output."""
-    out, mode = {}, None
+    out, mode, figures = {}, None, False
     for line in path.read_text().splitlines():
         m = re.match(r"^### (.+)$", line)
         if m:
             mode = m.group(1)
             out[mode] = {}
             continue
-        if mode is None or not line.startswith("| ") or line.startswith("| Figure") or line.startswith("|---"):
+        # Only the rows of a mode's figure table (the pod-start table of `ambit up` may follow
+        # another mode's table, depending on the order of the modes).
+        if not line.startswith("|"):
+            figures = False
+            continue
+        if line.startswith("| Figure"):
+            figures = True
+            continue
+        if mode is None or not figures or line.startswith("|---"):
             continue
         cells = [c.strip() for c in line.strip("|").split("|")]
         if len(cells) < 3:
