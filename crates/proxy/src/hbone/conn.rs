@@ -1715,12 +1715,15 @@ fn deliver_run(st: &mut State, id: u32, run: &[(u32, &[u8])]) {
         && let Some(app) = &s.app
     {
         const MAX_IOV: usize = 64;
+        let mut slices = [io::IoSlice::new(&[]); MAX_IOV];
         let mut at = 0;
         while at < run.len() {
             let part = &run[at..(at + MAX_IOV).min(run.len())];
-            let slices: Vec<io::IoSlice<'_>> = part.iter().map(|(_, b)| io::IoSlice::new(b)).collect();
+            for (slot, (_, b)) in slices.iter_mut().zip(part) {
+                *slot = io::IoSlice::new(b);
+            }
             let want: usize = part.iter().map(|(_, b)| b.len()).sum();
-            match app.try_write_vectored(&slices) {
+            match app.try_write_vectored(&slices[..part.len()]) {
                 Ok(n) => {
                     written += n;
                     if n < want {
@@ -1729,7 +1732,9 @@ fn deliver_run(st: &mut State, id: u32, run: &[(u32, &[u8])]) {
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(_) => {
-                    // The relay learns of it and ends; the bytes are dropped.
+                    // The relay learns of it and ends; the bytes are dropped (those written
+                    // before still count).
+                    s.count_received(written);
                     s.app_failed = true;
                     s.wake();
                     st.release(None, total);
