@@ -5,5 +5,5 @@
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    ambit_proxy::hbone::conn::fuzzing::plaintext(data);
+    ambit_hbone::fuzzing::plaintext(data);
 });

@@ -1,12 +1,13 @@
 //! Bidirectional byte copying between a downstream and an upstream, half-close preserving: the
-//! plain TCP relays (HBONE streams relay through [`crate::hbone::conn::StreamHandle::relay`]),
-//! and the byte accounting both share.
+//! plain TCP relays (HBONE streams relay through [`ambit_hbone::StreamHandle::relay`], see
+//! [`hbone_relay`]), and the byte accounting both share.
 //!
 //! Each direction is a [`Source`] feeding a [`Sink`] with whole [`Bytes`] chunks. Read buffers
 //! start small and grow with the flow (1 KiB, then ~16 KiB after 128 KiB, then ~256 KiB after
 //! 10 MiB), which keeps idle connections cheap and bulk transfers efficient.
 
 use std::io;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::{Bytes, BytesMut};
@@ -100,6 +101,36 @@ impl LiveCounters {
     }
 }
 
+/// Relays an HBONE stream to `app` ([`ambit_hbone::StreamHandle::relay`]), counting in
+/// `counters`: bytes from the app are `received` when the app is the upstream (inbound), `sent`
+/// when it is the downstream (outbound).
+pub async fn hbone_relay(
+    stream: ambit_hbone::StreamHandle,
+    app: tokio::net::TcpStream,
+    counters: Arc<LiveCounters>,
+    app_is_upstream: bool,
+) -> (Transferred, io::Result<()>) {
+    let side = Arc::new(AppSide { counters: counters.clone(), app_is_upstream });
+    let r = stream.relay(app, side).await;
+    (counters.transferred(), r)
+}
+
+/// A connection's counters as seen from the app end of its HBONE stream.
+struct AppSide {
+    counters: Arc<LiveCounters>,
+    app_is_upstream: bool,
+}
+
+impl ambit_hbone::RelayCounters for AppSide {
+    fn app_to_stream(&self, n: usize) {
+        if self.app_is_upstream { self.counters.add_received(n) } else { self.counters.add_sent(n) }
+    }
+
+    fn stream_to_app(&self, n: usize) {
+        if self.app_is_upstream { self.counters.add_sent(n) } else { self.counters.add_received(n) }
+    }
+}
+
 /// Copies downstream → upstream and upstream → downstream until both directions end.
 ///
 /// When one side reaches end of stream, the other side's write half is finished, and the
@@ -135,8 +166,10 @@ where
     (counters.transferred(), res)
 }
 
-/// The kind of error [`Source::gone`] and [`Sink::gone`] report.
-pub const GONE: io::ErrorKind = io::ErrorKind::ConnectionAborted;
+/// The kind of error [`Source::gone`] and [`Sink::gone`] report (the HBONE relay's too).
+pub use ambit_hbone::GONE;
+/// Errors that mean "the peer went away", not a failure of the proxy.
+pub use ambit_hbone::is_benign;
 
 async fn one_way<S: Source, W: Sink>(
     src: &mut S,
@@ -178,17 +211,6 @@ async fn one_way<S: Source, W: Sink>(
         Err(e) if !is_benign(&e) => Err(e),
         _ => Ok(()),
     }
-}
-
-/// Errors that mean "the peer went away", not a failure of the proxy.
-pub fn is_benign(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::NotConnected
-            | io::ErrorKind::UnexpectedEof
-            | io::ErrorKind::ConnectionReset
-            | io::ErrorKind::BrokenPipe
-    )
 }
 
 const INITIAL: usize = 1024;

@@ -105,6 +105,21 @@ impl Drain {
     }
 }
 
+/// What the HBONE server needs of a drain: its signals, and tracked tasks for its streams.
+impl ambit_hbone::Shutdown for Drain {
+    async fn started(&self) {
+        Drain::started(self).await
+    }
+
+    async fn forced(&self) {
+        Drain::forced(self).await
+    }
+
+    fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
+        Drain::spawn(self, task);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,18 +10,17 @@ use http::{HeaderMap, HeaderValue, StatusCode};
 use tokio::net::TcpStream;
 
 use crate::authz::{self, Connection, Decision};
-use crate::hbone::H2Settings;
-use crate::hbone::server::{self, ConnectRequest, Ended, ServeError, ServerConfig};
 use crate::inputs::Inputs;
 use crate::limits::Phase;
 use crate::listener::is_illegal_port;
 use crate::metrics::{self, ConnectionInfo, ConnectionRecord, Flag, Reporter};
 use crate::state::{Authority, InboundError};
+use ambit_hbone::{ConnectRequest, Ended, H2Settings, ServeError, ServerConfig};
 
 /// Serves one accepted TCP connection on 15008.
 ///
 /// Every phase has a deadline: the TLS handshake (`AMBIT_HBONE_HANDSHAKE_TIMEOUT`, counted from
-/// the accept), the HTTP/2 preface, the first CONNECT and idleness (see [`server::serve`]). The
+/// the accept), the HTTP/2 preface, the first CONNECT and idleness (see [`ambit_hbone::serve`]). The
 /// source address must be under its connection cap before anything else happens.
 pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: SocketAddr) {
     let peer = crate::socket::canonical(peer);
@@ -46,7 +45,7 @@ pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: Sock
             .fetch(&inputs.identity_of(&local))
             .await
             .map_err(|e| format!("identity error: {e}"))?;
-        crate::hbone::tls::accept(&stream, cert.server_config()).await.map_err(|e| format!("tls error: {e}"))
+        ambit_hbone::accept(&stream, cert.server_config()).await.map_err(|e| format!("tls error: {e}"))
     };
     let tls = match tokio::time::timeout(cfg.hbone_handshake_timeout, handshake).await {
         Ok(Ok(t)) => t,
@@ -71,10 +70,9 @@ pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: Sock
         first_stream_timeout: cfg.hbone_first_stream_timeout,
         idle_timeout: cfg.hbone_idle_timeout,
     };
-    let drain = inputs.drain.clone();
     let id = peer_identity.clone();
     let ctx = Arc::new(StreamCtx { inputs: inputs.clone(), peer, dst, peer_identity });
-    let r = server::serve(stream, tls, server_cfg, peer_conn, limits.metrics.clone(), drain, move |req| {
+    let r = ambit_hbone::serve(stream, tls, server_cfg, peer_conn, &inputs.drain, move |req| {
         let ctx = ctx.clone();
         async move { ctx.handle(req).await }
     })
@@ -214,7 +212,7 @@ impl StreamCtx {
         }
         let record = ConnectionRecord::open(&inputs.metrics, info);
         // Bytes from the stream go to the app, the upstream here.
-        let copy = req.stream.relay(app, record.counters.clone(), true);
+        let copy = crate::copy::hbone_relay(req.stream, app, record.counters.clone(), true);
         inputs.relay(record, copy, Some(&registration.closed)).await;
     }
 }

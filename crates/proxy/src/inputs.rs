@@ -14,11 +14,11 @@ use crate::config::Config;
 use crate::connections::ConnectionManager;
 use crate::copy::Transferred;
 use crate::drain::Drain;
-use crate::hbone::pool::Pool;
 use crate::limits::{FdPermit, Limits, PodPermit};
 use crate::metrics::{ConnectionRecord, Metrics};
 use crate::socket::SocketOptions;
 use crate::state::{StateStore, Workload};
+use ambit_hbone::Pool;
 
 /// Shared inputs of one proxy instance (in dedicated mode, the only one).
 pub struct Inputs {

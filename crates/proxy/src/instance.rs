@@ -13,13 +13,12 @@ use crate::config::{Config, ProxyMode};
 use crate::connections::ConnectionManager;
 use crate::dns::{DnsClient, DnsConfig, DnsProxy, UpstreamSockets};
 use crate::drain::Drain;
-use crate::hbone::H2Settings;
-use crate::hbone::pool::Pool;
 use crate::inputs::Inputs;
 use crate::limits::{CapacityError, Limits, Listener};
 use crate::metrics::Metrics;
 use crate::socket::{BindError, SocketOptions};
 use crate::state::StateStore;
+use ambit_hbone::{Dialed, Dialer, H2Settings, Pool};
 
 /// What every instance of the process shares.
 #[derive(Clone)]
@@ -87,12 +86,12 @@ impl Shared {
             Some(base) => Some(self.dns_proxy(base, &local, &sockets)?),
             None => None,
         };
+        let dialer = PoolDialer { sockets: sockets.clone(), fds: self.limits.fds.clone() };
         let pool = Pool::new(
             self.certs.clone(),
-            sockets.clone(),
+            Box::new(dialer),
             self.h2_settings(),
             cfg.pool_unused_release_timeout,
-            self.limits.fds.clone(),
         );
         let inputs = Arc::new(Inputs {
             cfg: cfg.clone(),
@@ -240,4 +239,25 @@ fn listen(sockets: &SocketOptions, addr: SocketAddr) -> Result<tokio::net::TcpLi
 
 fn ipv6_unavailable(e: &std::io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EAFNOSUPPORT) | Some(libc::EADDRNOTAVAIL) | Some(libc::EINVAL))
+}
+
+/// Dials the outbound pool's HBONE connections in the instance's namespace; each holds a
+/// descriptor of the data plane's budget for as long as it is open.
+struct PoolDialer {
+    sockets: SocketOptions,
+    fds: crate::limits::FdBudget,
+}
+
+impl Dialer for PoolDialer {
+    fn dial(&self, dst: SocketAddr) -> BoxFuture<'_, std::io::Result<Dialed>> {
+        Box::pin(async move {
+            let permit = self.fds.try_acquire(1).ok_or_else(|| {
+                std::io::Error::other(
+                    "the proxy holds its whole descriptor budget (RLIMIT_NOFILE minus AMBIT_FD_RESERVE)",
+                )
+            })?;
+            let tcp = self.sockets.connect(dst, None).await?;
+            Ok(Dialed { tcp, guard: Box::new(permit) })
+        })
+    }
 }

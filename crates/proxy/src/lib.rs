@@ -8,7 +8,6 @@ pub mod connections;
 pub mod copy;
 pub mod dns;
 pub mod drain;
-pub mod hbone;
 pub mod inbound;
 pub mod inpod;
 pub mod inputs;

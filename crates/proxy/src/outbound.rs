@@ -8,11 +8,11 @@ use http::{HeaderMap, HeaderValue};
 use tokio::net::TcpStream;
 
 use crate::copy::{self, TcpSink, TcpSource};
-use crate::hbone::pool::{PoolKey, TunnelError};
 use crate::inputs::Inputs;
 use crate::listener::is_illegal_port;
 use crate::metrics::{self, ConnectionInfo, ConnectionRecord, Flag, Reporter};
 use crate::state::{Route, RouteKind, Workload};
+use ambit_hbone::{PoolKey, TunnelError};
 
 /// Serves one captured outbound connection.
 pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: SocketAddr) {
@@ -89,7 +89,7 @@ pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: Sock
             };
             let record = ConnectionRecord::open(&inputs.metrics, info);
             // The app is the downstream here: its bytes count as sent.
-            let copy = tunnel.stream.relay(stream, record.counters.clone(), false);
+            let copy = copy::hbone_relay(tunnel.stream, stream, record.counters.clone(), false);
             inputs.relay(record, copy, None).await;
         }
         RouteKind::Tcp { target } | RouteKind::Passthrough { target } => {

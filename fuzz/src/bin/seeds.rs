@@ -81,8 +81,8 @@ fn all() -> Vec<(&'static str, Vec<Vec<u8>>)> {
 /// A server's view (first byte even) and a client's (odd) of a whole HBONE exchange, built with
 /// the proxy's own frame writers and header encoder; the second byte sizes the pieces.
 fn hbone_plaintexts() -> Vec<Vec<u8>> {
-    use ambit_proxy::hbone::frame::{self, Reason, setting};
-    use ambit_proxy::hbone::hpack::Encoder;
+    use ambit_hbone::fuzzing::Encoder;
+    use ambit_hbone::fuzzing::frame::{self, Reason, setting};
     let mut headers = http::HeaderMap::new();
     headers.insert("baggage", http::HeaderValue::from_static("k8s.namespace.name=default"));
     let mut server = frame::PREFACE.to_vec();

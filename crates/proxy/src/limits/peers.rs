@@ -20,6 +20,7 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+pub use ambit_hbone::Windows;
 use serde::Serialize;
 
 use super::{LimitMetrics, RefusalReason};
@@ -63,15 +64,6 @@ impl PeerLimits {
     fn extra_budget(&self) -> u64 {
         self.buffer_bytes.saturating_sub(u64::from(self.max_connections) * u64::from(MIN_WINDOW))
     }
-}
-
-/// The HTTP/2 windows one connection offers its peer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Windows {
-    /// SETTINGS_INITIAL_WINDOW_SIZE.
-    pub stream: u32,
-    /// Connection window (target).
-    pub connection: u32,
 }
 
 /// A peer over one of its caps.
@@ -281,6 +273,30 @@ impl PeerConn {
         let connection = MIN_WINDOW.saturating_add(u32::try_from(self.extra).unwrap_or(u32::MAX));
         let stream = self.peers.0.limits.map_or(self.peers.0.windows.stream, |l| l.stream_window);
         Windows { stream: stream.min(connection), connection }
+    }
+}
+
+/// The HBONE server's view of a peer connection: a stream over the peer's cap is refused, and
+/// the refusal counted and logged.
+impl ambit_hbone::PeerBudget for PeerConn {
+    type Slot = StreamSlot;
+
+    fn windows(&mut self) -> Windows {
+        PeerConn::windows(self)
+    }
+
+    fn grow(&mut self) -> Option<Windows> {
+        PeerConn::grow(self)
+    }
+
+    fn open_stream(&mut self) -> Option<StreamSlot> {
+        match PeerConn::open_stream(self) {
+            Ok(slot) => Some(slot),
+            Err(refusal) => {
+                self.peers.0.metrics.refused(&refusal, None);
+                None
+            }
+        }
     }
 }
 

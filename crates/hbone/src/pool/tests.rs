@@ -7,7 +7,7 @@ use std::time::Duration;
 use ambit_identity::{FakeCa, Identity};
 use bytes::Bytes;
 
-use super::pool::TunnelError;
+use super::TunnelError;
 use crate::testing::{EchoServer, echo_once, pool_for, settings};
 
 fn authority() -> std::net::SocketAddr {
@@ -69,15 +69,9 @@ async fn idle_connections_are_released() {
     let server = EchoServer::start(&ca, settings()).await;
     let signer: Arc<dyn ambit_identity::CertSigner> = ca;
     let certs = ambit_identity::CertManager::new(signer, Duration::from_secs(3600));
-    let sockets = crate::socket::SocketOptions::default();
-    let pool = super::pool::Pool::new(
-        certs,
-        sockets,
-        settings(),
-        Duration::from_millis(50),
-        crate::limits::FdBudget::unlimited(),
-    );
-    let key = super::pool::PoolKey {
+    let pool =
+        super::Pool::new(certs, Box::new(crate::testing::TcpDialer), settings(), Duration::from_millis(50));
+    let key = super::PoolKey {
         src_identity: Identity::new("cluster.local", "default", "client"),
         dst_identities: vec![server.identity.clone()],
         dst: server.addr,

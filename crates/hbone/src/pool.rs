@@ -4,7 +4,9 @@
 //! streams the peer never processed (GOAWAY races during a peer's drain).
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -12,12 +14,27 @@ use std::time::{Duration, Instant};
 use ambit_identity::{CertManager, Identity};
 use http::{HeaderMap, StatusCode};
 use rustls_pki_types::ServerName;
+use tokio::net::TcpStream;
 
-use super::conn::{self, ConnError, Keepalive, StreamError, StreamHandle};
-use super::tls::{self, TlsError};
-use super::{H2Settings, PING_INTERVAL, PING_TIMEOUT};
-use crate::limits::FdBudget;
-use crate::socket::SocketOptions;
+use crate::conn::{self, ConnError, Keepalive, StreamError, StreamHandle};
+use crate::tls::{self, TlsError};
+use crate::{H2Settings, PING_INTERVAL, PING_TIMEOUT};
+
+/// A TCP connection the pool may run a new HBONE connection on, with whatever the dialer holds
+/// for it (a descriptor permit) until the connection closes.
+pub struct Dialed {
+    /// The connected socket.
+    pub tcp: TcpStream,
+    /// Released when the HBONE connection on `tcp` ends.
+    pub guard: Box<dyn Send>,
+}
+
+/// Opens the TCP connections the pool runs HBONE on (the proxy's socket options and descriptor
+/// budget).
+pub trait Dialer: Send + Sync + 'static {
+    /// Connects to `dst`; the pool bounds the time it may take.
+    fn dial(&self, dst: SocketAddr) -> Pin<Box<dyn Future<Output = std::io::Result<Dialed>> + Send + '_>>;
+}
 
 /// Identifies a reusable set of HBONE connections.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -56,9 +73,6 @@ pub enum TunnelError {
     /// The server answered with a non-200 status.
     #[error("http status: {0}")]
     Status(StatusCode),
-    /// The descriptor budget has no room for another connection.
-    #[error("the proxy holds its whole descriptor budget (RLIMIT_NOFILE minus AMBIT_FD_RESERVE)")]
-    Descriptors,
 }
 
 struct PooledConn {
@@ -72,10 +86,9 @@ struct PooledConn {
 /// The pool.
 pub struct Pool {
     certs: Arc<CertManager>,
-    sockets: SocketOptions,
+    dialer: Box<dyn Dialer>,
     settings: H2Settings,
     idle_timeout: Duration,
-    fds: FdBudget,
     entries: Mutex<HashMap<PoolKey, Arc<Entry>>>,
 }
 
@@ -107,15 +120,14 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Pool {
-    /// An empty pool; every connection it dials holds a descriptor of `fds`.
+    /// An empty pool that opens its TCP connections with `dialer`.
     pub fn new(
         certs: Arc<CertManager>,
-        sockets: SocketOptions,
+        dialer: Box<dyn Dialer>,
         settings: H2Settings,
         idle_timeout: Duration,
-        fds: FdBudget,
     ) -> Arc<Pool> {
-        Arc::new(Pool { certs, sockets, settings, idle_timeout, fds, entries: Mutex::new(HashMap::new()) })
+        Arc::new(Pool { certs, dialer, settings, idle_timeout, entries: Mutex::new(HashMap::new()) })
     }
 
     /// Opens a CONNECT stream to `key.dst` with `:authority` = `authority` and extra headers.
@@ -193,12 +205,12 @@ impl Pool {
 
     async fn dial(&self, key: &PoolKey) -> Result<PooledConn, TunnelError> {
         let cert = self.certs.fetch(&key.src_identity).await?;
-        let permit = self.fds.try_acquire(1).ok_or(TunnelError::Descriptors)?;
-        let tcp = match tokio::time::timeout(CONNECT_TIMEOUT, self.sockets.connect(key.dst, None)).await {
-            Err(_) => return Err(TunnelError::ConnectTimeout(key.dst)),
-            Ok(Err(e)) => return Err(TunnelError::Connect(key.dst, e)),
-            Ok(Ok(s)) => s,
-        };
+        let Dialed { tcp, guard } =
+            match tokio::time::timeout(CONNECT_TIMEOUT, self.dialer.dial(key.dst)).await {
+                Err(_) => return Err(TunnelError::ConnectTimeout(key.dst)),
+                Ok(Err(e)) => return Err(TunnelError::Connect(key.dst, e)),
+                Ok(Ok(d)) => d,
+            };
         let name = ServerName::IpAddress(key.dst.ip().into());
         let handshake = tls::connect(&tcp, cert.client_config(&key.dst_identities), name);
         let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
@@ -224,7 +236,7 @@ impl Pool {
         let done = closed.clone();
         let dst = key.dst;
         tokio::spawn(async move {
-            let _permit = permit;
+            let _guard = guard;
             match driver.await {
                 Ok(()) => tracing::debug!(%dst, "pooled HBONE connection closed"),
                 Err(e) => tracing::debug!(%dst, error = %e, "pooled HBONE connection ended"),
@@ -284,3 +296,6 @@ impl Entry {
         None
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -11,9 +11,8 @@ use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-use super::server::{Ended, ServerConfig};
-use crate::limits::{LimitMetrics, PeerLimits, Peers};
-use crate::testing::{RelayServer, echo_app, send_all, settings, tls_client};
+use super::{Ended, ServerConfig};
+use crate::testing::{RelayServer, TestBudget, echo_app, send_all, settings, tls_client};
 
 const SHORT: Duration = Duration::from_millis(300);
 
@@ -26,8 +25,8 @@ fn deadlines() -> ServerConfig {
     }
 }
 
-fn unlimited() -> Peers {
-    Peers::unlimited(settings().window_size, settings().connection_window_size)
+fn unlimited() -> TestBudget {
+    TestBudget::unlimited(settings())
 }
 
 /// An app that accepts connections and never reads them; keeps them open.
@@ -145,20 +144,12 @@ async fn an_idle_connection_is_closed_with_goaway_but_not_while_a_stream_is_open
 }
 
 #[tokio::test]
-async fn streams_over_the_peer_cap_are_refused() {
+async fn streams_the_budget_refuses_are_reset_refused_stream() {
     let ca = FakeCa::generate();
     let s = settings();
-    let limits = PeerLimits {
-        max_connections: 10,
-        max_streams: 2,
-        buffer_bytes: 64 << 20,
-        stream_window: s.window_size,
-        connection_window: s.connection_window_size,
-    };
-    let peers = Peers::new(limits, LimitMetrics::default());
+    let budget = TestBudget::max_streams(s, 2);
     let server =
-        RelayServer::start_with(&ca, ServerConfig::new(s), peers.clone(), app_that_never_reads().await.0)
-            .await;
+        RelayServer::start_with(&ca, ServerConfig::new(s), budget, app_that_never_reads().await.0).await;
     let tls = tls_client(&ca, server.addr, &server.identity).await.expect("tls");
     let (send, conn) = h2::client::handshake(tls).await.expect("h2 handshake");
     tokio::spawn(conn);

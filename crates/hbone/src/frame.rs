@@ -368,6 +368,7 @@ impl Reader {
     }
 
     /// Whether the reader sits between frames.
+    #[cfg(test)]
     pub fn at_boundary(&self) -> bool {
         matches!(self.body, Body::Head) && self.head_len == 0
     }

@@ -1,7 +1,8 @@
-//! The HBONE server side: HTTP/2 over an accepted TLS session ([`super::conn`]), one task per
-//! CONNECT, with a deadline on every phase of the connection and the per-peer caps applied to
+//! The HBONE server side: HTTP/2 over an accepted TLS session ([`crate::conn`]), one task per
+//! CONNECT, with a deadline on every phase of the connection and the peer's budget applied to
 //! its streams and windows.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -10,13 +11,46 @@ use http::{HeaderMap, StatusCode};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use super::conn::{self, ConnError, ConnErrorKind, Keepalive, StreamHandle};
-use super::frame::Reason;
-use super::hpack::Decoded;
-use super::tls::Established;
-use super::{H2Settings, PING_INTERVAL, PING_TIMEOUT};
-use crate::drain::Drain;
-use crate::limits::{LimitMetrics, PeerConn};
+use crate::conn::{self, ConnError, ConnErrorKind, Keepalive, StreamHandle};
+use crate::frame::Reason;
+use crate::hpack::Decoded;
+use crate::tls::Established;
+use crate::{H2Settings, PING_INTERVAL, PING_TIMEOUT};
+
+/// The HTTP/2 windows one connection offers its peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Windows {
+    /// SETTINGS_INITIAL_WINDOW_SIZE.
+    pub stream: u32,
+    /// Connection window (target).
+    pub connection: u32,
+}
+
+/// What one peer's connection may take: the windows it is offered (the most it can make the
+/// server buffer) and its streams. The proxy's per-peer caps implement it.
+pub trait PeerBudget: Send + 'static {
+    /// Held for as long as one stream is open.
+    type Slot: Send + 'static;
+    /// The windows of the connection's HTTP/2 handshake (called once, first).
+    fn windows(&mut self) -> Windows;
+    /// Larger windows to offer now that a stream opened, if the budget has room again.
+    fn grow(&mut self) -> Option<Windows>;
+    /// A slot for a new stream, or `None` to refuse it (REFUSED_STREAM); a refusal is the
+    /// budget's to count and report.
+    fn open_stream(&mut self) -> Option<Self::Slot>;
+}
+
+/// How a server learns that its process is going away, and where it runs its streams' tasks
+/// (so that a drain can wait for them).
+pub trait Shutdown: Send + Sync + 'static {
+    /// Resolves when a graceful drain starts: the connection sends GOAWAY and lets open streams
+    /// finish.
+    fn started(&self) -> impl Future<Output = ()> + Send;
+    /// Resolves when connections must close now.
+    fn forced(&self) -> impl Future<Output = ()> + Send;
+    /// Runs one stream's handler.
+    fn spawn(&self, task: impl Future<Output = ()> + Send + 'static);
+}
 
 /// One CONNECT request, ready to be answered.
 pub struct ConnectRequest {
@@ -95,24 +129,25 @@ pub enum Ended {
 /// How long a connection that is being closed by us may take to flush its GOAWAY.
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
-/// Runs HTTP/2 over an established TLS session, handing every request to `handle` on its own
-/// task. The peer gets the windows `peer` grants it; a stream over the peer's stream cap is
-/// refused (REFUSED_STREAM, counted in `metrics`). On drain the server sends GOAWAY and lets
-/// open streams finish; when the drain is forced it stops serving (closing the connection).
-pub async fn serve<F, Fut>(
+/// Runs HTTP/2 over an established TLS session, handing every request to `handle` on a task of
+/// `shutdown`'s. The peer gets the windows its `budget` grants; a stream the budget refuses is
+/// reset (REFUSED_STREAM). When a drain starts the server sends GOAWAY and lets open streams
+/// finish; when the drain is forced it stops serving (closing the connection).
+pub async fn serve<B, S, F, Fut>(
     tcp: TcpStream,
     tls: Established,
     cfg: ServerConfig,
-    mut peer: PeerConn,
-    metrics: LimitMetrics,
-    drain: Drain,
+    mut budget: B,
+    shutdown: &S,
     handle: F,
 ) -> Result<Ended, ServeError>
 where
+    B: PeerBudget,
+    S: Shutdown,
     F: Fn(ConnectRequest) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let windows = peer.windows();
+    let windows = budget.windows();
     let engine = conn::Config {
         stream_window: windows.stream,
         connection_window: windows.connection,
@@ -139,20 +174,16 @@ where
                         seen_stream = true;
                         timer.as_mut().reset(Instant::now() + cfg.idle_timeout);
                     }
-                    let slot = match peer.open_stream() {
-                        Ok(s) => s,
-                        Err(refusal) => {
-                            metrics.refused(&refusal, None);
-                            stream.reset(Reason::REFUSED_STREAM);
-                            continue;
-                        }
+                    let Some(slot) = budget.open_stream() else {
+                        stream.reset(Reason::REFUSED_STREAM);
+                        continue;
                     };
-                    if let Some(w) = peer.grow() {
+                    if let Some(w) = budget.grow() {
                         conn.grow_windows(w.stream, w.connection);
                     }
                     let open = activity.enter();
                     let h = handle.clone();
-                    drain.spawn(async move {
+                    shutdown.spawn(async move {
                         h(ConnectRequest { head, stream }).await;
                         drop((open, slot));
                     });
@@ -207,11 +238,11 @@ where
                     }
                 }
             }
-            _ = drain.started(), if !goaway_sent => {
+            _ = shutdown.started(), if !goaway_sent => {
                 goaway_sent = true;
                 conn.graceful_shutdown();
             }
-            _ = drain.forced() => return Ok(Ended::Drained),
+            _ = shutdown.forced() => return Ok(Ended::Drained),
         }
     }
 }
@@ -254,3 +285,6 @@ impl Drop for Open {
         self.0.open.fetch_sub(1, Ordering::AcqRel);
     }
 }
+
+#[cfg(test)]
+mod tests;

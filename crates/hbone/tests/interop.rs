@@ -1,4 +1,4 @@
-//! Ambit's HBONE (its own TLS record layer and HTTP/2, `ambit_proxy::hbone::conn`) against the
+//! Ambit's HBONE (its own TLS record layer and HTTP/2, `ambit_hbone`) against the
 //! reference stack the proxy used before and Istio's HBONE peers are built on: the `h2` crate
 //! over tokio-rustls, as client and as server. Every HTTP/2 feature HBONE peers use is crossed:
 //! flow control (small windows both ways, windows changed mid-connection), SETTINGS, PING,
@@ -10,14 +10,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use ambit_hbone::testing::{
+    EchoServer, RelayServer, TestBudget, echo_app, pool_to, send_all, settings, tls_client,
+};
+use ambit_hbone::{H2Settings, Reason, ServerConfig, StreamError, Tunnel, TunnelError};
 use ambit_identity::{FakeCa, Identity};
-use ambit_proxy::hbone::H2Settings;
-use ambit_proxy::hbone::conn::StreamError;
-use ambit_proxy::hbone::frame::Reason;
-use ambit_proxy::hbone::pool::TunnelError;
-use ambit_proxy::hbone::server::ServerConfig;
-use ambit_proxy::limits::Peers;
-use ambit_proxy::testing::{EchoServer, RelayServer, echo_app, pool_to, send_all, settings, tls_client};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use tokio::net::TcpListener;
@@ -38,8 +35,7 @@ fn small_windows() -> H2Settings {
 
 /// Our server (the relay to an echo app) with `s` as its settings.
 async fn our_server(ca: &FakeCa, s: H2Settings) -> RelayServer {
-    let peers = Peers::unlimited(s.window_size, s.connection_window_size);
-    RelayServer::start_with(ca, ServerConfig::new(s), peers, echo_app().await).await
+    RelayServer::start_with(ca, ServerConfig::new(s), TestBudget::unlimited(s), echo_app().await).await
 }
 
 type H2Client =
@@ -316,7 +312,7 @@ fn from_ambit() -> HeaderMap {
 }
 
 /// Sends `data` through our tunnel and reads it back.
-async fn our_echo(t: &ambit_proxy::hbone::pool::Tunnel, data: &[u8]) {
+async fn our_echo(t: &Tunnel, data: &[u8]) {
     let sender = async { t.stream.send(data).await.expect("send") };
     let receiver = async {
         let mut got = Vec::with_capacity(data.len());
@@ -440,8 +436,8 @@ async fn churned_connections_through_both_relays_end_cleanly_with_every_byte() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let ca = Arc::new(FakeCa::generate());
     let app = answer_and_close_app(1024).await;
-    let peers = Peers::unlimited(settings().window_size, settings().connection_window_size);
-    let server = RelayServer::start_with(&ca, ServerConfig::new(settings()), peers, app).await;
+    let budget = TestBudget::unlimited(settings());
+    let server = RelayServer::start_with(&ca, ServerConfig::new(settings()), budget, app).await;
     let (pool, key) = pool_to(ca.clone(), server.addr, &server.identity, settings());
     // The client side: each accepted connection is relayed through a pooled tunnel, as the
     // outbound listener does.
@@ -453,8 +449,7 @@ async fn churned_connections_through_both_relays_end_cleanly_with_every_byte() {
             let (pool, key) = (pool.clone(), key.clone());
             tokio::spawn(async move {
                 let Ok(t) = pool.connect(&key, authority(), &HeaderMap::new()).await else { return };
-                let counters = Arc::new(ambit_proxy::copy::LiveCounters::default());
-                let _ = t.stream.relay(s, counters, false).await;
+                let _ = t.stream.relay(s, Arc::new(ambit_hbone::testing::Counted::default())).await;
             });
         }
     });

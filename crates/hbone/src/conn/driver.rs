@@ -1,0 +1,382 @@
+//! The driver: reads, decrypts and dispatches what the peer sends, writes what is queued, and
+//! runs the keepalive.
+
+use super::*;
+
+impl Driver {
+    pub(super) fn finish(&mut self, e: ConnError) {
+        let mut st = self.shared.lock();
+        st.fail(e);
+        drop(st);
+        let _ = socket2::SockRef::from(&self.shared.tcp).shutdown(std::net::Shutdown::Both);
+    }
+
+    pub(super) fn poll_drive(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ConnError>> {
+        if let Some(r) = &self.done {
+            return Poll::Ready(r.clone());
+        }
+        match self.drive(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(r) => {
+                match &r {
+                    Ok(()) => self.finish(ConnError::closed()),
+                    Err(e) => {
+                        // Tell the peer why, best effort.
+                        if let ConnErrorKind::Protocol(reason) = e.kind {
+                            let mut st = self.shared.lock();
+                            let last = st.last_peer_id;
+                            st.ctl.clear();
+                            frame::goaway(&mut st.ctl, last, reason);
+                            if st.seal_control().is_ok() {
+                                let _ = self.shared.tcp.try_write(st.out.pending());
+                            }
+                        }
+                        self.finish(e.clone());
+                    }
+                }
+                self.done = Some(r.clone());
+                Poll::Ready(r)
+            }
+        }
+    }
+
+    pub(super) fn drive(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ConnError>> {
+        {
+            let mut st = self.shared.lock();
+            if !st.driver.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                st.driver = Some(cx.waker().clone());
+            }
+            if let Some(e) = &st.closed {
+                return Poll::Ready(Err(e.clone()));
+            }
+        }
+        if !self.early.is_empty() {
+            let early = std::mem::take(&mut self.early);
+            let shared = self.shared.clone();
+            let mut st = shared.lock();
+            let mut pending = Vec::new();
+            let r = self.plaintext(&mut st, &early, &mut pending);
+            deliver(&mut st, &pending);
+            r?;
+            shared.flush(&mut st);
+        }
+        if let Err(e) = self.poll_keepalive(cx) {
+            return Poll::Ready(Err(e));
+        }
+        if !self.eof && !self.close_notify {
+            match self.poll_read(cx) {
+                Poll::Ready(Ok(Read::Eof)) => self.eof = true,
+                Poll::Ready(Ok(Read::Data)) => {}
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => {}
+            }
+        }
+        // After close_notify nothing more comes, whether or not the peer closes its socket.
+        self.eof |= self.close_notify;
+        if let Poll::Ready(Err(e)) = self.poll_flush(cx) {
+            return Poll::Ready(Err(e));
+        }
+        let st = self.shared.lock();
+        if let Some(e) = &st.closed {
+            return Poll::Ready(Err(e.clone()));
+        }
+        if self.eof {
+            // The peer closed its side: nothing more will come.
+            return Poll::Ready(if self.close_notify || st.streams.is_empty() {
+                Ok(())
+            } else {
+                Err(ConnError::new(ConnErrorKind::Io, "connection closed by the peer"))
+            });
+        }
+        let idle = st.streams.is_empty() && self.proto.incoming.is_empty();
+        let client_gone = st.role == Role::Client && st.handles == 0;
+        // A server's shutdown waits for its final GOAWAY: streams in flight still come in.
+        let ours_done = match st.role {
+            Role::Client => st.goaway_sent,
+            Role::Server => st.final_goaway.is_some(),
+        };
+        let going_away = ours_done || st.goaway_received.is_some();
+        if idle && (client_gone || going_away) && st.out.is_empty() {
+            drop(st);
+            return Poll::Ready(self.close_gracefully(client_gone));
+        }
+        Poll::Pending
+    }
+
+    /// Ends an idle connection: GOAWAY (unless sent), close_notify, FIN.
+    pub(super) fn close_gracefully(&mut self, send_goaway: bool) -> Result<(), ConnError> {
+        let mut st = self.shared.lock();
+        let st = &mut *st;
+        if send_goaway && !st.goaway_sent {
+            st.goaway_sent = true;
+            let last = st.last_peer_id;
+            frame::goaway(&mut st.ctl, last, Reason::NO_ERROR);
+        }
+        st.seal_control()?;
+        st.sealer.close_notify(&mut st.out.buf)?;
+        let _ = self.shared.tcp.try_write(st.out.pending());
+        Ok(())
+    }
+
+    pub(super) fn poll_keepalive(&mut self, cx: &mut Context<'_>) -> Result<(), ConnError> {
+        if let Some(p) = self.proto.pong.take()
+            && let Some(k) = &mut self.keepalive
+            && k.outstanding == Some(p)
+        {
+            k.outstanding = None;
+            k.timer.as_mut().reset(Instant::now() + k.cfg.interval);
+        }
+        let Some(k) = &mut self.keepalive else { return Ok(()) };
+        while k.timer.as_mut().poll(cx).is_ready() {
+            if k.outstanding.is_some() {
+                return Err(ConnError::new(ConnErrorKind::PeerDead, "the peer stopped answering PINGs"));
+            }
+            let payload = k.next_payload.to_be_bytes();
+            k.next_payload += 1;
+            k.outstanding = Some(payload);
+            k.timer.as_mut().reset(Instant::now() + k.cfg.timeout);
+            let mut st = self.shared.lock();
+            frame::ping(&mut st.ctl, payload, false);
+            self.shared.flush(&mut st);
+        }
+        Ok(())
+    }
+
+    pub(super) fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ConnError>> {
+        let mut st = self.shared.lock();
+        if let Err(e) = st.seal_control() {
+            return Poll::Ready(Err(e));
+        }
+        while !st.out.is_empty() {
+            if let Err(e) = ready!(self.shared.tcp.poll_write_ready(cx)) {
+                return Poll::Ready(Err(ConnError::io(&e)));
+            }
+            match self.shared.tcp.try_write(st.out.pending()) {
+                Ok(n) => st.out.advance(n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Poll::Ready(Err(ConnError::io(&e))),
+            }
+        }
+        if !st.send_waiters.is_empty() {
+            st.wake_senders();
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    pub(super) fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<Result<Read, ConnError>> {
+        let shared = self.shared.clone();
+        for _ in 0..READS_PER_POLL {
+            if let Err(e) = ready!(shared.tcp.poll_read_ready(cx)) {
+                return Poll::Ready(Err(ConnError::io(&e)));
+            }
+            let r = RECV.with_borrow_mut(|buf| {
+                if buf.len() < RECV_BUF {
+                    buf.resize(RECV_BUF, 0);
+                }
+                let kept = self.stash.len();
+                buf[..kept].copy_from_slice(&self.stash);
+                let room = buf.len() - kept;
+                let n = match read_drained(&shared.tcp, &mut [io::IoSliceMut::new(&mut buf[kept..])], room) {
+                    Ok(0) => return Ok(Some(Read::Eof)),
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+                    Err(e) => return Err(ConnError::io(&e)),
+                };
+                let mut st = shared.lock();
+                let used = self.records(&mut st, &mut buf[..kept + n]);
+                shared.flush(&mut st);
+                drop(st);
+                let used = used?;
+                if used == kept + n {
+                    // Nothing partial: the connection keeps no buffer.
+                    self.stash = Vec::new();
+                } else {
+                    self.stash.clear();
+                    self.stash.extend_from_slice(&buf[used..kept + n]);
+                }
+                Ok(Some(Read::Data))
+            });
+            match r {
+                Ok(None) => {}
+                Ok(Some(Read::Eof)) => {
+                    if !self.stash.is_empty() && !self.close_notify {
+                        return Poll::Ready(Err(ConnError::new(
+                            ConnErrorKind::Io,
+                            "connection closed inside a TLS record",
+                        )));
+                    }
+                    return Poll::Ready(Ok(Read::Eof));
+                }
+                Ok(Some(Read::Data)) => {
+                    if self.close_notify {
+                        return Poll::Ready(Ok(Read::Eof));
+                    }
+                }
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+        // Fair to other tasks: come back after they ran.
+        cx.waker().wake_by_ref();
+        Poll::Ready(Ok(Read::Data))
+    }
+
+    /// Opens and dispatches the whole records at the start of `buf`; returns the bytes used.
+    pub(super) fn records(&mut self, st: &mut State, buf: &mut [u8]) -> Result<usize, ConnError> {
+        let mut at = 0;
+        let mut rest = buf;
+        // DATA payloads of this read, written to their apps once the read is dispatched: one
+        // write per stream and read, not one per record.
+        let mut pending: Vec<(u32, &[u8])> = Vec::new();
+        let r = loop {
+            if self.close_notify {
+                break Ok(());
+            }
+            let len = match tls::record_len(rest) {
+                Ok(Some(len)) if len <= rest.len() => len,
+                Ok(_) => break Ok(()),
+                Err(e) => break Err(e.into()),
+            };
+            let (rec, tail) = std::mem::take(&mut rest).split_at_mut(len);
+            rest = tail;
+            at += len;
+            let content = match self.session.open(rec) {
+                Ok(c) => c,
+                Err(e) => break Err(e.into()),
+            };
+            let rec: &[u8] = rec;
+            let step = match content {
+                Content::Data(r) => self.plaintext(st, &rec[r], &mut pending),
+                Content::Handshake(r) => {
+                    self.session.handshake(&rec[r], &mut st.sealer).map_err(ConnError::from).and_then(
+                        |post| {
+                            if post.update_requested {
+                                st.seal_control()?;
+                                st.sealer.key_update(&mut st.out.buf)?;
+                            }
+                            Ok(())
+                        },
+                    )
+                }
+                Content::CloseNotify => {
+                    self.close_notify = true;
+                    Ok(())
+                }
+                Content::Ignored => Ok(()),
+            };
+            if let Err(e) = step {
+                break Err(e);
+            }
+        };
+        deliver(st, &pending);
+        r.map(|()| at)
+    }
+
+    /// Dispatches decrypted HTTP/2 bytes; DATA payloads are added to `pending`.
+    pub(super) fn plaintext<'i>(
+        &mut self,
+        st: &mut State,
+        mut input: &'i [u8],
+        pending: &mut Vec<(u32, &'i [u8])>,
+    ) -> Result<(), ConnError> {
+        let proto = &mut self.proto;
+        if proto.preface_left > 0 {
+            let n = proto.preface_left.min(input.len());
+            let expect = &frame::PREFACE[frame::PREFACE.len() - proto.preface_left..][..n];
+            if &input[..n] != expect {
+                return Err(ConnError::protocol(Reason::PROTOCOL_ERROR, "not an HTTP/2 connection preface"));
+            }
+            proto.preface_left -= n;
+            input = &input[n..];
+        }
+        while let Some(ev) = self.reader.next(&mut input) {
+            proto.event(st, ev?, pending)?;
+        }
+        Ok(())
+    }
+}
+
+/// Writes the DATA payloads of one read to their streams' apps, in order: each run of one
+/// stream's payloads with one vectored write, straight from the receive buffer, when the stream
+/// has an app and nothing queued; what the app does not take, and payloads of streams without
+/// an app yet, are copied into the stream's queue.
+pub(super) fn deliver(st: &mut State, pending: &[(u32, &[u8])]) {
+    let mut i = 0;
+    while i < pending.len() {
+        let id = pending[i].0;
+        let mut j = i + 1;
+        while j < pending.len() && pending[j].0 == id {
+            j += 1;
+        }
+        deliver_run(st, id, &pending[i..j]);
+        i = j;
+    }
+}
+
+pub(super) fn deliver_run(st: &mut State, id: u32, run: &[(u32, &[u8])]) {
+    let total: usize = run.iter().map(|(_, b)| b.len()).sum();
+    let Some(s) = st.streams.get_mut(&id) else {
+        st.release(None, total);
+        return;
+    };
+    if s.reset.is_some() || s.local_reset || s.app_failed {
+        st.release(None, total);
+        return;
+    }
+    let mut written = 0;
+    if s.queue.is_empty()
+        && let Some(app) = &s.app
+    {
+        const MAX_IOV: usize = 64;
+        let mut slices = [io::IoSlice::new(&[]); MAX_IOV];
+        let mut at = 0;
+        while at < run.len() {
+            let part = &run[at..(at + MAX_IOV).min(run.len())];
+            for (slot, (_, b)) in slices.iter_mut().zip(part) {
+                *slot = io::IoSlice::new(b);
+            }
+            let want: usize = part.iter().map(|(_, b)| b.len()).sum();
+            match app.try_write_vectored(&slices[..part.len()]) {
+                Ok(n) => {
+                    written += n;
+                    if n < want {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(_) => {
+                    // The relay learns of it and ends; the bytes are dropped (those written
+                    // before still count).
+                    s.count_received(written);
+                    s.app_failed = true;
+                    s.wake();
+                    st.release(None, total);
+                    return;
+                }
+            }
+            at += part.len();
+        }
+    }
+    if written > 0 {
+        s.count_received(written);
+    }
+    if written < total {
+        let mut rest = bytes::BytesMut::with_capacity(total - written);
+        let mut skip = written;
+        for (_, b) in run {
+            if skip >= b.len() {
+                skip -= b.len();
+                continue;
+            }
+            rest.extend_from_slice(&b[skip..]);
+            skip = 0;
+        }
+        s.queued += rest.len();
+        s.queue.push_back(rest.freeze());
+        if let Some(w) = s.recv_waker.take() {
+            w.wake();
+        }
+    }
+    if written > 0 {
+        st.release(Some(id), written);
+    }
+}

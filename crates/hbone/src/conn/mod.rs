@@ -1,0 +1,515 @@
+//! The HBONE connection: HTTP/2 over the TLS record layer of [`super::tls`], built for tunnels.
+//!
+//! One connection is a TCP socket, its TLS state and its streams, behind one lock. Nothing sits
+//! between a tunnel's app socket and the TLS socket but this lock:
+//!
+//! - **Sending** (a stream's relay task): the app's bytes are read straight into the slots of a
+//!   per-thread buffer laid out as TLS records, one DATA frame each (room for the record header,
+//!   the frame header, the inner content type and the tag around every slot). Under the lock the
+//!   frames are stamped, the records sealed in place and, when nothing else is queued, written
+//!   to the socket from there: one read, one pass of AES-GCM and one write per 128 KiB, no copy,
+//!   and no other task involved.
+//! - **Receiving** (the connection's driver): the socket is read into a per-thread 256 KiB buffer,
+//!   records are opened in place, and a DATA payload is written to its stream's app socket from
+//!   there. Only what the app does not take at once is copied, into the stream's queue, which its
+//!   relay task writes out when the app drains; flow-control capacity goes back to the peer only
+//!   once bytes reach the app, so the windows bound what a connection holds.
+//!
+//! A connection therefore holds no buffer while idle: a partial record waiting for its end, and
+//! bytes a slow app or a full socket left behind, are all it keeps.
+//!
+//! The HTTP/2 side is what HBONE peers (ztunnel, Istio's h2-based proxies, Ambit) speak: CONNECT
+//! streams, SETTINGS, flow control on streams and the connection, PING (answered, and sent as a
+//! keepalive), GOAWAY both ways with its last-stream semantics, RST_STREAM, HEADERS with
+//! CONTINUATION, padding and priority fields accepted, unknown frames ignored. Push is refused.
+//! What one peer can make a connection hold or do is bounded: header blocks, queued output,
+//! and control frames and early resets per interval.
+
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker, ready};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::HeaderMap;
+use tokio::net::TcpStream;
+use tokio::time::{Instant, Sleep};
+
+use crate::frame::{self, Event, FrameError, Head, Reason, flag, kind, setting};
+use crate::hpack::{self, Decoded, HeaderError};
+use crate::tls::{self, Content, Established, Sealer, Session, TlsError};
+
+/// A connection's HTTP/2 settings and limits.
+#[derive(Clone, Copy, Debug)]
+pub struct Config {
+    /// SETTINGS_INITIAL_WINDOW_SIZE we grant.
+    pub stream_window: u32,
+    /// The connection window we grant.
+    pub connection_window: u32,
+    /// SETTINGS_MAX_FRAME_SIZE we accept.
+    pub max_frame_size: u32,
+    /// SETTINGS_MAX_CONCURRENT_STREAMS we accept (servers).
+    pub max_concurrent_streams: Option<u32>,
+    /// SETTINGS_MAX_HEADER_LIST_SIZE we accept.
+    pub max_header_list_size: u32,
+    /// Keepalive PINGs: every `interval` after the last answer; no answer in `timeout` ends the
+    /// connection.
+    pub keepalive: Option<Keepalive>,
+}
+
+/// Keepalive PINGs.
+#[derive(Clone, Copy, Debug)]
+pub struct Keepalive {
+    /// Time between an answer and the next PING.
+    pub interval: Duration,
+    /// Time a PING may go unanswered.
+    pub timeout: Duration,
+}
+
+/// Bytes waiting for the socket above which senders wait.
+const OUT_HIGH: usize = 256 * 1024;
+/// Bytes waiting for the socket above which the connection fails: only frames the peer makes us
+/// answer (PING, SETTINGS) get past `OUT_HIGH`, so a peer that sends them without reading is cut.
+const OUT_MAX: usize = 4 << 20;
+/// DATA payload per record: one frame per record, filling it.
+const SLOT_PAYLOAD: usize = tls::MAX_CONTENT - frame::HEADER_LEN;
+/// A record slot of the send buffer.
+const SLOT: usize = tls::OVERHEAD + frame::HEADER_LEN + SLOT_PAYLOAD;
+/// Records per send: the most read from an app at once is `SLOTS * SLOT_PAYLOAD` (~128 KiB).
+const SLOTS: usize = 8;
+/// The receive buffer: one read takes up to this much ciphertext.
+const RECV_BUF: usize = 256 * 1024;
+/// Reads per driver poll before it yields to other tasks.
+const READS_PER_POLL: usize = 16;
+/// The largest stream id.
+const MAX_STREAM_ID: u32 = (1 << 31) - 1;
+/// The PING payload of a graceful shutdown's round trip.
+const DRAIN_PING: [u8; 8] = *b"goaway!!";
+/// The interval of the flood counters.
+const FLOOD_WINDOW: Duration = Duration::from_secs(10);
+/// Frames we must answer or that carry nothing (PING, SETTINGS, empty DATA, unknown types) a
+/// peer may send per interval.
+const MAX_CHATTER: u32 = 10_000;
+/// Streams a client may reset before they were answered, per interval (rapid reset).
+const MAX_EARLY_RESETS: u32 = 1_000;
+
+thread_local! {
+    static SEND_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    static RECV: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// How a connection failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnErrorKind {
+    /// The socket failed or the peer closed it.
+    Io,
+    /// The TLS record layer failed.
+    Tls,
+    /// The peer broke the protocol (we sent GOAWAY with this code).
+    Protocol(Reason),
+    /// The peer ended the connection with GOAWAY and this error code.
+    GoAway(Reason),
+    /// The peer stopped answering PINGs.
+    PeerDead,
+    /// Closed (by us, or cleanly by the peer).
+    Closed,
+}
+
+/// A connection's end, shared with every stream it had.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ConnError {
+    /// What kind of end.
+    pub kind: ConnErrorKind,
+    /// What happened.
+    pub message: String,
+}
+
+impl ConnError {
+    fn new(kind: ConnErrorKind, message: impl Into<String>) -> ConnError {
+        ConnError { kind, message: message.into() }
+    }
+
+    fn io(e: &io::Error) -> ConnError {
+        ConnError::new(ConnErrorKind::Io, format!("connection error: {e}"))
+    }
+
+    fn protocol(reason: Reason, what: impl std::fmt::Display) -> ConnError {
+        ConnError::new(ConnErrorKind::Protocol(reason), format!("http2 connection error: {what} ({reason})"))
+    }
+
+    fn closed() -> ConnError {
+        ConnError::new(ConnErrorKind::Closed, "connection closed")
+    }
+}
+
+impl From<TlsError> for ConnError {
+    fn from(e: TlsError) -> ConnError {
+        match e {
+            TlsError::Io(e) => ConnError::io(&e),
+            e => ConnError::new(ConnErrorKind::Tls, format!("tls error: {e}")),
+        }
+    }
+}
+
+impl From<FrameError> for ConnError {
+    fn from(e: FrameError) -> ConnError {
+        ConnError::protocol(e.reason, e.what)
+    }
+}
+
+/// Why a stream failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StreamError {
+    /// The peer reset the stream.
+    #[error("stream reset by the peer: {0}")]
+    Reset(Reason),
+    /// The peer's GOAWAY came before it processed the stream: safe to retry elsewhere.
+    #[error("stream not processed: the peer is going away (GOAWAY)")]
+    Refused,
+    /// The connection ended.
+    #[error("{0}")]
+    Connection(ConnError),
+    /// The peer's response head is malformed.
+    #[error("{0}")]
+    Headers(HeaderError),
+    /// The stream is already closed on our side.
+    #[error("stream already closed")]
+    Closed,
+    /// The connection takes no more streams (GOAWAY sent or received, stream ids used up).
+    #[error("the connection takes no new streams")]
+    NoNewStreams,
+}
+
+impl StreamError {
+    /// Whether the peer never processed the stream, so a retry on another connection is safe.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            StreamError::Refused | StreamError::NoNewStreams | StreamError::Reset(Reason::REFUSED_STREAM)
+        )
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Client,
+    Server,
+}
+
+/// Ciphertext waiting for the socket.
+#[derive(Default)]
+struct Out {
+    buf: Vec<u8>,
+    pos: usize,
+}
+
+impl Out {
+    fn len(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn pending(&self) -> &[u8] {
+        &self.buf[self.pos..]
+    }
+
+    fn advance(&mut self, n: usize) {
+        self.pos += n;
+        if self.pos >= self.buf.len() {
+            self.pos = 0;
+            // An idle connection keeps no queue: what a burst needed goes back.
+            if self.buf.capacity() > 4096 {
+                self.buf = Vec::new();
+            } else {
+                self.buf.clear();
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct PeerSettings {
+    initial_window: u32,
+    max_frame: u32,
+    max_concurrent: u32,
+    header_table: u32,
+}
+
+impl Default for PeerSettings {
+    fn default() -> PeerSettings {
+        PeerSettings {
+            initial_window: frame::DEFAULT_WINDOW,
+            max_frame: frame::DEFAULT_MAX_FRAME,
+            max_concurrent: u32::MAX,
+            header_table: 4096,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Stream {
+    send_window: i64,
+    /// We sent END_STREAM or RST_STREAM.
+    send_done: bool,
+    recv_window: i64,
+    recv_unacked: u32,
+    queue: VecDeque<Bytes>,
+    queued: usize,
+    /// END_STREAM received.
+    recv_done: bool,
+    /// RST_STREAM received (or the stream failed here).
+    reset: Option<Reason>,
+    /// We reset the stream.
+    local_reset: bool,
+    /// GOAWAY arrived before the peer processed this stream.
+    refused: bool,
+    /// Client: the response head, once it arrived.
+    head: Option<Result<Decoded, HeaderError>>,
+    /// Server: we sent the response head.
+    responded: bool,
+    send_waker: Option<Waker>,
+    recv_waker: Option<Waker>,
+    /// The relay's app socket, written to directly by the driver while the queue is empty.
+    app: Option<Arc<TcpStream>>,
+    /// The relay's byte counters.
+    counters: Option<Arc<dyn RelayCounters>>,
+    /// Writing to the app failed: received bytes are dropped.
+    app_failed: bool,
+}
+
+impl Stream {
+    fn wake(&mut self) {
+        if let Some(w) = self.send_waker.take() {
+            w.wake();
+        }
+        if let Some(w) = self.recv_waker.take() {
+            w.wake();
+        }
+    }
+
+    fn count_received(&self, n: usize) {
+        if let Some(c) = &self.counters {
+            c.stream_to_app(n);
+        }
+    }
+}
+
+struct State {
+    role: Role,
+    sealer: Sealer,
+    out: Out,
+    /// Plaintext control frames waiting to be sealed (see [`State::seal_control`]).
+    ctl: Vec<u8>,
+    driver: Option<Waker>,
+    streams: HashMap<u32, Stream>,
+    /// Client: the next stream id.
+    next_id: u32,
+    /// Server: the highest stream id the peer opened.
+    last_peer_id: u32,
+    peer: PeerSettings,
+    local_window: u32,
+    local_max_concurrent: u32,
+    conn_send: i64,
+    conn_recv: i64,
+    conn_unacked: u32,
+    conn_target: u32,
+    encoder: hpack::Encoder,
+    goaway_received: Option<(u32, Reason)>,
+    /// We sent GOAWAY: no new streams from us (a client), or the shutdown started (a server).
+    goaway_sent: bool,
+    /// Server: the last stream id of the final GOAWAY, sent once the drain PING came back.
+    final_goaway: Option<u32>,
+    closed: Option<ConnError>,
+    send_waiters: Vec<Waker>,
+    /// Client handles alive.
+    handles: usize,
+}
+
+/// What a connection's tasks share.
+pub(crate) struct Shared {
+    tcp: TcpStream,
+    state: Mutex<State>,
+}
+// ---------------------------------------------------------------------------------------------
+// The driver
+
+struct KeepaliveState {
+    cfg: Keepalive,
+    timer: Pin<Box<Sleep>>,
+    outstanding: Option<[u8; 8]>,
+    next_payload: u64,
+}
+
+#[derive(Default)]
+struct Flood {
+    since: Option<Instant>,
+    chatter: u32,
+    early_resets: u32,
+}
+
+/// A header block being assembled.
+struct Block {
+    stream: u32,
+    end_stream: bool,
+    buf: Vec<u8>,
+}
+
+enum DataTarget {
+    Stream(u32),
+    Drop,
+}
+
+/// The HTTP/2 side of the driver.
+struct Proto {
+    role: Role,
+    decoder: hpack::Decoder,
+    block: Option<Block>,
+    max_block: usize,
+    max_header_list: usize,
+    data_target: Option<DataTarget>,
+    /// The flow-controlled length of the DATA frame being read.
+    data_flow: u32,
+    preface_left: usize,
+    settings_seen: bool,
+    preface_done_at: Option<Instant>,
+    /// Server: streams the peer opened, not yet handed out.
+    incoming: VecDeque<(u32, Decoded)>,
+    flood: Flood,
+    /// A PING acknowledgement arrived with this payload.
+    pong: Option<[u8; 8]>,
+}
+
+/// Reads, decrypts and dispatches everything the peer sends, flushes what could not be written
+/// at once, and runs the keepalive. A future: poll it (the client spawns it; the server polls it
+/// through [`Server::poll_accept`]).
+pub struct Driver {
+    shared: Arc<Shared>,
+    session: Session,
+    reader: frame::Reader,
+    proto: Proto,
+    /// A partial record from the last read (or the handshake's leftover).
+    stash: Vec<u8>,
+    /// Plaintext rustls decrypted while finishing the handshake.
+    early: Vec<u8>,
+    keepalive: Option<KeepaliveState>,
+    eof: bool,
+    close_notify: bool,
+    done: Option<Result<(), ConnError>>,
+}
+
+impl Future for Driver {
+    type Output = Result<(), ConnError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.get_mut().poll_drive(cx)
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        self.finish(ConnError::closed());
+    }
+}
+
+enum Read {
+    Data,
+    Eof,
+}
+
+/// One stream; dropping it resets the stream (CANCEL) unless it ended both ways.
+pub struct StreamHandle {
+    shared: Arc<Shared>,
+    id: u32,
+}
+
+/// What a sender may do now.
+enum Capacity {
+    /// Send up to this many bytes (reserved from the windows).
+    Bytes(usize),
+    /// Wait (wakers registered).
+    Wait,
+}
+
+mod driver;
+mod handles;
+mod proto;
+mod state;
+mod stream;
+
+pub use handles::{Client, Incoming, client, server};
+use state::new_connection;
+pub use stream::RelayCounters;
+use stream::read_drained;
+
+/// Entry points for the fuzz targets in `fuzz/` (feature `fuzzing`, never on in a normal build).
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing {
+    use super::*;
+
+    /// Feeds `data` to one side's protocol machinery as the plaintext it receives after the TLS
+    /// handshake: a server when the first byte is even, a client otherwise; the next byte sizes
+    /// the pieces it arrives in. Stops at the first connection error, as a connection does.
+    pub fn plaintext(data: &[u8]) {
+        let [first, step, rest @ ..] = data else { return };
+        let role = if first % 2 == 0 { Role::Server } else { Role::Client };
+        let cfg = Config {
+            stream_window: 1 << 16,
+            connection_window: 1 << 17,
+            max_frame_size: frame::DEFAULT_MAX_FRAME,
+            max_concurrent_streams: Some(100),
+            max_header_list_size: 16 * 1024,
+            keepalive: None,
+        };
+        let mut st = State::new(role, tls::Sealer::for_fuzzing(), &cfg);
+        if role == Role::Client {
+            // Streams 1, 3 and 5 are open and waiting for their response.
+            for id in [1, 3, 5] {
+                st.streams
+                    .insert(id, Stream { send_window: 65_535, recv_window: 65_535, ..Stream::default() });
+            }
+            st.next_id = 7;
+        }
+        let max_block = Proto::max_block(&cfg);
+        let mut reader = frame::Reader::new(cfg.max_frame_size, max_block);
+        let mut proto = Proto::new(role, &cfg, max_block);
+        for piece in rest.chunks(usize::from(*step).max(1)) {
+            let mut input = piece;
+            if proto.preface_left > 0 {
+                let n = proto.preface_left.min(input.len());
+                let expect = &frame::PREFACE[frame::PREFACE.len() - proto.preface_left..][..n];
+                if &input[..n] != expect {
+                    return;
+                }
+                proto.preface_left -= n;
+                input = &input[n..];
+            }
+            let mut pending = Vec::new();
+            while let Some(ev) = reader.next(&mut input) {
+                let Ok(ev) = ev else { return };
+                if proto.event(&mut st, ev, &mut pending).is_err() {
+                    return;
+                }
+            }
+            deliver(&mut st, &pending);
+            // Streams the peer opened are answered and dropped, as a handler would.
+            while let Some((id, _)) = proto.incoming.pop_front() {
+                st.streams.remove(&id);
+            }
+            if st.seal_control().is_err() {
+                return;
+            }
+            let n = st.out.len();
+            st.out.advance(n);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

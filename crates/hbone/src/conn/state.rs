@@ -1,0 +1,247 @@
+//! The connection state under its lock: control frames, sealing, flow-control releases, and
+//! the socket writes every task shares.
+
+use super::*;
+
+impl State {
+    pub(super) fn new(role: Role, sealer: Sealer, cfg: &Config) -> State {
+        State {
+            role,
+            sealer,
+            out: Out::default(),
+            ctl: Vec::new(),
+            driver: None,
+            streams: HashMap::new(),
+            next_id: 1,
+            last_peer_id: 0,
+            peer: PeerSettings::default(),
+            local_window: cfg.stream_window,
+            local_max_concurrent: cfg.max_concurrent_streams.unwrap_or(u32::MAX),
+            conn_send: i64::from(frame::DEFAULT_WINDOW),
+            conn_recv: i64::from(cfg.connection_window),
+            conn_unacked: 0,
+            conn_target: cfg.connection_window,
+            encoder: hpack::Encoder::default(),
+            goaway_received: None,
+            goaway_sent: false,
+            final_goaway: None,
+            closed: None,
+            send_waiters: Vec::new(),
+            handles: usize::from(role == Role::Client),
+        }
+    }
+
+    pub(super) fn fail(&mut self, e: ConnError) {
+        if self.closed.is_none() {
+            self.closed = Some(e);
+        }
+        for s in self.streams.values_mut() {
+            s.wake();
+        }
+        self.wake_senders();
+        if let Some(w) = self.driver.take() {
+            w.wake();
+        }
+    }
+
+    pub(super) fn wake_senders(&mut self) {
+        for w in self.send_waiters.drain(..) {
+            w.wake();
+        }
+    }
+
+    /// Seals the pending control frames into records.
+    pub(super) fn seal_control(&mut self) -> Result<(), ConnError> {
+        if self.ctl.is_empty() {
+            return Ok(());
+        }
+        let ctl = std::mem::take(&mut self.ctl);
+        let r = self.seal_plain(&ctl);
+        self.ctl = ctl;
+        self.ctl.clear();
+        r
+    }
+
+    pub(super) fn seal_plain(&mut self, plain: &[u8]) -> Result<(), ConnError> {
+        for chunk in plain.chunks(tls::MAX_CONTENT) {
+            self.key_update_if_due()?;
+            let start = self.out.buf.len();
+            self.out.buf.resize(start + tls::OVERHEAD + chunk.len(), 0);
+            self.out.buf[start + tls::HEADER_LEN..start + tls::HEADER_LEN + chunk.len()]
+                .copy_from_slice(chunk);
+            self.sealer.seal(&mut self.out.buf[start..])?;
+        }
+        if self.out.len() > OUT_MAX {
+            return Err(ConnError::protocol(
+                Reason::ENHANCE_YOUR_CALM,
+                "the peer does not read what it makes us send",
+            ));
+        }
+        Ok(())
+    }
+
+    pub(super) fn key_update_if_due(&mut self) -> Result<(), ConnError> {
+        if self.sealer.wants_key_update() {
+            self.sealer.key_update(&mut self.out.buf)?;
+        }
+        Ok(())
+    }
+
+    /// `n` bytes of `id` reached the app (or were dropped): their window goes back to the peer
+    /// when enough has gathered.
+    pub(super) fn release(&mut self, id: Option<u32>, n: usize) {
+        let n = u32::try_from(n).unwrap_or(u32::MAX);
+        if n == 0 {
+            return;
+        }
+        self.conn_unacked = self.conn_unacked.saturating_add(n);
+        if self.conn_unacked >= (self.conn_target / 2).max(1) {
+            frame::window_update(&mut self.ctl, 0, self.conn_unacked);
+            self.conn_recv += i64::from(self.conn_unacked);
+            self.conn_unacked = 0;
+        }
+        let threshold = (self.local_window / 2).max(1);
+        if let Some(s) = id.and_then(|id| self.streams.get_mut(&id).map(|s| (id, s))) {
+            let (id, s) = s;
+            if s.recv_done || s.reset.is_some() || s.local_reset {
+                return;
+            }
+            s.recv_unacked = s.recv_unacked.saturating_add(n);
+            if s.recv_unacked >= threshold {
+                frame::window_update(&mut self.ctl, id, s.recv_unacked);
+                s.recv_window += i64::from(s.recv_unacked);
+                s.recv_unacked = 0;
+            }
+        }
+    }
+
+    /// Whether the connection accepts new streams from us.
+    pub(super) fn open_for_streams(&self) -> bool {
+        self.closed.is_none()
+            && self.goaway_received.is_none()
+            && !self.goaway_sent
+            && self.next_id < (1 << 31)
+    }
+}
+
+impl Shared {
+    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Seals pending control frames and writes what is queued, now if the socket takes it; the
+    /// driver finishes what it does not.
+    pub(super) fn flush(&self, st: &mut State) {
+        if let Err(e) = st.seal_control() {
+            st.fail(e);
+            return;
+        }
+        if st.out.is_empty() {
+            return;
+        }
+        match self.tcp.try_write(st.out.pending()) {
+            Ok(n) => st.out.advance(n),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => {
+                st.fail(ConnError::io(&e));
+                return;
+            }
+        }
+        if !st.out.is_empty()
+            && let Some(w) = &st.driver
+        {
+            w.wake_by_ref();
+        }
+    }
+
+    /// Writes sealed records `recs` after whatever is queued: straight from `recs` when nothing
+    /// is, otherwise (and for what the socket does not take) through the queue.
+    pub(super) fn write_records(&self, st: &mut State, recs: &[u8]) {
+        let mut rest = recs;
+        if st.out.is_empty() {
+            match self.tcp.try_write(recs) {
+                Ok(n) => rest = &recs[n..],
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => {
+                    st.fail(ConnError::io(&e));
+                    return;
+                }
+            }
+        }
+        if !rest.is_empty() {
+            st.out.buf.extend_from_slice(rest);
+            if let Some(w) = &st.driver {
+                w.wake_by_ref();
+            }
+        }
+    }
+}
+
+/// The initial frames of a connection (after the client's preface).
+pub(super) fn initial_frames(cfg: &Config, role: Role, ctl: &mut Vec<u8>) {
+    let mut s = Vec::new();
+    if role == Role::Client {
+        s.push((setting::ENABLE_PUSH, 0));
+    }
+    if let Some(m) = cfg.max_concurrent_streams {
+        s.push((setting::MAX_CONCURRENT_STREAMS, m));
+    }
+    if cfg.stream_window != frame::DEFAULT_WINDOW {
+        s.push((setting::INITIAL_WINDOW_SIZE, cfg.stream_window));
+    }
+    if cfg.max_frame_size != frame::DEFAULT_MAX_FRAME {
+        s.push((setting::MAX_FRAME_SIZE, cfg.max_frame_size));
+    }
+    s.push((setting::MAX_HEADER_LIST_SIZE, cfg.max_header_list_size));
+    frame::settings(ctl, &s);
+    if cfg.connection_window > frame::DEFAULT_WINDOW {
+        frame::window_update(ctl, 0, cfg.connection_window - frame::DEFAULT_WINDOW);
+    }
+}
+
+pub(super) fn new_connection(
+    tcp: TcpStream,
+    tls: Established,
+    cfg: Config,
+    role: Role,
+) -> Result<(Arc<Shared>, Driver), ConnError> {
+    let cfg = Config {
+        max_frame_size: cfg.max_frame_size.clamp(frame::DEFAULT_MAX_FRAME, frame::MAX_MAX_FRAME),
+        stream_window: cfg.stream_window.min(frame::MAX_WINDOW as u32),
+        connection_window: cfg.connection_window.clamp(frame::DEFAULT_WINDOW, frame::MAX_WINDOW as u32),
+        ..cfg
+    };
+    let Established { session, sealer, leftover, early, peer_closed, .. } = tls;
+    let mut st = State::new(role, sealer, &cfg);
+    if role == Role::Client {
+        st.ctl.extend_from_slice(frame::PREFACE);
+    }
+    initial_frames(&cfg, role, &mut st.ctl);
+    let shared = Arc::new(Shared { tcp, state: Mutex::new(st) });
+    {
+        let mut st = shared.lock();
+        shared.flush(&mut st);
+        if let Some(e) = &st.closed {
+            return Err(e.clone());
+        }
+    }
+    let max_block = Proto::max_block(&cfg);
+    let driver = Driver {
+        shared: shared.clone(),
+        session,
+        reader: frame::Reader::new(cfg.max_frame_size, max_block),
+        proto: Proto::new(role, &cfg, max_block),
+        stash: leftover,
+        early,
+        keepalive: cfg.keepalive.map(|k| KeepaliveState {
+            cfg: k,
+            timer: Box::pin(tokio::time::sleep(k.interval)),
+            outstanding: None,
+            next_payload: 1,
+        }),
+        eof: false,
+        close_notify: peer_closed,
+        done: None,
+    };
+    Ok((shared, driver))
+}
