@@ -282,6 +282,10 @@ pub fn headers(out: &mut Vec<u8>, stream: u32, block: &[u8], end_stream: bool, m
 /// dropped.
 const MAX_BUFFERED_PAYLOAD: usize = 16 * 1024;
 
+/// Payload buffer a reader keeps between frames; a larger one, grown for a large frame, goes
+/// back once the frame is handled.
+const MAX_KEPT_PAYLOAD: usize = 1024;
+
 /// What the reader found.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Event<'p, 'i> {
@@ -375,6 +379,10 @@ impl Reader {
 
     /// The next event from `input`, consuming what it used; `None` when `input` is used up.
     pub fn next<'p, 'i>(&'p mut self, input: &mut &'i [u8]) -> Option<Result<Event<'p, 'i>, FrameError>> {
+        if matches!(self.body, Body::Head) && self.payload.capacity() > MAX_KEPT_PAYLOAD {
+            // A large frame is done with: its buffer goes back.
+            self.payload = Vec::new();
+        }
         loop {
             match self.body {
                 Body::Head => {

@@ -138,6 +138,66 @@ pub struct Decoded {
     pub headers: HeaderMap,
 }
 
+impl Decoded {
+    /// Checks a request head against RFC 9113 §8.3.1 and §8.5: `:method` present, no `:status`;
+    /// a CONNECT names `:authority` and carries neither `:scheme` nor `:path`; any other method
+    /// carries `:scheme` and a non-empty `:path`; `:protocol` (extended CONNECT, RFC 8441) only
+    /// after SETTINGS_ENABLE_CONNECT_PROTOCOL, which HBONE never sends.
+    pub fn check_request(&self) -> Result<(), HeaderError> {
+        if self.status.is_some() {
+            return Err(HeaderError::Malformed(":status in a request"));
+        }
+        if self.protocol.is_some() {
+            return Err(HeaderError::Malformed(":protocol without SETTINGS_ENABLE_CONNECT_PROTOCOL"));
+        }
+        match self.method.as_deref() {
+            None => Err(HeaderError::Malformed("request without :method")),
+            Some("CONNECT") => {
+                if self.scheme.is_some() || self.path.is_some() {
+                    return Err(HeaderError::Malformed(":scheme or :path in a CONNECT request"));
+                }
+                if self.authority.as_deref().is_none_or(str::is_empty) {
+                    return Err(HeaderError::Malformed("CONNECT without :authority"));
+                }
+                Ok(())
+            }
+            Some(_) => {
+                if self.scheme.is_none() || self.path.as_deref().is_none_or(str::is_empty) {
+                    return Err(HeaderError::Malformed("request without :scheme or :path"));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Checks a response head (RFC 9113 §8.3.2): `:status` and no request pseudo-header.
+    pub fn check_response(&self) -> Result<(), HeaderError> {
+        if self.has_request_pseudo() {
+            return Err(HeaderError::Malformed("request pseudo-header in a response"));
+        }
+        if self.status.is_none() {
+            return Err(HeaderError::Malformed("response without :status"));
+        }
+        Ok(())
+    }
+
+    /// Checks trailers (RFC 9113 §8.1): no pseudo-header.
+    pub fn check_trailers(&self) -> Result<(), HeaderError> {
+        if self.has_request_pseudo() || self.status.is_some() {
+            return Err(HeaderError::Malformed("pseudo-header in trailers"));
+        }
+        Ok(())
+    }
+
+    fn has_request_pseudo(&self) -> bool {
+        self.method.is_some()
+            || self.authority.is_some()
+            || self.scheme.is_some()
+            || self.path.is_some()
+            || self.protocol.is_some()
+    }
+}
+
 /// Reads the peer's header blocks; one per connection (the dynamic table is its state).
 pub struct Decoder {
     inner: loona_hpack::Decoder<'static>,

@@ -356,3 +356,275 @@ pub async fn echo_once(t: &mut Tunnel, payload: &Bytes) {
         got += chunk.len();
     }
 }
+
+/// The wire as a test writes it by hand: frame kinds, flags and writers, and the records of
+/// [`RawPeer`].
+pub mod wire {
+    pub use crate::frame::{
+        HEADER_LEN, PREFACE, Reason, data_end, flag, goaway, kind, ping, rst_stream, setting, settings,
+        settings_ack, window_update,
+    };
+    pub use crate::tls::{Alert, MAX_CONTENT};
+
+    /// Record content types.
+    pub mod content {
+        /// change_cipher_spec.
+        pub const CHANGE_CIPHER_SPEC: u8 = 20;
+        /// alert.
+        pub const ALERT: u8 = 21;
+        /// handshake.
+        pub const HANDSHAKE: u8 = 22;
+        /// application_data.
+        pub const APPLICATION_DATA: u8 = 23;
+    }
+
+    /// One frame.
+    pub fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+        let mut v = vec![0u8; HEADER_LEN];
+        let len = u32::try_from(payload.len()).unwrap_or(u32::MAX);
+        crate::frame::Head { len, kind, flags, stream }.encode(&mut v);
+        v.extend_from_slice(payload);
+        v
+    }
+
+    /// The client preface and an empty SETTINGS frame.
+    pub fn client_preface() -> Vec<u8> {
+        let mut v = PREFACE.to_vec();
+        settings(&mut v, &[]);
+        v
+    }
+
+    /// A CONNECT request's header block (as Ambit's client writes it).
+    pub fn connect_block(authority: &str) -> Vec<u8> {
+        let mut b = Vec::new();
+        crate::hpack::Encoder::default().connect(&mut b, authority, &http::HeaderMap::new());
+        b
+    }
+
+    /// A header block of literal fields (without indexing), in order, pseudo-headers included:
+    /// for heads our encoder would never write.
+    pub fn literal_block(fields: &[(&str, &str)]) -> Vec<u8> {
+        let mut b = Vec::new();
+        for (name, value) in fields {
+            b.push(0);
+            for s in [name.as_bytes(), value.as_bytes()] {
+                // Lengths under 127 fit the 7-bit prefix.
+                b.push(u8::try_from(s.len()).unwrap_or(127).min(126));
+                b.extend_from_slice(&s[..s.len().min(126)]);
+            }
+        }
+        b
+    }
+}
+
+/// What a [`RawPeer`] saw the server send.
+#[derive(Debug, Default)]
+pub struct Seen {
+    /// Every frame but DATA, in order: kind, flags, stream and payload.
+    pub frames: Vec<(u8, u8, u32, Vec<u8>)>,
+    /// DATA frames per stream (their number), in order of arrival.
+    pub data_frames: Vec<u32>,
+    /// KeyUpdate messages received.
+    pub key_updates: usize,
+    /// The fatal alert that ended the connection.
+    pub alert: Option<crate::tls::Alert>,
+    /// close_notify arrived.
+    pub close_notify: bool,
+    /// The socket reached its end (FIN or reset).
+    pub closed: bool,
+    /// Why reading stopped, when the server broke the protocol as we see it.
+    pub error: Option<String>,
+}
+
+impl Seen {
+    /// The RST_STREAMs received: (stream, code).
+    pub fn resets(&self) -> Vec<(u32, crate::Reason)> {
+        self.frames
+            .iter()
+            .filter(|f| f.1 == 0 && f.0 == crate::frame::kind::RST_STREAM && f.3.len() == 4)
+            .map(|f| (f.2, crate::Reason(u32::from_be_bytes([f.3[0], f.3[1], f.3[2], f.3[3]]))))
+            .collect()
+    }
+
+    /// The last GOAWAY: (last stream, code).
+    pub fn goaway(&self) -> Option<(u32, crate::Reason)> {
+        self.frames.iter().rev().find(|f| f.0 == crate::frame::kind::GOAWAY && f.3.len() >= 8).map(|f| {
+            let p = &f.3;
+            (
+                u32::from_be_bytes([p[0], p[1], p[2], p[3]]) & 0x7fff_ffff,
+                crate::Reason(u32::from_be_bytes([p[4], p[5], p[6], p[7]])),
+            )
+        })
+    }
+
+    /// Whether a PING acknowledgement with `payload` arrived.
+    pub fn pong(&self, payload: &[u8; 8]) -> bool {
+        self.frames
+            .iter()
+            .any(|f| f.0 == crate::frame::kind::PING && f.1 & crate::frame::flag::ACK != 0 && f.3 == payload)
+    }
+}
+
+/// A hand-driven HBONE client for tests that play a misbehaving peer: rustls runs the handshake
+/// (with a client certificate), then the test lays out records one by one (any content type,
+/// any content, KeyUpdates asked for or not) and everything the server sends is opened and
+/// summed up in [`Seen`].
+pub struct RawPeer {
+    tcp: TcpStream,
+    sealer: crate::tls::Sealer,
+    session: crate::tls::Session,
+    inbox: Vec<u8>,
+    reader: crate::frame::Reader,
+    /// What the server sent so far.
+    pub seen: Seen,
+}
+
+impl RawPeer {
+    /// A TLS connection to `addr` (which must present `server`) with `cert`.
+    pub async fn connect(
+        cert: &ambit_identity::WorkloadCertificate,
+        addr: SocketAddr,
+        server: &Identity,
+    ) -> Result<RawPeer, crate::TlsError> {
+        let tcp = TcpStream::connect(addr).await?;
+        tcp.set_nodelay(true)?;
+        RawPeer::over(tcp, cert, server).await
+    }
+
+    /// The same over a connected socket.
+    pub async fn over(
+        tcp: TcpStream,
+        cert: &ambit_identity::WorkloadCertificate,
+        server: &Identity,
+    ) -> Result<RawPeer, crate::TlsError> {
+        let addr = tcp.peer_addr()?;
+        let name = rustls_pki_types::ServerName::IpAddress(addr.ip().into());
+        let est = crate::tls::connect(&tcp, cert.client_config(std::slice::from_ref(server)), name).await?;
+        Ok(RawPeer {
+            tcp,
+            sealer: est.sealer,
+            session: est.session,
+            inbox: est.leftover,
+            reader: crate::frame::Reader::new(crate::frame::MAX_MAX_FRAME, 1 << 20),
+            seen: Seen::default(),
+        })
+    }
+
+    /// One record of content type `typ` holding `content`, sealed (not sent).
+    pub fn record(&mut self, typ: u8, content: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(content.len() + crate::tls::OVERHEAD);
+        self.sealer.seal_raw(&mut out, typ, content).expect("seal a record");
+        out
+    }
+
+    /// `plain` as application-data records of at most 16 KiB, sealed (not sent).
+    pub fn data(&mut self, plain: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(plain.len() + plain.len() / 1000 + 64);
+        for chunk in plain.chunks(crate::tls::MAX_CONTENT) {
+            self.sealer.seal_raw(&mut out, wire::content::APPLICATION_DATA, chunk).expect("seal");
+        }
+        out
+    }
+
+    /// A KeyUpdate asking the server to update too; our sending key moves on (not sent).
+    pub fn request_key_update(&mut self) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.sealer.request_key_update(&mut out).expect("key update");
+        out
+    }
+
+    /// A KeyUpdate not asking for one in return; our sending key moves on (not sent).
+    pub fn key_update(&mut self) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.sealer.key_update(&mut out).expect("key update");
+        out
+    }
+
+    /// Writes `bytes` to the server.
+    pub async fn send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        crate::tls::write_all(&self.tcp, bytes).await
+    }
+
+    /// The socket (to read its options, or to write to it piece by piece).
+    pub fn tcp(&self) -> &TcpStream {
+        &self.tcp
+    }
+
+    /// Reads what the server sends until `done` holds for what was seen, the connection ends,
+    /// or `limit` passes; returns whether `done` held.
+    pub async fn read_until(&mut self, limit: Duration, done: impl Fn(&Seen) -> bool) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            if done(&self.seen) {
+                return true;
+            }
+            if self.seen.closed || self.seen.error.is_some() {
+                return false;
+            }
+            let n = match tokio::time::timeout_at(deadline, async {
+                loop {
+                    self.tcp.readable().await?;
+                    match self.tcp.try_read(&mut buf) {
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                        r => return r,
+                    }
+                }
+            })
+            .await
+            {
+                Err(_) => return done(&self.seen),
+                Ok(Ok(0)) | Ok(Err(_)) => {
+                    self.seen.closed = true;
+                    continue;
+                }
+                Ok(Ok(n)) => n,
+            };
+            self.inbox.extend_from_slice(&buf[..n]);
+            self.open_inbox();
+        }
+    }
+
+    fn open_inbox(&mut self) {
+        let mut at = 0;
+        while let Ok(Some(len)) = crate::tls::record_len(&self.inbox[at..]) {
+            if self.inbox.len() < at + len {
+                break;
+            }
+            let rec = &mut self.inbox[at..at + len];
+            at += len;
+            match self.session.open(rec) {
+                Ok(crate::tls::Content::Data(r)) => {
+                    let plain = rec[r].to_vec();
+                    self.frames(&plain);
+                }
+                Ok(crate::tls::Content::Handshake(r)) => {
+                    if rec[r.clone()].first() == Some(&24) {
+                        self.seen.key_updates += 1;
+                    }
+                    let bytes = rec[r].to_vec();
+                    if let Err(e) = self.session.handshake(&bytes, &mut self.sealer) {
+                        self.seen.error = Some(e.to_string());
+                    }
+                }
+                Ok(crate::tls::Content::CloseNotify) => self.seen.close_notify = true,
+                Ok(crate::tls::Content::UserCanceled) => {}
+                Err(crate::TlsError::Alert(a)) => self.seen.alert = Some(a),
+                Err(e) => self.seen.error = Some(e.to_string()),
+            }
+        }
+        self.inbox.drain(..at);
+    }
+
+    fn frames(&mut self, mut input: &[u8]) {
+        use crate::frame::Event;
+        while let Some(ev) = self.reader.next(&mut input) {
+            match ev {
+                Ok(Event::DataStart { stream, .. }) => self.seen.data_frames.push(stream),
+                Ok(Event::Frame(h, p)) => self.seen.frames.push((h.kind, h.flags, h.stream, p.to_vec())),
+                Ok(_) => {}
+                Err(e) => self.seen.error = Some(e.to_string()),
+            }
+        }
+    }
+}

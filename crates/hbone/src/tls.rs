@@ -8,23 +8,35 @@
 //!
 //! Only TLS 1.3 with AES-GCM is spoken (what HBONE's configs allow). After the handshake the
 //! record layer handles what TLS 1.3 can still send: application data, alerts (close_notify ends
-//! the stream, others are fatal) and the post-handshake messages NewSessionTicket (passed to
-//! rustls) and KeyUpdate (keys rotated through rustls, and answered when the peer asks).
+//! the stream, user_canceled is tolerated a few times, the rest are fatal) and the post-handshake
+//! messages NewSessionTicket (a server's, passed to rustls) and KeyUpdate (keys rotated through
+//! rustls; an update the peer asks for is owed once, sent before our next record).
+//!
+//! It holds the peer to what rustls holds it to, and answers a violation with the alert RFC 8446
+//! names: records over 2^14 + 256 bytes or 2^14 bytes of content (record_overflow), records that
+//! fail to decrypt (bad_record_mac), content types or handshake messages that have no place after
+//! the handshake, a handshake message interleaved with other records, and more than
+//! [`MAX_KEY_UPDATES`] KeyUpdates without application data, [`MAX_EMPTY_RECORDS`] empty records in
+//! a row or [`MAX_WARNING_ALERTS`] user_canceled alerts (unexpected_message), malformed alerts and
+//! messages (decode_error, illegal_parameter). rustls's own limits are the reference (its
+//! `TemperCounters` and `ALLOWED_CONSECUTIVE_EMPTY_FRAGMENTS_MAX`).
 
+use std::fmt;
 use std::io;
 use std::ops::Range;
-use std::sync::Arc;
 
 use aws_lc_rs::aead::{AES_128_GCM, AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
+use rustls::ConnectionTrafficSecrets;
 use rustls::client::ClientConnectionData;
-use rustls::client::UnbufferedClientConnection;
 use rustls::kernel::KernelConnection;
 use rustls::server::ServerConnectionData;
-use rustls::server::UnbufferedServerConnection;
-use rustls::unbuffered::{ConnectionState, EncodeError, UnbufferedStatus};
-use rustls::{ConnectionTrafficSecrets, ExtractedSecrets};
-use rustls_pki_types::{CertificateDer, ServerName};
-use tokio::net::TcpStream;
+use rustls_pki_types::CertificateDer;
+
+mod handshake;
+
+#[cfg(any(test, feature = "testing"))]
+pub use handshake::write_all;
+pub use handshake::{accept, connect};
 
 /// Largest content of one record (RFC 8446 §5.1).
 pub const MAX_CONTENT: usize = 16 * 1024;
@@ -36,23 +48,89 @@ pub const TAG_LEN: usize = 16;
 pub const OVERHEAD: usize = HEADER_LEN + 1 + TAG_LEN;
 /// Largest protected record on the wire (RFC 8446 §5.2: content + 256).
 pub const MAX_RECORD: usize = HEADER_LEN + MAX_CONTENT + 256;
-/// Handshake buffers: a whole handshake message (certificate chains) may need to sit in the
-/// incoming buffer while rustls joins its fragments.
-const MAX_HANDSHAKE_BUFFER: usize = 128 * 1024;
-/// Post-handshake messages waiting for their last fragment.
-const MAX_POST_HANDSHAKE: usize = 64 * 1024;
 /// A key is replaced (KeyUpdate) after this many records, far below AES-GCM's confidentiality
 /// limit for TLS 1.3 (2^24.5 records, RFC 8446 §5.5).
 pub const KEY_UPDATE_AFTER: u64 = 1 << 23;
+/// KeyUpdate messages the peer may send without application data in between (rustls and
+/// BoringSSL: 32).
+pub const MAX_KEY_UPDATES: u8 = 32;
+/// Records without content the peer may send in a row (rustls: 32).
+pub const MAX_EMPTY_RECORDS: u8 = 32;
+/// user_canceled warning alerts the peer may send on one connection (rustls and BoringSSL: 4).
+pub const MAX_WARNING_ALERTS: u8 = 4;
+/// The largest post-handshake message a server takes from its peer (a NewSessionTicket; rustls's
+/// handshake message limit).
+const MAX_POST_HANDSHAKE: usize = 0xffff;
 
+const TYPE_CHANGE_CIPHER_SPEC: u8 = 20;
 const TYPE_ALERT: u8 = 21;
 const TYPE_HANDSHAKE: u8 = 22;
 const TYPE_APPLICATION_DATA: u8 = 23;
 const LEGACY_VERSION: [u8; 2] = [0x03, 0x03];
 const HS_NEW_SESSION_TICKET: u8 = 4;
 const HS_KEY_UPDATE: u8 = 24;
-const ALERT_CLOSE_NOTIFY: u8 = 0;
-const ALERT_USER_CANCELED: u8 = 90;
+const LEVEL_WARNING: u8 = 1;
+const LEVEL_FATAL: u8 = 2;
+
+/// A TLS alert description (RFC 8446 §6).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Alert(pub u8);
+
+impl Alert {
+    /// close_notify.
+    pub const CLOSE_NOTIFY: Alert = Alert(0);
+    /// unexpected_message.
+    pub const UNEXPECTED_MESSAGE: Alert = Alert(10);
+    /// bad_record_mac.
+    pub const BAD_RECORD_MAC: Alert = Alert(20);
+    /// record_overflow.
+    pub const RECORD_OVERFLOW: Alert = Alert(22);
+    /// illegal_parameter.
+    pub const ILLEGAL_PARAMETER: Alert = Alert(47);
+    /// decode_error.
+    pub const DECODE_ERROR: Alert = Alert(50);
+    /// user_canceled.
+    pub const USER_CANCELED: Alert = Alert(90);
+
+    fn name(self) -> Option<&'static str> {
+        Some(match self.0 {
+            0 => "close_notify",
+            10 => "unexpected_message",
+            20 => "bad_record_mac",
+            22 => "record_overflow",
+            40 => "handshake_failure",
+            42 => "bad_certificate",
+            45 => "certificate_expired",
+            46 => "certificate_unknown",
+            47 => "illegal_parameter",
+            48 => "unknown_ca",
+            50 => "decode_error",
+            51 => "decrypt_error",
+            70 => "protocol_version",
+            80 => "internal_error",
+            90 => "user_canceled",
+            109 => "missing_extension",
+            116 => "certificate_required",
+            120 => "no_application_protocol",
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for Alert {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.name() {
+            Some(n) => f.write_str(n),
+            None => write!(f, "alert {}", self.0),
+        }
+    }
+}
+
+impl fmt::Debug for Alert {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
 
 /// Why a TLS connection failed.
 #[derive(Debug, thiserror::Error)]
@@ -67,20 +145,22 @@ pub enum TlsError {
     #[error("the peer closed the connection during the TLS handshake")]
     ClosedInHandshake,
     /// The handshake needs more buffer than a handshake may take.
-    #[error("TLS handshake message larger than {MAX_HANDSHAKE_BUFFER} bytes")]
+    #[error("TLS handshake message larger than {} bytes", handshake::MAX_HANDSHAKE_BUFFER)]
     HandshakeTooLarge,
     /// The handshake settled on something this record layer does not protect.
     #[error("unsupported TLS session: {0}")]
     Unsupported(&'static str),
-    /// A record failed to decrypt (tampered, or keys out of step).
-    #[error("TLS record failed to decrypt (bad_record_mac)")]
-    BadRecordMac,
-    /// A record that breaks the protocol.
-    #[error("malformed TLS record: {0}")]
-    Malformed(&'static str),
+    /// The peer broke the record protocol: the connection ends with `alert`.
+    #[error("TLS protocol violation: {what} (alert {alert})")]
+    Peer {
+        /// The alert we send.
+        alert: Alert,
+        /// What the peer did.
+        what: &'static str,
+    },
     /// The peer sent a fatal alert.
     #[error("received fatal TLS alert {0}")]
-    Alert(u8),
+    Alert(Alert),
 }
 
 impl TlsError {
@@ -91,6 +171,18 @@ impl TlsError {
             other => io::Error::new(io::ErrorKind::InvalidData, other),
         }
     }
+
+    /// The alert that tells the peer why, when we end the connection because of it.
+    pub fn alert(&self) -> Option<Alert> {
+        match self {
+            TlsError::Peer { alert, .. } => Some(*alert),
+            _ => None,
+        }
+    }
+}
+
+fn peer(alert: Alert, what: &'static str) -> TlsError {
+    TlsError::Peer { alert, what }
 }
 
 /// AES-GCM key and IV of one direction (RFC 8446 §5.3).
@@ -129,6 +221,8 @@ pub struct Sealer {
     aead: Aead,
     seq: u64,
     update_after: u64,
+    /// The peer asked for a key update: one KeyUpdate is owed before our next record.
+    update_owed: bool,
     kernel: Kernel,
 }
 
@@ -143,11 +237,12 @@ impl Sealer {
     fn seal_typed(&mut self, rec: &mut [u8], typ: u8) -> Result<(), TlsError> {
         let total = rec.len();
         if total < OVERHEAD || total - OVERHEAD > MAX_CONTENT {
-            return Err(TlsError::Malformed("record content out of bounds"));
+            return Err(TlsError::Unsupported("a record to seal out of bounds"));
         }
         let body = total - HEADER_LEN;
-        let [hi, lo] =
-            u16::try_from(body).map_err(|_| TlsError::Malformed("record too large"))?.to_be_bytes();
+        let [hi, lo] = u16::try_from(body)
+            .map_err(|_| TlsError::Unsupported("a record to seal out of bounds"))?
+            .to_be_bytes();
         let header = [TYPE_APPLICATION_DATA, LEGACY_VERSION[0], LEGACY_VERSION[1], hi, lo];
         rec[..HEADER_LEN].copy_from_slice(&header);
         rec[total - TAG_LEN - 1] = typ;
@@ -157,36 +252,55 @@ impl Sealer {
             .aead
             .key
             .seal_in_place_separate_tag(nonce, Aad::from(header), inner)
-            .map_err(|_| TlsError::Malformed("seal failed"))?;
+            .map_err(|_| TlsError::Unsupported("sealing failed"))?;
         tag.copy_from_slice(t.as_ref());
         self.seq += 1;
         Ok(())
     }
 
-    /// Seals a KeyUpdate (update_not_requested) with the current key into `out`, then moves to
-    /// the next key. The record must be sent before anything sealed after it.
-    pub fn key_update(&mut self, out: &mut Vec<u8>) -> Result<(), TlsError> {
+    /// Appends one record of `typ` holding `content` to `out`.
+    fn seal_into(&mut self, out: &mut Vec<u8>, typ: u8, content: &[u8]) -> Result<(), TlsError> {
         let start = out.len();
-        out.resize(start + OVERHEAD + 5, 0);
-        out[start + HEADER_LEN..start + HEADER_LEN + 5].copy_from_slice(&[HS_KEY_UPDATE, 0, 0, 1, 0]);
-        self.seal_typed(&mut out[start..], TYPE_HANDSHAKE)?;
+        out.resize(start + OVERHEAD + content.len(), 0);
+        out[start + HEADER_LEN..start + HEADER_LEN + content.len()].copy_from_slice(content);
+        let r = self.seal_typed(&mut out[start..], typ);
+        if r.is_err() {
+            out.truncate(start);
+        }
+        r
+    }
+
+    /// Seals a KeyUpdate (update_not_requested) with the current key into `out`, then moves to
+    /// the next key. The record must be sent before anything sealed after it. Pays an owed
+    /// update.
+    pub fn key_update(&mut self, out: &mut Vec<u8>) -> Result<(), TlsError> {
+        self.seal_into(out, TYPE_HANDSHAKE, &[HS_KEY_UPDATE, 0, 0, 1, 0])?;
         let (seq, secrets) = self.kernel.update(true)?;
         self.aead = Aead::new(&secrets)?;
         self.seq = seq;
+        self.update_owed = false;
         Ok(())
     }
 
     /// Seals a close_notify alert into `out`.
     pub fn close_notify(&mut self, out: &mut Vec<u8>) -> Result<(), TlsError> {
-        let start = out.len();
-        out.resize(start + OVERHEAD + 2, 0);
-        out[start + HEADER_LEN..start + HEADER_LEN + 2].copy_from_slice(&[1, ALERT_CLOSE_NOTIFY]);
-        self.seal_typed(&mut out[start..], TYPE_ALERT)
+        self.seal_into(out, TYPE_ALERT, &[LEVEL_WARNING, Alert::CLOSE_NOTIFY.0])
     }
 
-    /// Whether this key has sealed enough records to be replaced (see [`Sealer::key_update`]).
+    /// Seals a fatal alert into `out`.
+    pub fn fatal_alert(&mut self, out: &mut Vec<u8>, alert: Alert) -> Result<(), TlsError> {
+        self.seal_into(out, TYPE_ALERT, &[LEVEL_FATAL, alert.0])
+    }
+
+    /// Whether a KeyUpdate must go out before the next record: the peer asked for one, or this
+    /// key has sealed enough records to be replaced (see [`Sealer::key_update`]).
     pub fn wants_key_update(&self) -> bool {
-        self.seq >= self.update_after
+        self.update_owed || self.seq >= self.update_after
+    }
+
+    /// Whether the peer's request for a key update is still to be answered.
+    pub fn key_update_owed(&self) -> bool {
+        self.update_owed
     }
 
     /// Records sealed with the current key.
@@ -205,13 +319,31 @@ impl Sealer {
             Ok(a) => a,
             Err(e) => panic!("a fixed AES-256 key: {e}"),
         };
-        Sealer { aead, seq: 0, update_after: KEY_UPDATE_AFTER, kernel: Kernel::None }
+        Sealer { aead, seq: 0, update_after: KEY_UPDATE_AFTER, update_owed: false, kernel: Kernel::None }
     }
 
     /// Replaces the key after `records` records instead of [`KEY_UPDATE_AFTER`] (tests, so a
     /// key update happens within a short transfer).
     pub fn set_key_update_after(&mut self, records: u64) {
         self.update_after = records;
+    }
+
+    /// Seals one record of any inner content type holding `content` into `out`: for tests that
+    /// play a peer breaking the protocol.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn seal_raw(&mut self, out: &mut Vec<u8>, typ: u8, content: &[u8]) -> Result<(), TlsError> {
+        self.seal_into(out, typ, content)
+    }
+
+    /// Seals a KeyUpdate asking the peer to update too (update_requested), then moves to the next
+    /// key: for tests that play a peer.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn request_key_update(&mut self, out: &mut Vec<u8>) -> Result<(), TlsError> {
+        self.seal_into(out, TYPE_HANDSHAKE, &[HS_KEY_UPDATE, 0, 0, 1, 1])?;
+        let (seq, secrets) = self.kernel.update(true)?;
+        self.aead = Aead::new(&secrets)?;
+        self.seq = seq;
+        Ok(())
     }
 }
 
@@ -228,17 +360,18 @@ pub enum Content {
     Data(Range<usize>),
     /// Handshake bytes (post-handshake messages) at this range.
     Handshake(Range<usize>),
-    /// close_notify (or user_canceled followed by it): no more data will come.
+    /// close_notify: no more data will come.
     CloseNotify,
-    /// A warning alert other than close_notify that TLS 1.3 lets pass (user_canceled).
-    Ignored,
+    /// A user_canceled warning, which TLS 1.3 lets pass.
+    UserCanceled,
 }
 
 impl Opener {
     /// Opens the whole record `rec` (as [`record_len`] measured it) in place.
     pub fn open(&mut self, rec: &mut [u8]) -> Result<Content, TlsError> {
         if rec.len() < HEADER_LEN + TAG_LEN + 1 {
-            return Err(TlsError::Malformed("record shorter than its tag"));
+            // Too short to hold a tag and a content type: it cannot decrypt.
+            return Err(peer(Alert::BAD_RECORD_MAC, "record shorter than its tag"));
         }
         let mut header = [0u8; HEADER_LEN];
         header.copy_from_slice(&rec[..HEADER_LEN]);
@@ -248,46 +381,63 @@ impl Opener {
                 .aead
                 .key
                 .open_in_place(nonce, Aad::from(header), &mut rec[HEADER_LEN..])
-                .map_err(|_| TlsError::BadRecordMac)?;
+                .map_err(|_| peer(Alert::BAD_RECORD_MAC, "record failed to decrypt"))?;
             plain.len()
         };
         self.seq += 1;
-        // TLSInnerPlaintext: content, type, zero padding.
+        // TLSInnerPlaintext: content, type, zero padding (RFC 8446 §5.4).
         let inner = &rec[HEADER_LEN..HEADER_LEN + plain_len];
         let Some(end) = inner.iter().rposition(|&b| b != 0) else {
-            return Err(TlsError::Malformed("record without a content type"));
+            return Err(peer(Alert::UNEXPECTED_MESSAGE, "record without a content type"));
         };
         if end > MAX_CONTENT {
-            return Err(TlsError::Malformed("record content over 2^14 bytes"));
+            return Err(peer(Alert::RECORD_OVERFLOW, "record content over 2^14 bytes"));
         }
         let content = HEADER_LEN..HEADER_LEN + end;
         match inner[end] {
             TYPE_APPLICATION_DATA => Ok(Content::Data(content)),
-            TYPE_HANDSHAKE if !content.is_empty() => Ok(Content::Handshake(content)),
-            TYPE_ALERT => match &rec[content] {
-                [_, ALERT_CLOSE_NOTIFY] => Ok(Content::CloseNotify),
-                [_, ALERT_USER_CANCELED] => Ok(Content::Ignored),
-                [_, d] => Err(TlsError::Alert(*d)),
-                _ => Err(TlsError::Malformed("alert of the wrong length")),
+            TYPE_HANDSHAKE if content.is_empty() => {
+                Err(peer(Alert::UNEXPECTED_MESSAGE, "empty handshake record"))
+            }
+            TYPE_HANDSHAKE => Ok(Content::Handshake(content)),
+            TYPE_ALERT => match rec[content] {
+                [level, _] if level != LEVEL_WARNING && level != LEVEL_FATAL => {
+                    Err(peer(Alert::ILLEGAL_PARAMETER, "alert of an unknown level"))
+                }
+                [_, 0] => Ok(Content::CloseNotify),
+                [LEVEL_WARNING, 90] => Ok(Content::UserCanceled),
+                [LEVEL_WARNING, _] => {
+                    Err(peer(Alert::DECODE_ERROR, "warning alert other than user_canceled"))
+                }
+                [_, d] => Err(TlsError::Alert(Alert(d))),
+                _ => Err(peer(Alert::DECODE_ERROR, "alert of the wrong length")),
             },
-            _ => Err(TlsError::Malformed("unexpected record content type")),
+            _ => Err(peer(Alert::UNEXPECTED_MESSAGE, "unexpected record content type")),
         }
     }
 }
 
 /// The length of the record at the start of `buf`, once its header is there; an error for a
-/// header no TLS 1.3 peer sends after the handshake.
+/// header no TLS 1.3 peer sends after the handshake (what rustls would refuse it with).
 pub fn record_len(buf: &[u8]) -> Result<Option<usize>, TlsError> {
     let Some(h) = buf.get(..HEADER_LEN) else { return Ok(None) };
-    if h[0] != TYPE_APPLICATION_DATA {
-        return Err(TlsError::Malformed("outer record type is not application_data"));
-    }
     if h[1] != LEGACY_VERSION[0] {
-        return Err(TlsError::Malformed("record version"));
+        return Err(peer(Alert::DECODE_ERROR, "record version"));
+    }
+    match h[0] {
+        TYPE_APPLICATION_DATA => {}
+        TYPE_CHANGE_CIPHER_SPEC => {
+            return Err(peer(Alert::UNEXPECTED_MESSAGE, "change_cipher_spec after the handshake"));
+        }
+        // Not protected by the traffic key: it cannot decrypt.
+        TYPE_ALERT | TYPE_HANDSHAKE => {
+            return Err(peer(Alert::BAD_RECORD_MAC, "unprotected record after the handshake"));
+        }
+        _ => return Err(peer(Alert::DECODE_ERROR, "unknown record type")),
     }
     let len = usize::from(u16::from_be_bytes([h[3], h[4]]));
     if len > MAX_RECORD - HEADER_LEN {
-        return Err(TlsError::Malformed("record over 2^14 + 256 bytes"));
+        return Err(peer(Alert::RECORD_OVERFLOW, "record over 2^14 + 256 bytes"));
     }
     Ok(Some(HEADER_LEN + len))
 }
@@ -312,70 +462,133 @@ impl Kernel {
             (Kernel::None, _) => return Err(TlsError::Unsupported("key update without a key schedule")),
         })
     }
-}
 
-/// What a post-handshake message asks of the sender.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct PostHandshake {
-    /// The peer updated its keys and asked us to update ours: seal a KeyUpdate
-    /// ([`Sealer::key_update`]) before the next record.
-    pub update_requested: bool,
+    fn is_client(&self) -> bool {
+        matches!(self, Kernel::Client(_))
+    }
 }
 
 /// The receiving half of an established connection's record layer (the sending half, the
-/// [`Sealer`], lives where the connection's writes are serialised).
+/// [`Sealer`], lives where the connection's writes are serialised), with the counters that
+/// bound what a peer may send that carries nothing.
 pub struct Session {
     opener: Opener,
     /// Post-handshake bytes waiting for the rest of their message.
     pending: Vec<u8>,
+    /// KeyUpdates received since the last application data.
+    key_updates: u8,
+    /// Records without content received in a row.
+    empty_records: u8,
+    /// user_canceled alerts received.
+    warnings: u8,
 }
 
 impl Session {
-    /// Handles the handshake bytes of one record (see [`Content::Handshake`]); rustls's state is
-    /// in the sending half.
-    pub fn handshake(&mut self, bytes: &[u8], sealer: &mut Sealer) -> Result<PostHandshake, TlsError> {
-        if self.pending.len() + bytes.len() > MAX_POST_HANDSHAKE {
-            return Err(TlsError::Malformed("post-handshake message too large"));
+    fn new(opener: Opener) -> Session {
+        Session { opener, pending: Vec::new(), key_updates: 0, empty_records: 0, warnings: 0 }
+    }
+
+    /// Opens the next record (see [`Opener::open`]) and applies the rules that span records:
+    /// no other record inside a fragmented handshake message (RFC 8446 §5.1), and the limits on
+    /// empty records and warnings.
+    pub fn open(&mut self, rec: &mut [u8]) -> Result<Content, TlsError> {
+        let content = self.opener.open(rec)?;
+        if !self.pending.is_empty() && !matches!(content, Content::Handshake(_)) {
+            return Err(peer(Alert::UNEXPECTED_MESSAGE, "a record inside a fragmented handshake message"));
         }
-        self.pending.extend_from_slice(bytes);
-        let mut out = PostHandshake::default();
+        match &content {
+            Content::Data(r) if r.is_empty() => {
+                self.empty_records += 1;
+                if self.empty_records > MAX_EMPTY_RECORDS {
+                    return Err(peer(Alert::UNEXPECTED_MESSAGE, "too many empty records in a row"));
+                }
+            }
+            Content::Data(_) => {
+                self.empty_records = 0;
+                self.key_updates = 0;
+            }
+            Content::UserCanceled => {
+                self.empty_records = 0;
+                self.warnings += 1;
+                if self.warnings > MAX_WARNING_ALERTS {
+                    return Err(peer(Alert::UNEXPECTED_MESSAGE, "too many user_canceled alerts"));
+                }
+            }
+            Content::Handshake(_) | Content::CloseNotify => self.empty_records = 0,
+        }
+        Ok(content)
+    }
+
+    /// Handles the handshake bytes of one record (see [`Content::Handshake`]): rustls's state is
+    /// in the sending half. A requested key update is recorded there as owed
+    /// ([`Sealer::wants_key_update`]); it is answered once, however often it was asked.
+    pub fn handshake(&mut self, bytes: &[u8], sealer: &mut Sealer) -> Result<(), TlsError> {
+        let client = sealer.kernel.is_client();
         let mut at = 0;
-        while let [typ, a, b, c, ..] = self.pending[at..] {
+        let mut input = bytes;
+        // Whole messages straight from the record; only a fragment is kept.
+        if !self.pending.is_empty() {
+            self.pending.extend_from_slice(bytes);
+            input = &[];
+        }
+        loop {
+            let buf: &[u8] = if self.pending.is_empty() { input } else { &self.pending };
+            let Some(&[typ, a, b, c]) = buf.get(at..at + 4) else { break };
             let len = usize::from(a) << 16 | usize::from(b) << 8 | usize::from(c);
-            let Some(body) = self.pending.get(at + 4..at + 4 + len) else { break };
+            // What a peer may still send after the handshake, and how large (a client's only
+            // post-handshake message is KeyUpdate; a server also sends NewSessionTicket).
+            match typ {
+                HS_KEY_UPDATE if len != 1 => {
+                    return Err(peer(Alert::DECODE_ERROR, "KeyUpdate of the wrong length"));
+                }
+                HS_KEY_UPDATE => {}
+                HS_NEW_SESSION_TICKET if client && len <= MAX_POST_HANDSHAKE => {}
+                HS_NEW_SESSION_TICKET if client => {
+                    return Err(peer(Alert::DECODE_ERROR, "NewSessionTicket over 64 KiB"));
+                }
+                _ => return Err(peer(Alert::UNEXPECTED_MESSAGE, "unexpected post-handshake message")),
+            }
+            let Some(body) = buf.get(at + 4..at + 4 + len) else { break };
             match typ {
                 HS_NEW_SESSION_TICKET => {
                     if let Kernel::Client(k) = &mut sealer.kernel {
                         k.handle_new_session_ticket(body)?;
-                    } else {
-                        return Err(TlsError::Malformed("NewSessionTicket sent by a client"));
                     }
                 }
-                HS_KEY_UPDATE => {
+                _ => {
                     // A KeyUpdate ends its record: keys change at the next one (RFC 8446 §5.1).
-                    if at + 4 + len != self.pending.len() {
-                        return Err(TlsError::Malformed("data after a KeyUpdate in its record"));
+                    if at + 4 + len != buf.len() {
+                        return Err(peer(Alert::UNEXPECTED_MESSAGE, "data after a KeyUpdate in its record"));
+                    }
+                    self.key_updates += 1;
+                    if self.key_updates > MAX_KEY_UPDATES {
+                        return Err(peer(
+                            Alert::UNEXPECTED_MESSAGE,
+                            "too many KeyUpdates without application data",
+                        ));
                     }
                     let requested = match body {
                         [0] => false,
                         [1] => true,
-                        _ => return Err(TlsError::Malformed("KeyUpdate")),
+                        _ => return Err(peer(Alert::ILLEGAL_PARAMETER, "KeyUpdate request value")),
                     };
                     let (seq, secrets) = sealer.kernel.update(false)?;
                     self.opener = Opener { aead: Aead::new(&secrets)?, seq };
-                    out.update_requested |= requested;
+                    sealer.update_owed |= requested;
                 }
-                _ => return Err(TlsError::Malformed("unexpected post-handshake message")),
             }
             at += 4 + len;
         }
-        self.pending.drain(..at);
-        Ok(out)
-    }
-
-    /// Opens the next record (see [`Opener::open`]).
-    pub fn open(&mut self, rec: &mut [u8]) -> Result<Content, TlsError> {
-        self.opener.open(rec)
+        if self.pending.is_empty() {
+            // Keep the fragment of a message the record did not finish.
+            self.pending.extend_from_slice(&input[at..]);
+        } else if at == self.pending.len() {
+            // Done: a connection keeps no buffer for post-handshake messages.
+            self.pending = Vec::new();
+        } else {
+            self.pending.drain(..at);
+        }
+        Ok(())
     }
 }
 
@@ -385,232 +598,11 @@ pub struct Established {
     pub session: Session,
     /// The sending half.
     pub sealer: Sealer,
-    /// Bytes read past the handshake: the start of the first protected record(s).
+    /// Bytes read past the handshake: the start of the first protected record(s), which rustls
+    /// never saw.
     pub leftover: Vec<u8>,
-    /// Application data rustls already decrypted while finishing the handshake.
-    pub early: Vec<u8>,
     /// The peer's certificate chain (leaf first).
     pub peer_certificates: Vec<CertificateDer<'static>>,
-    /// The peer already sent close_notify (right after its last handshake flight).
-    pub peer_closed: bool,
-}
-
-/// One side of an unbuffered rustls connection.
-trait Side {
-    type Data;
-    fn process<'c, 'i>(&'c mut self, incoming: &'i mut [u8]) -> UnbufferedStatus<'c, 'i, Self::Data>;
-    fn handshaking(&self) -> bool;
-}
-
-impl Side for UnbufferedClientConnection {
-    type Data = ClientConnectionData;
-    fn process<'c, 'i>(&'c mut self, incoming: &'i mut [u8]) -> UnbufferedStatus<'c, 'i, Self::Data> {
-        self.process_tls_records(incoming)
-    }
-    fn handshaking(&self) -> bool {
-        self.is_handshaking()
-    }
-}
-
-impl Side for UnbufferedServerConnection {
-    type Data = ServerConnectionData;
-    fn process<'c, 'i>(&'c mut self, incoming: &'i mut [u8]) -> UnbufferedStatus<'c, 'i, Self::Data> {
-        self.process_tls_records(incoming)
-    }
-    fn handshaking(&self) -> bool {
-        self.is_handshaking()
-    }
-}
-
-/// Runs the client side of the handshake on `tcp`.
-pub async fn connect(
-    tcp: &TcpStream,
-    config: Arc<rustls::ClientConfig>,
-    name: ServerName<'static>,
-) -> Result<Established, TlsError> {
-    let mut conn = UnbufferedClientConnection::new(config, name)?;
-    let done = drive(tcp, &mut conn).await?;
-    let peer_certificates = conn.peer_certificates().map(<[_]>::to_vec).unwrap_or_default();
-    let (secrets, kernel) = conn.dangerous_into_kernel_connection()?;
-    established(secrets, Kernel::Client(kernel), done, peer_certificates)
-}
-
-/// Runs the server side of the handshake on `tcp`.
-pub async fn accept(tcp: &TcpStream, config: Arc<rustls::ServerConfig>) -> Result<Established, TlsError> {
-    let mut conn = UnbufferedServerConnection::new(config)?;
-    let done = drive(tcp, &mut conn).await?;
-    let peer_certificates = conn.peer_certificates().map(<[_]>::to_vec).unwrap_or_default();
-    let (secrets, kernel) = conn.dangerous_into_kernel_connection()?;
-    established(secrets, Kernel::Server(kernel), done, peer_certificates)
-}
-
-fn established(
-    secrets: ExtractedSecrets,
-    kernel: Kernel,
-    done: Done,
-    peer_certificates: Vec<CertificateDer<'static>>,
-) -> Result<Established, TlsError> {
-    let Done { leftover, early, peer_closed } = done;
-    let (tx_seq, tx) = secrets.tx;
-    let (rx_seq, rx) = secrets.rx;
-    Ok(Established {
-        session: Session { opener: Opener { aead: Aead::new(&rx)?, seq: rx_seq }, pending: Vec::new() },
-        sealer: Sealer { aead: Aead::new(&tx)?, seq: tx_seq, update_after: KEY_UPDATE_AFTER, kernel },
-        leftover,
-        early,
-        peer_certificates,
-        peer_closed,
-    })
-}
-
-/// What the handshake left for the record layer.
-struct Done {
-    leftover: Vec<u8>,
-    early: Vec<u8>,
-    peer_closed: bool,
-}
-
-enum Step {
-    Again,
-    Read,
-    Write,
-    Done,
-}
-
-/// Drives the handshake until rustls may send application data; returns the bytes read past it
-/// and any application data rustls decrypted on the way.
-async fn drive<S: Side>(tcp: &TcpStream, conn: &mut S) -> Result<Done, TlsError> {
-    let mut incoming = vec![0u8; MAX_RECORD];
-    let mut used = 0usize;
-    let mut outgoing: Vec<u8> = Vec::new();
-    let mut early = Vec::new();
-    let mut peer_closed = false;
-    loop {
-        let handshaking = conn.handshaking();
-        let UnbufferedStatus { discard, state } = conn.process(&mut incoming[..used]);
-        let step = match state {
-            Err(e) => {
-                let _ = flush_alert(tcp, conn, &mut incoming[..used]).await;
-                return Err(e.into());
-            }
-            Ok(ConnectionState::ReadTraffic(mut r)) => {
-                while let Some(rec) = r.next_record() {
-                    early.extend_from_slice(rec?.payload);
-                }
-                Step::Again
-            }
-            Ok(ConnectionState::EncodeTlsData(mut e)) => {
-                encode(&mut outgoing, |buf| e.encode(buf))?;
-                Step::Again
-            }
-            Ok(ConnectionState::TransmitTlsData(t)) => {
-                t.done();
-                Step::Write
-            }
-            Ok(ConnectionState::BlockedHandshake) => Step::Read,
-            Ok(ConnectionState::WriteTraffic(_)) => Step::Done,
-            // A peer may finish its handshake, send data and close at once: what it sent counts.
-            Ok(ConnectionState::PeerClosed) if !handshaking => {
-                peer_closed = true;
-                Step::Again
-            }
-            Ok(ConnectionState::PeerClosed | ConnectionState::Closed) => {
-                return Err(TlsError::ClosedInHandshake);
-            }
-            Ok(_) => return Err(TlsError::Unsupported("early data")),
-        };
-        incoming.copy_within(discard..used, 0);
-        used -= discard;
-        match step {
-            Step::Again => {}
-            Step::Write => {
-                write_all(tcp, &outgoing).await?;
-                outgoing.clear();
-            }
-            Step::Read => {
-                if used == incoming.len() {
-                    if incoming.len() >= MAX_HANDSHAKE_BUFFER {
-                        return Err(TlsError::HandshakeTooLarge);
-                    }
-                    incoming.resize((incoming.len() * 2).min(MAX_HANDSHAKE_BUFFER), 0);
-                }
-                let n = read_some(tcp, &mut incoming[used..]).await?;
-                if n == 0 {
-                    return Err(TlsError::ClosedInHandshake);
-                }
-                used += n;
-            }
-            Step::Done => {
-                if !outgoing.is_empty() {
-                    write_all(tcp, &outgoing).await?;
-                }
-                incoming.truncate(used);
-                return Ok(Done { leftover: incoming, early, peer_closed });
-            }
-        }
-    }
-}
-
-/// After a handshake error rustls has queued its alert: send it, best effort, so the peer learns
-/// why (a bad certificate, an unexpected identity).
-async fn flush_alert<S: Side>(tcp: &TcpStream, conn: &mut S, incoming: &mut [u8]) -> Result<(), TlsError> {
-    let mut outgoing = Vec::new();
-    if let Ok(ConnectionState::EncodeTlsData(mut e)) = conn.process(incoming).state {
-        encode(&mut outgoing, |buf| e.encode(buf))?;
-    }
-    if !outgoing.is_empty() {
-        tokio::time::timeout(std::time::Duration::from_secs(1), write_all(tcp, &outgoing))
-            .await
-            .map_err(|_| TlsError::Io(io::ErrorKind::TimedOut.into()))??;
-    }
-    Ok(())
-}
-
-fn encode(
-    out: &mut Vec<u8>,
-    mut f: impl FnMut(&mut [u8]) -> Result<usize, EncodeError>,
-) -> Result<(), TlsError> {
-    let start = out.len();
-    let mut room = 4096;
-    loop {
-        out.resize(start + room, 0);
-        match f(&mut out[start..]) {
-            Ok(n) => {
-                out.truncate(start + n);
-                return Ok(());
-            }
-            Err(EncodeError::InsufficientSize(e)) if e.required_size <= MAX_HANDSHAKE_BUFFER => {
-                room = e.required_size;
-            }
-            Err(_) => {
-                out.truncate(start);
-                return Err(TlsError::HandshakeTooLarge);
-            }
-        }
-    }
-}
-
-async fn read_some(tcp: &TcpStream, buf: &mut [u8]) -> io::Result<usize> {
-    loop {
-        tcp.readable().await?;
-        match tcp.try_read(buf) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-            r => return r,
-        }
-    }
-}
-
-/// Writes all of `buf` to `tcp`.
-pub async fn write_all(tcp: &TcpStream, mut buf: &[u8]) -> io::Result<()> {
-    while !buf.is_empty() {
-        tcp.writable().await?;
-        match tcp.try_write(buf) {
-            Ok(n) => buf = &buf[n..],
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -64,6 +64,11 @@ pub(crate) fn server_config(
         .with_client_cert_verifier(Arc::new(verifier))
         .with_cert_resolver(Arc::new(SingleCertAndKey::from(key.clone())));
     config.alpn_protocols = vec![ALPN_H2.to_vec()];
+    // No resumption: a resumed client presents no certificate, so an identity that expired or
+    // was rotated since the first handshake would keep working. Every connection does a full
+    // handshake with a client certificate (as ztunnel's, which builds a config per connection).
+    config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+    config.send_tls13_tickets = 0;
     // The proxy protects HBONE records itself once rustls finished the handshake.
     config.enable_secret_extraction = true;
     Ok(Arc::new(config))

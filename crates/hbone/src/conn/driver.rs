@@ -21,16 +21,24 @@ impl Driver {
                 match &r {
                     Ok(()) => self.finish(ConnError::closed()),
                     Err(e) => {
-                        // Tell the peer why, best effort.
-                        if let ConnErrorKind::Protocol(reason) = e.kind {
-                            let mut st = self.shared.lock();
-                            let last = st.last_peer_id;
-                            st.ctl.clear();
-                            frame::goaway(&mut st.ctl, last, reason);
-                            if st.seal_control().is_ok() {
+                        // Tell the peer why, best effort: GOAWAY for an HTTP/2 error, the alert
+                        // `tls_failure` queued for a TLS one.
+                        let mut st = self.shared.lock();
+                        match e.kind {
+                            ConnErrorKind::Protocol(reason) => {
+                                // After what was queued (the resets that led here, say).
+                                let last = st.last_peer_id;
+                                frame::goaway(&mut st.ctl, last, reason);
+                                if st.seal_control().is_ok() {
+                                    let _ = self.shared.tcp.try_write(st.out.pending());
+                                }
+                            }
+                            ConnErrorKind::Tls => {
                                 let _ = self.shared.tcp.try_write(st.out.pending());
                             }
+                            _ => {}
                         }
+                        drop(st);
                         self.finish(e.clone());
                     }
                 }
@@ -50,15 +58,19 @@ impl Driver {
                 return Poll::Ready(Err(e.clone()));
             }
         }
-        if !self.early.is_empty() {
-            let early = std::mem::take(&mut self.early);
+        if !self.leftover.is_empty() {
+            // Records the peer sent right behind its handshake.
+            let mut leftover = std::mem::take(&mut self.leftover);
             let shared = self.shared.clone();
             let mut st = shared.lock();
-            let mut pending = Vec::new();
-            let r = self.plaintext(&mut st, &early, &mut pending);
-            deliver(&mut st, &pending);
-            r?;
+            let r = self.records(&mut st, &mut leftover);
+            if let Ok(used) = r {
+                self.keep_partial(&leftover[used..]);
+            }
             shared.flush(&mut st);
+            if let Err(e) = r {
+                return Poll::Ready(Err(e));
+            }
         }
         if let Err(e) = self.poll_keepalive(cx) {
             return Poll::Ready(Err(e));
@@ -163,6 +175,10 @@ impl Driver {
         Poll::Ready(Ok(()))
     }
 
+    /// Reads what the peer sent and dispatches its whole records. A record that arrived in part
+    /// waits in the stash, sized to the whole record once its header is in; the next read
+    /// puts the missing bytes straight into the stash's tail (and the rest into the receive
+    /// buffer, in the same call), so a record costs one copy however small the pieces it came in.
     pub(super) fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<Result<Read, ConnError>> {
         let shared = self.shared.clone();
         for _ in 0..READS_PER_POLL {
@@ -173,28 +189,23 @@ impl Driver {
                 if buf.len() < RECV_BUF {
                     buf.resize(RECV_BUF, 0);
                 }
-                let kept = self.stash.len();
-                buf[..kept].copy_from_slice(&self.stash);
-                let room = buf.len() - kept;
-                let n = match read_drained(&shared.tcp, &mut [io::IoSliceMut::new(&mut buf[kept..])], room) {
+                let missing = self.stash.len() - self.stashed;
+                let read = {
+                    let tail = &mut self.stash[self.stashed..];
+                    let mut iov = [io::IoSliceMut::new(tail), io::IoSliceMut::new(&mut buf[..])];
+                    let iov = if missing > 0 { &mut iov[..] } else { &mut iov[1..] };
+                    read_drained(&shared.tcp, iov, missing + RECV_BUF)
+                };
+                let n = match read {
                     Ok(0) => return Ok(Some(Read::Eof)),
                     Ok(n) => n,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
                     Err(e) => return Err(ConnError::io(&e)),
                 };
                 let mut st = shared.lock();
-                let used = self.records(&mut st, &mut buf[..kept + n]);
+                let r = self.received(&mut st, buf, n);
                 shared.flush(&mut st);
-                drop(st);
-                let used = used?;
-                if used == kept + n {
-                    // Nothing partial: the connection keeps no buffer.
-                    self.stash = Vec::new();
-                } else {
-                    self.stash.clear();
-                    self.stash.extend_from_slice(&buf[used..kept + n]);
-                }
-                Ok(Some(Read::Data))
+                r.map(|()| Some(Read::Data))
             });
             match r {
                 Ok(None) => {}
@@ -220,6 +231,61 @@ impl Driver {
         Poll::Ready(Ok(Read::Data))
     }
 
+    /// Handles `n` bytes just read: the first go to the stash's tail (as many as it was
+    /// missing), the rest are at the start of `buf`.
+    fn received(&mut self, st: &mut State, buf: &mut [u8], n: usize) -> Result<(), ConnError> {
+        let into_stash = n.min(self.stash.len() - self.stashed);
+        self.stashed += into_stash;
+        let mut rest = &mut buf[..n - into_stash];
+        if !self.stash.is_empty() && self.stashed == self.stash.len() {
+            // The stash holds its record's header, at least: size it to the whole record.
+            let len = match tls::record_len(&self.stash) {
+                Ok(Some(len)) => len,
+                // A complete stash holds a header at least.
+                Ok(None) => return Ok(()),
+                Err(e) => return Err(self.tls_failure(st, e)),
+            };
+            if len > self.stash.len() {
+                self.stash.resize(len, 0);
+                let take = (len - self.stashed).min(rest.len());
+                self.stash[self.stashed..self.stashed + take].copy_from_slice(&rest[..take]);
+                self.stashed += take;
+                rest = &mut rest[take..];
+            }
+            if self.stashed < self.stash.len() {
+                return Ok(());
+            }
+            let mut rec = std::mem::take(&mut self.stash);
+            self.stashed = 0;
+            self.records(st, &mut rec)?;
+            // Reused for the next partial record, if there is one.
+            rec.clear();
+            self.stash = rec;
+        }
+        let used = self.records(st, rest)?;
+        self.keep_partial(&rest[used..]);
+        Ok(())
+    }
+
+    /// Keeps `bytes`, the start of a record, until the rest arrives.
+    fn keep_partial(&mut self, bytes: &[u8]) {
+        if bytes.is_empty() || self.close_notify {
+            // Nothing partial: the connection keeps no buffer.
+            self.stash = Vec::new();
+            self.stashed = 0;
+            return;
+        }
+        // `records` refused a bad header, so a header here is a good one.
+        let size = match tls::record_len(bytes) {
+            Ok(Some(len)) => len,
+            _ => tls::HEADER_LEN,
+        };
+        self.stash.clear();
+        self.stash.extend_from_slice(bytes);
+        self.stash.resize(size.max(bytes.len()), 0);
+        self.stashed = bytes.len();
+    }
+
     /// Opens and dispatches the whole records at the start of `buf`; returns the bytes used.
     pub(super) fn records(&mut self, st: &mut State, buf: &mut [u8]) -> Result<usize, ConnError> {
         let mut at = 0;
@@ -234,34 +300,28 @@ impl Driver {
             let len = match tls::record_len(rest) {
                 Ok(Some(len)) if len <= rest.len() => len,
                 Ok(_) => break Ok(()),
-                Err(e) => break Err(e.into()),
+                Err(e) => break Err(self.tls_failure(st, e)),
             };
             let (rec, tail) = std::mem::take(&mut rest).split_at_mut(len);
             rest = tail;
             at += len;
             let content = match self.session.open(rec) {
                 Ok(c) => c,
-                Err(e) => break Err(e.into()),
+                Err(e) => break Err(self.tls_failure(st, e)),
             };
             let rec: &[u8] = rec;
             let step = match content {
                 Content::Data(r) => self.plaintext(st, &rec[r], &mut pending),
-                Content::Handshake(r) => {
-                    self.session.handshake(&rec[r], &mut st.sealer).map_err(ConnError::from).and_then(
-                        |post| {
-                            if post.update_requested {
-                                st.seal_control()?;
-                                st.sealer.key_update(&mut st.out.buf)?;
-                            }
-                            Ok(())
-                        },
-                    )
-                }
+                // A KeyUpdate the peer asked for is owed: it goes out before our next record.
+                Content::Handshake(r) => match self.session.handshake(&rec[r], &mut st.sealer) {
+                    Ok(()) => Ok(()),
+                    Err(e) => Err(self.tls_failure(st, e)),
+                },
                 Content::CloseNotify => {
                     self.close_notify = true;
                     Ok(())
                 }
-                Content::Ignored => Ok(()),
+                Content::UserCanceled => Ok(()),
             };
             if let Err(e) = step {
                 break Err(e);
@@ -269,6 +329,16 @@ impl Driver {
         };
         deliver(st, &pending);
         r.map(|()| at)
+    }
+
+    /// The connection fails with `e`: when the peer broke the record protocol, its alert is
+    /// queued to go out before the connection closes (RFC 8446 §6.2).
+    fn tls_failure(&self, st: &mut State, e: TlsError) -> ConnError {
+        if let Some(alert) = e.alert() {
+            st.ctl.clear();
+            let _ = st.sealer.fatal_alert(&mut st.out.buf, alert);
+        }
+        e.into()
     }
 
     /// Dispatches decrypted HTTP/2 bytes; DATA payloads are added to `pending`.

@@ -72,7 +72,8 @@ pub struct Keepalive {
 /// Bytes waiting for the socket above which senders wait.
 const OUT_HIGH: usize = 256 * 1024;
 /// Bytes waiting for the socket above which the connection fails: only frames the peer makes us
-/// answer (PING, SETTINGS) get past `OUT_HIGH`, so a peer that sends them without reading is cut.
+/// answer (PING, SETTINGS, KeyUpdate) get past `OUT_HIGH`, so a peer that sends them without
+/// reading is cut. Every path that queues bytes checks it.
 const OUT_MAX: usize = 4 << 20;
 /// DATA payload per record: one frame per record, filling it.
 const SLOT_PAYLOAD: usize = tls::MAX_CONTENT - frame::HEADER_LEN;
@@ -90,11 +91,20 @@ const MAX_STREAM_ID: u32 = (1 << 31) - 1;
 const DRAIN_PING: [u8; 8] = *b"goaway!!";
 /// The interval of the flood counters.
 const FLOOD_WINDOW: Duration = Duration::from_secs(10);
-/// Frames we must answer or that carry nothing (PING, SETTINGS, empty DATA, unknown types) a
-/// peer may send per interval.
+/// Frames we must answer or that carry nothing a peer may send per interval: PING and SETTINGS
+/// and their acknowledgements, PRIORITY, empty DATA and CONTINUATION, frames on closed streams,
+/// unknown types.
 const MAX_CHATTER: u32 = 10_000;
 /// Streams a client may reset before they were answered, per interval (rapid reset).
 const MAX_EARLY_RESETS: u32 = 1_000;
+/// Streams we may reset because of the peer's frames (a stream error: flow control, a malformed
+/// or misplaced header block, DATA on a closed side) over a connection's life: h2's
+/// `max_local_error_reset_streams` ("MadeYouReset").
+const MAX_FAULT_RESETS: u32 = 1_024;
+/// Streams we may end early because of what the peer asked, per interval: refused
+/// (REFUSED_STREAM) or answered with an error before the peer finished (then reset with
+/// NO_ERROR, RFC 9113 §8.1).
+const MAX_REFUSALS: u32 = 1_024;
 
 thread_local! {
     static SEND_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
@@ -274,6 +284,8 @@ struct Stream {
     head: Option<Result<Decoded, HeaderError>>,
     /// Server: we sent the response head.
     responded: bool,
+    /// Server: the response head was not a success (2xx).
+    error_answer: bool,
     send_waker: Option<Waker>,
     recv_waker: Option<Waker>,
     /// The relay's app socket, written to directly by the driver while the queue is empty.
@@ -330,6 +342,24 @@ struct State {
     send_waiters: Vec<Waker>,
     /// Client handles alive.
     handles: usize,
+    /// Send capacity reserved by senders reading from their apps (see [`StreamHandle::relay`]):
+    /// counted with the queue, so that senders together stay within [`OUT_HIGH`].
+    reserved: usize,
+    /// Streams reset because of the peer's frames (see [`MAX_FAULT_RESETS`]).
+    fault_resets: u32,
+    /// Streams refused or answered early (see [`MAX_REFUSALS`]).
+    refusals: Windowed,
+}
+
+/// Why we reset a stream: what counts against the peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ResetCause {
+    /// The peer's frames broke the stream's rules.
+    Fault,
+    /// The peer's request was refused or answered early.
+    Refusal,
+    /// Our side is done with the stream (its handle went away, its app failed).
+    Ours,
 }
 
 /// What a connection's tasks share.
@@ -347,18 +377,29 @@ struct KeepaliveState {
     next_payload: u64,
 }
 
+/// Events counted per interval of [`FLOOD_WINDOW`].
+#[derive(Default)]
+struct Windowed {
+    since: Option<Instant>,
+    n: u32,
+}
+
+/// What the peer may send that costs us and carries nothing, per interval.
 #[derive(Default)]
 struct Flood {
-    since: Option<Instant>,
-    chatter: u32,
-    early_resets: u32,
+    chatter: Windowed,
+    early_resets: Windowed,
 }
 
 /// A header block being assembled.
 struct Block {
     stream: u32,
     end_stream: bool,
+    /// Its PRIORITY block names the stream itself (a stream error once the block is decoded).
+    self_dependent: bool,
     buf: Vec<u8>,
+    /// CONTINUATION frames so far.
+    continuations: usize,
 }
 
 enum DataTarget {
@@ -373,6 +414,9 @@ struct Proto {
     block: Option<Block>,
     max_block: usize,
     max_header_list: usize,
+    /// CONTINUATION frames one header block may take (h2's rule: what the header list limit
+    /// needs at our frame size, plus a quarter, at least 5).
+    max_continuations: usize,
     data_target: Option<DataTarget>,
     /// The flow-controlled length of the DATA frame being read.
     data_flow: u32,
@@ -394,10 +438,13 @@ pub struct Driver {
     session: Session,
     reader: frame::Reader,
     proto: Proto,
-    /// A partial record from the last read (or the handshake's leftover).
+    /// Records read with the end of the handshake, dispatched first.
+    leftover: Vec<u8>,
+    /// A record that arrived in part, sized to the whole record once its header is in: later
+    /// reads land in its tail (see [`Driver::poll_read`]).
     stash: Vec<u8>,
-    /// Plaintext rustls decrypted while finishing the handshake.
-    early: Vec<u8>,
+    /// Bytes of `stash` filled.
+    stashed: usize,
     keepalive: Option<KeepaliveState>,
     eof: bool,
     close_notify: bool,
@@ -511,5 +558,7 @@ pub mod fuzzing {
     }
 }
 
+#[cfg(test)]
+mod red_team_tests;
 #[cfg(test)]
 mod tests;

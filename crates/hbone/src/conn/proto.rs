@@ -3,27 +3,30 @@
 
 use super::*;
 
-impl Flood {
-    pub(super) fn tick(&mut self) {
+impl Windowed {
+    /// Counts one event; whether more than `max` happened in the current interval.
+    pub(super) fn over(&mut self, max: u32) -> bool {
         let now = Instant::now();
         if self.since.is_none_or(|s| now.duration_since(s) > FLOOD_WINDOW) {
-            *self = Flood { since: Some(now), ..Flood::default() };
+            *self = Windowed { since: Some(now), n: 0 };
         }
+        self.n += 1;
+        self.n > max
     }
+}
 
+impl Flood {
+    /// A frame that carries nothing or that we must answer.
     pub(super) fn chatter(&mut self) -> Result<(), ConnError> {
-        self.tick();
-        self.chatter += 1;
-        if self.chatter > MAX_CHATTER {
+        if self.chatter.over(MAX_CHATTER) {
             return Err(ConnError::protocol(Reason::ENHANCE_YOUR_CALM, "too many control frames"));
         }
         Ok(())
     }
 
+    /// A stream the client reset before we answered it.
     pub(super) fn early_reset(&mut self) -> Result<(), ConnError> {
-        self.tick();
-        self.early_resets += 1;
-        if self.early_resets > MAX_EARLY_RESETS {
+        if self.early_resets.over(MAX_EARLY_RESETS) {
             return Err(ConnError::protocol(
                 Reason::ENHANCE_YOUR_CALM,
                 "too many streams reset before their response",
@@ -32,14 +35,22 @@ impl Flood {
         Ok(())
     }
 }
+
+/// The stream a PRIORITY block (of a PRIORITY or HEADERS frame) depends on.
+fn dependency(block: &[u8]) -> u32 {
+    u32::from_be_bytes([block[0], block[1], block[2], block[3]]) & 0x7fff_ffff
+}
+
 impl Proto {
     pub(super) fn new(role: Role, cfg: &Config, max_block: usize) -> Proto {
+        let frames_for_list = (cfg.max_header_list_size / cfg.max_frame_size.max(1)).max(1) as usize;
         Proto {
             role,
             decoder: hpack::Decoder::default(),
             block: None,
             max_block,
             max_header_list: cfg.max_header_list_size as usize,
+            max_continuations: (frames_for_list + frames_for_list / 4).max(5),
             data_target: None,
             data_flow: 0,
             preface_left: if role == Role::Server { frame::PREFACE.len() } else { 0 },
@@ -122,24 +133,20 @@ impl Proto {
             return Err(ConnError::protocol(Reason::PROTOCOL_ERROR, "DATA on an idle stream"));
         }
         let target = match st.streams.get_mut(&id) {
-            None => None,
-            Some(s) if s.recv_done => {
-                frame::rst_stream(&mut st.ctl, id, Reason::STREAM_CLOSED);
-                s.local_reset = true;
-                s.send_done = true;
-                s.reset = Some(Reason::STREAM_CLOSED);
-                s.wake();
+            None => {
+                // A stream already closed and forgotten.
+                self.flood.chatter()?;
                 None
             }
             Some(s) if s.reset.is_some() || s.local_reset => None,
+            Some(s) if s.recv_done => {
+                st.reset_stream(id, Reason::STREAM_CLOSED, ResetCause::Fault)?;
+                None
+            }
             Some(s) => {
                 s.recv_window -= i64::from(flow);
                 if s.recv_window < 0 {
-                    frame::rst_stream(&mut st.ctl, id, Reason::FLOW_CONTROL_ERROR);
-                    s.local_reset = true;
-                    s.send_done = true;
-                    s.reset = Some(Reason::FLOW_CONTROL_ERROR);
-                    s.wake();
+                    st.reset_stream(id, Reason::FLOW_CONTROL_ERROR, ResetCause::Fault)?;
                     None
                 } else {
                     Some(id)
@@ -168,27 +175,18 @@ impl Proto {
     pub(super) fn frame(&mut self, st: &mut State, h: Head, p: &[u8]) -> Result<(), ConnError> {
         match h.kind {
             kind::HEADERS => self.headers(st, h, p),
-            kind::CONTINUATION => {
-                let Some(b) = &mut self.block else {
-                    return Err(ConnError::protocol(Reason::PROTOCOL_ERROR, "CONTINUATION without HEADERS"));
-                };
-                if b.buf.len() + p.len() > self.max_block {
-                    return Err(ConnError::protocol(Reason::ENHANCE_YOUR_CALM, "header block too large"));
-                }
-                b.buf.extend_from_slice(p);
-                if h.flags & flag::END_HEADERS != 0
-                    && let Some(b) = self.block.take()
-                {
-                    return self.header_block(st, b);
-                }
-                Ok(())
-            }
+            kind::CONTINUATION => self.continuation(st, h, p),
             kind::PRIORITY => {
                 if h.stream == 0 {
                     return Err(ConnError::protocol(Reason::PROTOCOL_ERROR, "PRIORITY on stream 0"));
                 }
                 if p.len() != 5 {
                     return Err(ConnError::protocol(Reason::FRAME_SIZE_ERROR, "PRIORITY of the wrong size"));
+                }
+                self.flood.chatter()?;
+                if dependency(p) == h.stream {
+                    // RFC 9113 §5.3.1: a stream cannot depend on itself.
+                    st.reset_stream(h.stream, Reason::PROTOCOL_ERROR, ResetCause::Fault)?;
                 }
                 Ok(())
             }
@@ -204,6 +202,7 @@ impl Proto {
                 let payload: [u8; 8] = p
                     .try_into()
                     .map_err(|_| ConnError::protocol(Reason::FRAME_SIZE_ERROR, "PING of the wrong size"))?;
+                self.flood.chatter()?;
                 if h.flags & flag::ACK != 0 {
                     if payload == DRAIN_PING && st.goaway_sent && st.final_goaway.is_none() {
                         // Streams the client opened before it saw our first GOAWAY are in.
@@ -214,7 +213,6 @@ impl Proto {
                         self.pong = Some(payload);
                     }
                 } else {
-                    self.flood.chatter()?;
                     frame::ping(&mut st.ctl, payload, true);
                 }
                 Ok(())
@@ -241,17 +239,28 @@ impl Proto {
             pad = usize::from(*n);
             p = rest;
         }
+        let mut self_dependent = false;
         if h.flags & flag::PRIORITY != 0 {
-            p = p.get(5..).ok_or_else(|| {
-                ConnError::protocol(Reason::FRAME_SIZE_ERROR, "HEADERS shorter than its priority")
-            })?;
+            let Some(priority) = p.get(..5) else {
+                return Err(ConnError::protocol(
+                    Reason::FRAME_SIZE_ERROR,
+                    "HEADERS shorter than its priority",
+                ));
+            };
+            self_dependent = dependency(priority) == h.stream;
+            p = &p[5..];
         }
         if pad > p.len() {
             return Err(ConnError::protocol(Reason::PROTOCOL_ERROR, "HEADERS padding longer than the frame"));
         }
         let fragment = &p[..p.len() - pad];
-        let block =
-            Block { stream: h.stream, end_stream: h.flags & flag::END_STREAM != 0, buf: fragment.to_vec() };
+        let block = Block {
+            stream: h.stream,
+            end_stream: h.flags & flag::END_STREAM != 0,
+            self_dependent,
+            buf: fragment.to_vec(),
+            continuations: 0,
+        };
         if h.flags & flag::END_HEADERS != 0 {
             self.header_block(st, block)
         } else {
@@ -260,15 +269,50 @@ impl Proto {
         }
     }
 
+    fn continuation(&mut self, st: &mut State, h: Head, p: &[u8]) -> Result<(), ConnError> {
+        let Some(b) = &mut self.block else {
+            return Err(ConnError::protocol(Reason::PROTOCOL_ERROR, "CONTINUATION without HEADERS"));
+        };
+        if b.buf.len() + p.len() > self.max_block {
+            return Err(ConnError::protocol(Reason::ENHANCE_YOUR_CALM, "header block too large"));
+        }
+        let end = h.flags & flag::END_HEADERS != 0;
+        if !end {
+            b.continuations += 1;
+            if b.continuations > self.max_continuations {
+                return Err(ConnError::protocol(
+                    Reason::ENHANCE_YOUR_CALM,
+                    "too many CONTINUATION frames in one header block",
+                ));
+            }
+        }
+        b.buf.extend_from_slice(p);
+        if p.is_empty() {
+            self.flood.chatter()?;
+        }
+        match self.block.take() {
+            Some(b) if end => self.header_block(st, b),
+            b => {
+                self.block = b;
+                Ok(())
+            }
+        }
+    }
+
     pub(super) fn header_block(&mut self, st: &mut State, b: Block) -> Result<(), ConnError> {
         let id = b.stream;
+        // Decoded whatever becomes of the stream: the table must follow the peer's.
         let decoded = match self.decoder.decode(&b.buf, self.max_header_list) {
             Err(HeaderError::Compression(e)) => {
                 return Err(ConnError::protocol(Reason::COMPRESSION_ERROR, format!("header block: {e}")));
             }
             other => other,
         };
+        drop(b.buf);
         if st.streams.contains_key(&id) {
+            if b.self_dependent {
+                return st.reset_stream(id, Reason::PROTOCOL_ERROR, ResetCause::Fault);
+            }
             return self.stream_headers(st, id, b.end_stream, decoded);
         }
         match self.role {
@@ -280,7 +324,7 @@ impl Proto {
                     ));
                 }
                 // A stream we already closed: nothing to do.
-                Ok(())
+                self.flood.chatter()
             }
             Role::Server => {
                 if id.is_multiple_of(2) || id <= st.last_peer_id {
@@ -289,18 +333,16 @@ impl Proto {
                 st.last_peer_id = id;
                 if st.final_goaway.is_some() || st.closed.is_some() {
                     // Past our final GOAWAY: ignored; the client retries elsewhere.
-                    return Ok(());
+                    return self.flood.chatter();
                 }
-                let head = match decoded {
-                    Ok(h) => h,
-                    Err(_) => {
-                        frame::rst_stream(&mut st.ctl, id, Reason::PROTOCOL_ERROR);
-                        return Ok(());
-                    }
+                // A request that breaks HTTP/2's rules for its head (RFC 9113 §8.3.1, §8.5) is
+                // malformed: a stream error, as h2 answers it.
+                let head = match decoded.and_then(|h| h.check_request().map(|()| h)) {
+                    Ok(h) if !b.self_dependent => h,
+                    _ => return st.reset_stream(id, Reason::PROTOCOL_ERROR, ResetCause::Fault),
                 };
                 if st.streams.len() >= st.local_max_concurrent as usize {
-                    frame::rst_stream(&mut st.ctl, id, Reason::REFUSED_STREAM);
-                    return Ok(());
+                    return st.reset_stream(id, Reason::REFUSED_STREAM, ResetCause::Refusal);
                 }
                 let stream = Stream {
                     send_window: i64::from(st.peer.initial_window),
@@ -315,6 +357,8 @@ impl Proto {
         }
     }
 
+    /// A header block on a stream that exists: a client's response head (after informational
+    /// ones), or trailers.
     pub(super) fn stream_headers(
         &mut self,
         st: &mut State,
@@ -324,36 +368,38 @@ impl Proto {
     ) -> Result<(), ConnError> {
         let role = self.role;
         let Some(s) = st.streams.get_mut(&id) else { return Ok(()) };
+        if s.reset.is_some() || s.local_reset {
+            // Frames in flight when the stream was reset.
+            return self.flood.chatter();
+        }
         if s.recv_done {
-            frame::rst_stream(&mut st.ctl, id, Reason::STREAM_CLOSED);
-            return Ok(());
+            // RFC 9113 §5.1: a frame other than WINDOW_UPDATE, PRIORITY or RST_STREAM on a
+            // half-closed (remote) stream.
+            return st.reset_stream(id, Reason::STREAM_CLOSED, ResetCause::Fault);
         }
         let awaiting = role == Role::Client && s.head.is_none() && !s.responded;
         if awaiting {
-            match decoded {
+            match decoded.and_then(|h| h.check_response().map(|()| h)) {
                 Ok(head) if head.status.is_some_and(|c| (100..200).contains(&c)) => {
-                    // Informational: the final response follows.
+                    // Informational: the final response follows; it cannot end the stream.
                     if end_stream {
-                        s.reset = Some(Reason::PROTOCOL_ERROR);
-                        s.wake();
-                        frame::rst_stream(&mut st.ctl, id, Reason::PROTOCOL_ERROR);
+                        return st.reset_stream(id, Reason::PROTOCOL_ERROR, ResetCause::Fault);
                     }
                     return Ok(());
                 }
-                Ok(head) if head.status.is_none() => {
-                    s.head = Some(Err(HeaderError::Malformed("response without :status")));
+                Ok(head) => s.head = Some(Ok(head)),
+                Err(e) => {
+                    s.head = Some(Err(e));
+                    // Mark that a head arrived even after it is taken.
+                    s.responded = true;
+                    return st.reset_stream(id, Reason::PROTOCOL_ERROR, ResetCause::Fault);
                 }
-                other => s.head = Some(other),
             }
             // Mark that a head arrived even after it is taken.
             s.responded = true;
-        } else if !end_stream {
-            // Trailers must end the stream.
-            s.reset = Some(Reason::PROTOCOL_ERROR);
-            s.local_reset = true;
-            s.wake();
-            frame::rst_stream(&mut st.ctl, id, Reason::PROTOCOL_ERROR);
-            return Ok(());
+        } else if !end_stream || decoded.and_then(|h| h.check_trailers()).is_err() {
+            // Trailers end the stream and carry no pseudo-header (RFC 9113 §8.1).
+            return st.reset_stream(id, Reason::PROTOCOL_ERROR, ResetCause::Fault);
         }
         if end_stream {
             s.recv_done = true;
@@ -374,13 +420,17 @@ impl Proto {
         }
         let reason = Reason(u32::from_be_bytes(code));
         let role = self.role;
-        let Some(s) = st.streams.get_mut(&h.stream) else { return Ok(()) };
+        let Some(s) = st.streams.get_mut(&h.stream) else {
+            // A stream already closed and forgotten.
+            return self.flood.chatter();
+        };
         if role == Role::Server && !s.responded {
             self.flood.early_reset()?;
         }
-        if s.reset.is_none() {
-            s.reset = Some(reason);
+        if s.reset.is_some() {
+            return self.flood.chatter();
         }
+        s.reset = Some(reason);
         // Queued bytes will never be written: their window goes back.
         let queued = std::mem::take(&mut s.queued);
         s.queue.clear();
@@ -394,6 +444,7 @@ impl Proto {
         if h.stream != 0 {
             return Err(ConnError::protocol(Reason::PROTOCOL_ERROR, "SETTINGS on a stream"));
         }
+        self.flood.chatter()?;
         if h.flags & flag::ACK != 0 {
             if !p.is_empty() {
                 return Err(ConnError::protocol(
@@ -403,7 +454,6 @@ impl Proto {
             }
             return Ok(());
         }
-        self.flood.chatter()?;
         let entries = frame::parse_settings(p).map_err(|r| ConnError::protocol(r, "invalid SETTINGS"))?;
         for (id, v) in entries {
             match id {
@@ -447,6 +497,7 @@ impl Proto {
         let Some(head) = p.get(..8) else {
             return Err(ConnError::protocol(Reason::FRAME_SIZE_ERROR, "GOAWAY shorter than 8 bytes"));
         };
+        self.flood.chatter()?;
         let last = u32::from_be_bytes([head[0], head[1], head[2], head[3]]) & 0x7fff_ffff;
         let reason = Reason(u32::from_be_bytes([head[4], head[5], head[6], head[7]]));
         let last = st.goaway_received.map_or(last, |(prev, _)| prev.min(last));
@@ -487,18 +538,20 @@ impl Proto {
         if self.is_idle(st, h.stream) {
             return Err(ConnError::protocol(Reason::PROTOCOL_ERROR, "WINDOW_UPDATE on an idle stream"));
         }
-        let Some(s) = st.streams.get_mut(&h.stream) else { return Ok(()) };
-        let reason = if inc == 0 {
-            Some(Reason::PROTOCOL_ERROR)
-        } else {
-            s.send_window += inc;
-            (s.send_window > frame::MAX_WINDOW).then_some(Reason::FLOW_CONTROL_ERROR)
+        let Some(s) = st.streams.get_mut(&h.stream) else {
+            // A stream already closed and forgotten.
+            return self.flood.chatter();
         };
-        if let Some(r) = reason {
-            s.reset = Some(r);
-            s.local_reset = true;
-            s.send_done = true;
-            frame::rst_stream(&mut st.ctl, h.stream, r);
+        if s.local_reset || s.send_done {
+            // Nothing more will be sent on it: the update is moot.
+            return self.flood.chatter();
+        }
+        if inc == 0 {
+            return st.reset_stream(h.stream, Reason::PROTOCOL_ERROR, ResetCause::Fault);
+        }
+        s.send_window += inc;
+        if s.send_window > frame::MAX_WINDOW {
+            return st.reset_stream(h.stream, Reason::FLOW_CONTROL_ERROR, ResetCause::Fault);
         }
         s.wake();
         Ok(())

@@ -28,6 +28,9 @@ impl State {
             closed: None,
             send_waiters: Vec::new(),
             handles: usize::from(role == Role::Client),
+            reserved: 0,
+            fault_resets: 0,
+            refusals: Windowed::default(),
         }
     }
 
@@ -50,10 +53,11 @@ impl State {
         }
     }
 
-    /// Seals the pending control frames into records.
+    /// Seals the pending control frames into records, after the KeyUpdate the peer asked for if
+    /// one is owed (it is answered at the next write, whether or not anything else goes out).
     pub(super) fn seal_control(&mut self) -> Result<(), ConnError> {
         if self.ctl.is_empty() {
-            return Ok(());
+            return self.key_update_if_due();
         }
         let ctl = std::mem::take(&mut self.ctl);
         let r = self.seal_plain(&ctl);
@@ -62,7 +66,7 @@ impl State {
         r
     }
 
-    pub(super) fn seal_plain(&mut self, plain: &[u8]) -> Result<(), ConnError> {
+    fn seal_plain(&mut self, plain: &[u8]) -> Result<(), ConnError> {
         for chunk in plain.chunks(tls::MAX_CONTENT) {
             self.key_update_if_due()?;
             let start = self.out.buf.len();
@@ -71,6 +75,20 @@ impl State {
                 .copy_from_slice(chunk);
             self.sealer.seal(&mut self.out.buf[start..])?;
         }
+        self.check_out()
+    }
+
+    /// A KeyUpdate before the next record, when the peer asked for one or the key is worn.
+    pub(super) fn key_update_if_due(&mut self) -> Result<(), ConnError> {
+        if self.sealer.wants_key_update() {
+            self.sealer.key_update(&mut self.out.buf)?;
+            self.check_out()?;
+        }
+        Ok(())
+    }
+
+    /// The cap on queued bytes ([`OUT_MAX`]), checked wherever bytes are queued.
+    pub(super) fn check_out(&self) -> Result<(), ConnError> {
         if self.out.len() > OUT_MAX {
             return Err(ConnError::protocol(
                 Reason::ENHANCE_YOUR_CALM,
@@ -80,9 +98,47 @@ impl State {
         Ok(())
     }
 
-    pub(super) fn key_update_if_due(&mut self) -> Result<(), ConnError> {
-        if self.sealer.wants_key_update() {
-            self.sealer.key_update(&mut self.out.buf)?;
+    /// Resets stream `id` with `reason` (it may be known or not): RST_STREAM goes out, nothing
+    /// more is sent or delivered on it, and what it held goes back to the connection window. A
+    /// reset the peer caused counts toward its limit; past it the connection fails.
+    pub(super) fn reset_stream(
+        &mut self,
+        id: u32,
+        reason: Reason,
+        cause: ResetCause,
+    ) -> Result<(), ConnError> {
+        match cause {
+            ResetCause::Fault => {
+                self.fault_resets += 1;
+                if self.fault_resets > MAX_FAULT_RESETS {
+                    return Err(ConnError::protocol(
+                        Reason::ENHANCE_YOUR_CALM,
+                        "too many streams reset because of the peer's frames",
+                    ));
+                }
+            }
+            ResetCause::Refusal => {
+                if self.refusals.over(MAX_REFUSALS) {
+                    return Err(ConnError::protocol(
+                        Reason::ENHANCE_YOUR_CALM,
+                        "too many streams refused or answered before the peer finished",
+                    ));
+                }
+            }
+            ResetCause::Ours => {}
+        }
+        frame::rst_stream(&mut self.ctl, id, reason);
+        if let Some(s) = self.streams.get_mut(&id) {
+            s.local_reset = true;
+            s.send_done = true;
+            if s.reset.is_none() {
+                s.reset = Some(reason);
+            }
+            let queued = std::mem::take(&mut s.queued);
+            s.queue.clear();
+            s.wake();
+            self.release(None, queued);
+            self.wake_senders();
         }
         Ok(())
     }
@@ -170,6 +226,10 @@ impl Shared {
         }
         if !rest.is_empty() {
             st.out.buf.extend_from_slice(rest);
+            if let Err(e) = st.check_out() {
+                st.fail(e);
+                return;
+            }
             if let Some(w) = &st.driver {
                 w.wake_by_ref();
             }
@@ -211,7 +271,7 @@ pub(super) fn new_connection(
         connection_window: cfg.connection_window.clamp(frame::DEFAULT_WINDOW, frame::MAX_WINDOW as u32),
         ..cfg
     };
-    let Established { session, sealer, leftover, early, peer_closed, .. } = tls;
+    let Established { session, sealer, leftover, .. } = tls;
     let mut st = State::new(role, sealer, &cfg);
     if role == Role::Client {
         st.ctl.extend_from_slice(frame::PREFACE);
@@ -231,8 +291,9 @@ pub(super) fn new_connection(
         session,
         reader: frame::Reader::new(cfg.max_frame_size, max_block),
         proto: Proto::new(role, &cfg, max_block),
-        stash: leftover,
-        early,
+        leftover,
+        stash: Vec::new(),
+        stashed: 0,
         keepalive: cfg.keepalive.map(|k| KeepaliveState {
             cfg: k,
             timer: Box::pin(tokio::time::sleep(k.interval)),
@@ -240,7 +301,7 @@ pub(super) fn new_connection(
             next_payload: 1,
         }),
         eof: false,
-        close_notify: peer_closed,
+        close_notify: false,
         done: None,
     };
     Ok((shared, driver))

@@ -71,6 +71,7 @@ impl StreamHandle {
             }
             s.responded = true;
             s.send_done = end_stream;
+            s.error_answer = !(200..300).contains(&status);
             let mut block = Vec::with_capacity(128);
             st.encoder.response(&mut block, status, headers);
             frame::headers(&mut st.ctl, id, &block, end_stream, st.peer.max_frame);
@@ -78,21 +79,20 @@ impl StreamHandle {
         })
     }
 
-    /// Resets the stream with `reason`.
+    /// Resets the stream with `reason` (REFUSED_STREAM counts as a refusal of the peer's request,
+    /// see [`MAX_REFUSALS`]).
     pub fn reset(&self, reason: Reason) {
         let mut st = self.shared.lock();
         let st = &mut *st;
-        if let Some(s) = st.streams.get_mut(&self.id)
-            && !s.local_reset
-            && s.reset.is_none()
-        {
-            s.local_reset = true;
-            s.send_done = true;
-            if st.closed.is_none() {
-                frame::rst_stream(&mut st.ctl, self.id, reason);
-                self.shared.flush(st);
-            }
+        let open = st.streams.get(&self.id).is_some_and(|s| !s.local_reset && s.reset.is_none());
+        if !open || st.closed.is_some() {
+            return;
         }
+        let cause = if reason == Reason::REFUSED_STREAM { ResetCause::Refusal } else { ResetCause::Ours };
+        if let Err(e) = st.reset_stream(self.id, reason, cause) {
+            st.fail(e);
+        }
+        self.shared.flush(st);
     }
 
     /// Ends our side of the stream (END_STREAM).
@@ -262,12 +262,12 @@ impl StreamHandle {
                 let mut st = self.shared.lock();
                 match n {
                     Ok(0) => {
-                        unreserve(&mut st, self.id, cap);
+                        unreserve(&mut st, self.id, cap, 0);
                         Ok(0)
                     }
                     Ok(n) => send_slots(&self.shared, &mut st, self.id, buf, n, cap).map(|_| n).map_err(gone),
                     Err(e) => {
-                        unreserve(&mut st, self.id, cap);
+                        unreserve(&mut st, self.id, cap, 0);
                         Err(e)
                     }
                 }
@@ -373,10 +373,23 @@ impl Drop for StreamHandle {
         let Some(s) = st.streams.remove(&self.id) else { return };
         let ended = s.local_reset || s.reset.is_some() || (s.send_done && s.recv_done);
         if !ended && st.closed.is_none() {
-            frame::rst_stream(&mut st.ctl, self.id, Reason::CANCEL);
+            // A complete answer before the peer finished asks it to stop sending, without an
+            // error (RFC 9113 §8.1); an error answer so given counts as a refusal.
+            let (reason, cause) = match (s.responded && s.send_done, s.error_answer) {
+                (true, true) => (Reason::NO_ERROR, ResetCause::Refusal),
+                (true, false) => (Reason::NO_ERROR, ResetCause::Ours),
+                (false, _) => (Reason::CANCEL, ResetCause::Ours),
+            };
+            if let Err(e) = st.reset_stream(self.id, reason, cause) {
+                st.fail(e);
+            }
         }
         // What the stream still held goes back to the connection window.
         st.release(None, s.queued);
+        if st.streams.is_empty() && st.streams.capacity() > 16 {
+            // A burst of streams is over: the map's room goes back.
+            st.streams = HashMap::new();
+        }
         self.shared.flush(st);
         if st.streams.is_empty()
             && let Some(w) = &st.driver
@@ -433,7 +446,7 @@ pub(super) fn reserve(
         return Err(StreamError::Connection(e.clone()));
     }
     let conn_send = st.conn_send;
-    let out_full = st.out.len() >= OUT_HIGH;
+    let out_full = st.out.len() + st.reserved >= OUT_HIGH;
     let Some(s) = st.streams.get_mut(&id) else { return Err(StreamError::Closed) };
     if let Some(r) = s.reset {
         return Err(StreamError::Reset(r));
@@ -445,6 +458,7 @@ pub(super) fn reserve(
     if cap > 0 && !out_full {
         s.send_window -= cap;
         st.conn_send -= cap;
+        st.reserved += cap as usize;
         return Ok(Capacity::Bytes(cap as usize));
     }
     if let Some(cx) = cx {
@@ -456,8 +470,11 @@ pub(super) fn reserve(
     Ok(Capacity::Wait)
 }
 
-pub(super) fn unreserve(st: &mut State, id: u32, n: usize) {
-    let n = n as i64;
+/// Ends a reservation of `reserved` bytes of which `used` were sent: the rest goes back to the
+/// windows.
+pub(super) fn unreserve(st: &mut State, id: u32, reserved: usize, used: usize) {
+    st.reserved = st.reserved.saturating_sub(reserved);
+    let n = (reserved - used) as i64;
     st.conn_send += n;
     if let Some(s) = st.streams.get_mut(&id) {
         s.send_window += n;
@@ -477,7 +494,7 @@ pub(super) fn send_slots(
     n: usize,
     reserved: usize,
 ) -> Result<(), StreamError> {
-    unreserve(st, id, reserved - n);
+    unreserve(st, id, reserved, n);
     if let Some(e) = &st.closed {
         return Err(StreamError::Connection(e.clone()));
     }

@@ -206,3 +206,22 @@ fn reasons_print_their_names() {
     assert_eq!(Reason::ENHANCE_YOUR_CALM.to_string(), "ENHANCE_YOUR_CALM");
     assert_eq!(Reason(0x42).to_string(), "unknown error code 0x42");
 }
+
+/// Point 4: the buffer a large frame grew goes back once the frame is handled, so a peer that
+/// sent one large HEADERS frame does not leave its connection holding it.
+#[test]
+fn a_large_frames_buffer_is_given_back() {
+    let mut r = Reader::new(1 << 20, 256 * 1024);
+    let mut input = Vec::new();
+    let mut big = vec![0u8; HEADER_LEN];
+    Head { len: 200 * 1024, kind: kind::HEADERS, flags: flag::END_HEADERS, stream: 1 }.encode(&mut big);
+    big.resize(HEADER_LEN + 200 * 1024, 7);
+    input.extend_from_slice(&big);
+    ping(&mut input, [1; 8], false);
+    let mut rest = &input[..];
+    let Some(Ok(Event::Frame(h, p))) = r.next(&mut rest) else { panic!("the HEADERS frame") };
+    assert_eq!((h.kind, p.len()), (kind::HEADERS, 200 * 1024));
+    let Some(Ok(Event::Frame(h, _))) = r.next(&mut rest) else { panic!("the PING") };
+    assert_eq!(h.kind, kind::PING);
+    assert!(r.payload.capacity() <= MAX_KEPT_PAYLOAD, "kept {} bytes", r.payload.capacity());
+}

@@ -2,9 +2,11 @@
 //! ways, data both ways, key updates started by either side, session tickets, close_notify, and
 //! records that must be refused.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use ambit_identity::{FakeCa, Identity, WorkloadCertificate};
+use rustls_pki_types::ServerName;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -41,7 +43,7 @@ fn record(sealer: &mut Sealer, data: &[u8]) -> Vec<u8> {
 /// post-handshake messages (and answers a requested key update on `tcp`).
 async fn read_data(tcp: &mut TcpStream, est: &mut Established, want: usize) -> Vec<u8> {
     let mut buf = std::mem::take(&mut est.leftover);
-    let mut got = std::mem::take(&mut est.early);
+    let mut got = Vec::new();
     while got.len() < want {
         while let Some(len) = record_len(&buf).expect("record header") {
             if buf.len() < len {
@@ -51,8 +53,8 @@ async fn read_data(tcp: &mut TcpStream, est: &mut Established, want: usize) -> V
             match est.session.open(&mut rec).expect("open") {
                 Content::Data(r) => got.extend_from_slice(&rec[r]),
                 Content::Handshake(r) => {
-                    let post = est.session.handshake(&rec[r], &mut est.sealer).expect("post-handshake");
-                    if post.update_requested {
+                    est.session.handshake(&rec[r], &mut est.sealer).expect("post-handshake");
+                    if est.sealer.key_update_owed() {
                         let mut out = Vec::new();
                         est.sealer.key_update(&mut out).expect("key update");
                         tcp.write_all(&out).await.expect("write key update");
@@ -213,21 +215,32 @@ async fn tampered_and_malformed_records_are_refused() {
     let (mut ce, mut se) = (ce.expect("client"), se.expect("server"));
     let mut rec = record(&mut ce.sealer, b"payload");
     rec[HEADER_LEN + 2] ^= 1;
-    assert!(matches!(se.session.open(&mut rec), Err(TlsError::BadRecordMac)));
+    assert_eq!(se.session.open(&mut rec).err().and_then(|e| e.alert()), Some(Alert::BAD_RECORD_MAC));
     // Keys stay in step only if records are opened in order: a skipped record fails the next.
     let _skipped = record(&mut ce.sealer, b"one");
     let mut next = record(&mut ce.sealer, b"two");
-    assert!(matches!(se.session.open(&mut next), Err(TlsError::BadRecordMac)));
+    assert_eq!(se.session.open(&mut next).err().and_then(|e| e.alert()), Some(Alert::BAD_RECORD_MAC));
 
     let err = |b: &[u8]| record_len(b).err().map(|e| e.to_string());
     assert_eq!(
         err(&[22, 3, 3, 0, 10]).as_deref(),
-        Some("malformed TLS record: outer record type is not application_data")
+        Some("TLS protocol violation: unprotected record after the handshake (alert bad_record_mac)")
     );
-    assert_eq!(err(&[23, 2, 3, 0, 10]).as_deref(), Some("malformed TLS record: record version"));
+    assert_eq!(
+        err(&[20, 3, 3, 0, 1]).as_deref(),
+        Some("TLS protocol violation: change_cipher_spec after the handshake (alert unexpected_message)")
+    );
+    assert_eq!(
+        err(&[99, 3, 3, 0, 1]).as_deref(),
+        Some("TLS protocol violation: unknown record type (alert decode_error)")
+    );
+    assert_eq!(
+        err(&[23, 2, 3, 0, 10]).as_deref(),
+        Some("TLS protocol violation: record version (alert decode_error)")
+    );
     assert_eq!(
         err(&[23, 3, 3, 0x41, 0x01]).as_deref(),
-        Some("malformed TLS record: record over 2^14 + 256 bytes")
+        Some("TLS protocol violation: record over 2^14 + 256 bytes (alert record_overflow)")
     );
     assert_eq!(record_len(&[23, 3, 3, 0x41, 0x00]).expect("the largest record"), Some(MAX_RECORD));
     assert_eq!(record_len(&[23, 3, 3]).expect("a partial header"), None);
@@ -250,6 +263,89 @@ async fn tampered_and_malformed_records_are_refused() {
     se.session.opener.seq = ce.sealer.seq - 1;
     assert_eq!(
         se.session.open(&mut zeros).err().map(|e| e.to_string()).as_deref(),
-        Some("malformed TLS record: record without a content type")
+        Some("TLS protocol violation: record without a content type (alert unexpected_message)")
     );
+}
+
+/// Point 2: a client sends KeyUpdate(update_requested) in the same write as its Finished. The
+/// record behind the Finished is the record layer's, not rustls's: the update is answered and
+/// both directions keep reading (before, rustls took it inside the handshake and the answer it
+/// owed was lost with the hand-over: every record of ours then failed bad_record_mac).
+#[tokio::test]
+async fn a_key_update_right_behind_the_clients_finished_is_answered() {
+    let ca = FakeCa::generate();
+    let server = cert(&ca, "server");
+    let client = cert(&ca, "client");
+    let (mut c, mut s) = pair().await;
+    let ours = tokio::spawn(async move {
+        let mut est = accept(&s, server.server_config()).await.expect("our server");
+        let got = read_data(&mut s, &mut est, 5).await;
+        s.write_all(&record(&mut est.sealer, b"world")).await.expect("write");
+        got
+    });
+    let mut conn = rustls::ClientConnection::new(client.client_config(&[identity("server")]), name())
+        .expect("rustls client");
+    let mut buf = vec![0u8; 64 * 1024];
+    // The handshake, holding back the client's last flight.
+    while conn.is_handshaking() {
+        let mut out = Vec::new();
+        conn.write_tls(&mut out).expect("encode");
+        c.write_all(&out).await.expect("write");
+        let n = c.read(&mut buf).await.expect("read");
+        assert!(n > 0, "our server closed during the handshake");
+        conn.read_tls(&mut &buf[..n]).expect("read_tls");
+        conn.process_new_packets().expect("rustls handshake");
+    }
+    // Finished, KeyUpdate(update_requested) and application data in one write.
+    conn.refresh_traffic_keys().expect("rustls key update");
+    std::io::Write::write_all(&mut conn.writer(), b"hello").expect("plaintext");
+    let mut out = Vec::new();
+    while conn.wants_write() {
+        conn.write_tls(&mut out).expect("encode");
+    }
+    c.write_all(&out).await.expect("write the last flight");
+    assert_eq!(ours.await.expect("our server"), b"hello");
+    let mut got = Vec::new();
+    while got.len() < 5 {
+        let n = c.read(&mut buf).await.expect("read");
+        assert!(n > 0, "our server closed");
+        conn.read_tls(&mut &buf[..n]).expect("read_tls");
+        conn.process_new_packets().expect("rustls reads our records (no bad_record_mac)");
+        let mut plain = [0u8; 64];
+        while let Ok(n) = std::io::Read::read(&mut conn.reader(), &mut plain) {
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&plain[..n]);
+        }
+    }
+    assert_eq!(got, b"world");
+}
+
+/// Point 9: no session resumption. A resumed client presents no certificate, so an identity
+/// that expired or was rotated would keep working: rustls's client, with resumption on, gets a
+/// full handshake with its certificate every time.
+#[tokio::test]
+async fn every_connection_is_a_full_handshake_with_a_client_certificate() {
+    let ca = FakeCa::generate();
+    let server = cert(&ca, "server");
+    let client = cert(&ca, "client");
+    let mut config = (*client.client_config(&[identity("server")])).clone();
+    config.resumption = rustls::client::Resumption::in_memory_sessions(16);
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    for round in 0..2 {
+        let (c, mut s) = pair().await;
+        let (theirs, ours) = tokio::join!(connector.connect(name(), c), accept(&s, server.server_config()));
+        let (mut theirs, mut ours) = (theirs.expect("rustls client"), ours.expect("our server"));
+        assert_eq!(
+            theirs.get_ref().1.handshake_kind(),
+            Some(rustls::HandshakeKind::Full),
+            "connection {round} resumed a session"
+        );
+        assert_eq!(ambit_identity::peer_identity(&ours.peer_certificates), Some(identity("client")));
+        // The client reads whatever the server sent after the handshake (tickets, if any).
+        s.write_all(&record(&mut ours.sealer, b"x")).await.expect("write");
+        let mut x = [0u8; 1];
+        theirs.read_exact(&mut x).await.expect("read");
+    }
 }
