@@ -67,6 +67,10 @@ pub mod testing;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing {
     pub use crate::conn::fuzzing::plaintext;
-    pub use crate::frame;
     pub use crate::hpack::Encoder;
+
+    /// The frame writers, for the seed corpora.
+    pub mod frame {
+        pub use crate::frame::*;
+    }
 }
