@@ -11,6 +11,7 @@
 mod conn;
 mod frame;
 mod hpack;
+mod lowat;
 mod pool;
 mod server;
 mod tls;

@@ -510,10 +510,24 @@ impl RawPeer {
         })
     }
 
+    /// Waits for the server's SETTINGS (its first frame): what is sent after that is read by the
+    /// record layer, not inside the handshake.
+    pub async fn settled(&mut self, limit: Duration) -> bool {
+        self.read_until(limit, |s| s.frames.iter().any(|f| f.0 == crate::frame::kind::SETTINGS)).await
+    }
+
     /// One record of content type `typ` holding `content`, sealed (not sent).
     pub fn record(&mut self, typ: u8, content: &[u8]) -> Vec<u8> {
         let mut out = Vec::with_capacity(content.len() + crate::tls::OVERHEAD);
         self.sealer.seal_raw(&mut out, typ, content).expect("seal a record");
+        out
+    }
+
+    /// One record of `content`, content type `typ` and `padding` zero bytes, however large,
+    /// sealed (not sent).
+    pub fn padded(&mut self, typ: u8, content: &[u8], padding: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.sealer.seal_padded(&mut out, typ, content, padding);
         out
     }
 
@@ -548,6 +562,46 @@ impl RawPeer {
     /// The socket (to read its options, or to write to it piece by piece).
     pub fn tcp(&self) -> &TcpStream {
         &self.tcp
+    }
+
+    /// Writes `bytes` while reading what the server sends (a server may close before it read
+    /// them all: the writing then stops), until `done` holds, the connection ends or `limit`
+    /// passes; returns whether `done` held.
+    pub async fn send_reading(
+        &mut self,
+        bytes: &[u8],
+        limit: Duration,
+        done: impl Fn(&Seen) -> bool,
+    ) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        let mut rest = bytes;
+        let mut buf = vec![0u8; 64 * 1024];
+        while !rest.is_empty() && !self.seen.closed {
+            let ready = tokio::select! {
+                r = self.tcp.ready(tokio::io::Interest::READABLE | tokio::io::Interest::WRITABLE) => r,
+                () = tokio::time::sleep_until(deadline) => return done(&self.seen),
+            };
+            let Ok(ready) = ready else { break };
+            if ready.is_writable() {
+                match self.tcp.try_write(rest) {
+                    Ok(n) => rest = &rest[n..],
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(_) => break,
+                }
+            }
+            if ready.is_readable() {
+                match self.tcp.try_read(&mut buf) {
+                    Ok(0) => self.seen.closed = true,
+                    Ok(n) => {
+                        self.inbox.extend_from_slice(&buf[..n]);
+                        self.open_inbox();
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(_) => self.seen.closed = true,
+                }
+            }
+        }
+        self.read_until(deadline.saturating_duration_since(tokio::time::Instant::now()), done).await
     }
 
     /// Reads what the server sends until `done` holds for what was seen, the connection ends,

@@ -335,6 +335,30 @@ impl Sealer {
         self.seal_into(out, typ, content)
     }
 
+    /// Seals one record whose TLSInnerPlaintext is `content`, `typ` and `padding` zero bytes,
+    /// with no bound checked: for tests that play a peer breaking the protocol.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn seal_padded(&mut self, out: &mut Vec<u8>, typ: u8, content: &[u8], padding: usize) {
+        let body = content.len() + 1 + padding + TAG_LEN;
+        let [hi, lo] = u16::try_from(body).unwrap_or(u16::MAX).to_be_bytes();
+        let header = [TYPE_APPLICATION_DATA, LEGACY_VERSION[0], LEGACY_VERSION[1], hi, lo];
+        let start = out.len();
+        out.extend_from_slice(&header);
+        out.extend_from_slice(content);
+        out.push(typ);
+        out.resize(out.len() + padding, 0);
+        let nonce = self.aead.nonce(self.seq);
+        let tag = self.aead.key.seal_in_place_separate_tag(
+            nonce,
+            Aad::from(header),
+            &mut out[start + HEADER_LEN..],
+        );
+        if let Ok(tag) = tag {
+            out.extend_from_slice(tag.as_ref());
+        }
+        self.seq += 1;
+    }
+
     /// Seals a KeyUpdate asking the peer to update too (update_requested), then moves to the next
     /// key: for tests that play a peer.
     #[cfg(any(test, feature = "testing"))]
@@ -385,6 +409,10 @@ impl Opener {
             plain.len()
         };
         self.seq += 1;
+        if plain_len > MAX_CONTENT + 1 {
+            // TLSInnerPlaintext, padding included, is at most 2^14 + 1 bytes (RFC 8446 §5.4).
+            return Err(peer(Alert::RECORD_OVERFLOW, "record plaintext over 2^14 + 1 bytes"));
+        }
         // TLSInnerPlaintext: content, type, zero padding (RFC 8446 §5.4).
         let inner = &rec[HEADER_LEN..HEADER_LEN + plain_len];
         let Some(end) = inner.iter().rposition(|&b| b != 0) else {

@@ -234,6 +234,17 @@ struct H2Server {
 }
 
 async fn h2_server(ca: &FakeCa, builder: h2::server::Builder, behaviour: Behaviour) -> H2Server {
+    h2_server_with(ca, builder, behaviour, None).await
+}
+
+/// The same; with `key_updates`, its TLS layer asks for a KeyUpdate with its first record after
+/// the handshake and every so many records (counted in the server's `key_updates`).
+async fn h2_server_with(
+    ca: &FakeCa,
+    builder: h2::server::Builder,
+    behaviour: Behaviour,
+    key_updates: Option<(usize, Arc<AtomicUsize>)>,
+) -> H2Server {
     let identity = Identity::new("cluster.local", "default", "h2-server");
     let cert = ca.issue(&identity, Duration::from_secs(3600)).expect("issue");
     let acceptor = tokio_rustls::TlsAcceptor::from(cert.server_config());
@@ -245,6 +256,7 @@ async fn h2_server(ca: &FakeCa, builder: h2::server::Builder, behaviour: Behavio
     let (n, sd, pg) = (accepted.clone(), shutdown.clone(), pongs.clone());
     tokio::spawn(async move {
         while let Ok((tcp, _)) = l.accept().await {
+            let key_updates = key_updates.clone();
             // As every HBONE server (ztunnel, ours): without it, Nagle holds small frames
             // (WINDOW_UPDATE) behind unacknowledged data.
             let _ = tcp.set_nodelay(true);
@@ -252,6 +264,7 @@ async fn h2_server(ca: &FakeCa, builder: h2::server::Builder, behaviour: Behavio
             let (acceptor, builder, sd, pg) = (acceptor.clone(), builder.clone(), sd.clone(), pg.clone());
             tokio::spawn(async move {
                 let Ok(tls) = acceptor.accept(tcp).await else { return };
+                let tls = KeyUpdating::new(tokio_rustls::TlsStream::Server(tls), key_updates);
                 let Ok(mut conn) = builder.handshake::<_, Bytes>(tls).await else { return };
                 if let Some(mut pp) = conn.ping_pong() {
                     tokio::spawn(async move {
@@ -476,4 +489,179 @@ async fn churned_connections_through_both_relays_end_cleanly_with_every_byte() {
         tokio::time::timeout(Duration::from_secs(60), c).await.expect("in time").expect("client");
     }
     assert_eq!(bad.load(Ordering::Acquire), 0, "connections ended without their whole answer");
+}
+
+/// A rustls stream whose sender asks for a KeyUpdate (update_requested) before its first record
+/// of application data and then every `every` records, counting them in `done`; without
+/// `every`, a plain pass-through.
+struct KeyUpdating<S> {
+    inner: tokio_rustls::TlsStream<S>,
+    every: Option<(usize, Arc<AtomicUsize>)>,
+    records: usize,
+    started: bool,
+}
+
+impl<S> KeyUpdating<S> {
+    fn new(inner: tokio_rustls::TlsStream<S>, every: Option<(usize, Arc<AtomicUsize>)>) -> KeyUpdating<S> {
+        KeyUpdating { inner, every, records: 0, started: false }
+    }
+}
+
+impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin> tokio::io::AsyncRead for KeyUpdating<S> {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for KeyUpdating<S> {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let me = self.get_mut();
+        if let Some((every, done)) = &me.every
+            && (!me.started || me.records >= *every)
+        {
+            let refreshed = match &mut me.inner {
+                tokio_rustls::TlsStream::Client(t) => t.get_mut().1.refresh_traffic_keys(),
+                tokio_rustls::TlsStream::Server(t) => t.get_mut().1.refresh_traffic_keys(),
+            };
+            refreshed.map_err(std::io::Error::other)?;
+            done.fetch_add(1, Ordering::AcqRel);
+            me.started = true;
+            me.records = 0;
+        }
+        let r = std::pin::Pin::new(&mut me.inner).poll_write(cx, buf);
+        if let std::task::Poll::Ready(Ok(n)) = &r {
+            me.records += n.div_ceil(16 * 1024);
+        }
+        r
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+/// A socket that holds back what is written to it once something was read, until released:
+/// a TLS 1.3 client's last flight (Certificate, CertificateVerify, Finished) waits there, so
+/// that what the client writes next goes out in the same write.
+struct Corked {
+    tcp: tokio::net::TcpStream,
+    read_once: bool,
+    held: Vec<u8>,
+    release: bool,
+}
+
+impl tokio::io::AsyncRead for Corked {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let me = self.get_mut();
+        let r = std::pin::Pin::new(&mut me.tcp).poll_read(cx, buf);
+        if matches!(r, std::task::Poll::Ready(Ok(()))) {
+            me.read_once = true;
+        }
+        r
+    }
+}
+
+impl tokio::io::AsyncWrite for Corked {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let me = self.get_mut();
+        if me.read_once && (!me.release || !me.held.is_empty()) {
+            me.held.extend_from_slice(buf);
+            return std::task::Poll::Ready(Ok(buf.len()));
+        }
+        std::pin::Pin::new(&mut me.tcp).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let me = self.get_mut();
+        if me.release {
+            while !me.held.is_empty() {
+                let n = std::task::ready!(std::pin::Pin::new(&mut me.tcp).poll_write(cx, &me.held))?;
+                me.held.drain(..n);
+            }
+            return std::pin::Pin::new(&mut me.tcp).poll_flush(cx);
+        }
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().tcp).poll_shutdown(cx)
+    }
+}
+
+/// Our server against an `h2` client whose TLS layer sends KeyUpdate(update_requested) in the
+/// same write as its Finished, and again every 1 000 records: every byte echoes both ways.
+#[tokio::test]
+async fn h2_client_sending_key_updates_behind_its_finished_and_every_1000_records() {
+    let ca = FakeCa::generate();
+    let server = our_server(&ca, settings()).await;
+    let client = ca
+        .issue(&Identity::new("cluster.local", "default", "client"), Duration::from_secs(3600))
+        .expect("issue");
+    let tcp = tokio::net::TcpStream::connect(server.addr).await.expect("connect");
+    tcp.set_nodelay(true).expect("nodelay");
+    let corked = Corked { tcp, read_once: false, held: Vec::new(), release: false };
+    let connector =
+        tokio_rustls::TlsConnector::from(client.client_config(std::slice::from_ref(&server.identity)));
+    let name = rustls_pki_types::ServerName::IpAddress(server.addr.ip().into());
+    let mut tls = connector.connect(name, corked).await.expect("tls");
+    assert!(!tls.get_ref().0.held.is_empty(), "the last flight is held back");
+    // KeyUpdate behind the Finished, both in one write.
+    tls.get_mut().1.refresh_traffic_keys().expect("key update");
+    tls.get_mut().0.release = true;
+    tokio::io::AsyncWriteExt::flush(&mut tls).await.expect("flush");
+    let updates = Arc::new(AtomicUsize::new(0));
+    let tls = KeyUpdating::new(tokio_rustls::TlsStream::Client(tls), Some((1_000, updates.clone())));
+    let (send, conn) = h2::client::handshake(tls).await.expect("h2 handshake");
+    tokio::spawn(conn);
+    let (mut body, mut recv) = h2_connect(&send, &[]).await.expect("CONNECT");
+    h2_echo(&mut body, &mut recv, &pattern(40 << 20, 9)).await;
+    assert!(updates.load(Ordering::Acquire) >= 3, "KeyUpdates asked: {}", updates.load(Ordering::Acquire));
+}
+
+/// Our client against an `h2` server whose TLS layer asks for a KeyUpdate with its first record
+/// after the handshake (rustls's server cannot send one before the client's Finished) and every
+/// 1 000 records: every byte echoes both ways.
+#[tokio::test]
+async fn h2_server_sending_key_updates_after_its_handshake_and_every_1000_records() {
+    let ca = Arc::new(FakeCa::generate());
+    let updates = Arc::new(AtomicUsize::new(0));
+    let server =
+        h2_server_with(&ca, h2::server::Builder::new(), Behaviour::Echo, Some((1_000, updates.clone())))
+            .await;
+    let (pool, key) = pool_to(ca.clone(), server.addr, &server.identity, settings());
+    let t = pool.connect(&key, authority(), &from_ambit()).await.expect("tunnel");
+    our_echo(&t, &pattern(40 << 20, 10)).await;
+    assert!(updates.load(Ordering::Acquire) >= 3, "KeyUpdates asked: {}", updates.load(Ordering::Acquire));
 }

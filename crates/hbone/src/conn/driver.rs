@@ -93,8 +93,18 @@ impl Driver {
             return Poll::Ready(Err(e.clone()));
         }
         if self.eof {
-            // The peer closed its side: nothing more will come.
-            return Poll::Ready(if self.close_notify || st.streams.is_empty() {
+            // The peer closed its side: nothing more will come. Its close_notify is answered
+            // with ours (RFC 8446 §6.1), after what was still queued.
+            if self.close_notify {
+                drop(st);
+                let mut st = self.shared.lock();
+                let st = &mut *st;
+                if st.seal_control().is_ok() && st.sealer.close_notify(&mut st.out.buf).is_ok() {
+                    let _ = self.shared.tcp.try_write(st.out.pending());
+                }
+                return Poll::Ready(Ok(()));
+            }
+            return Poll::Ready(if st.streams.is_empty() {
                 Ok(())
             } else {
                 Err(ConnError::new(ConnErrorKind::Io, "connection closed by the peer"))
@@ -205,6 +215,8 @@ impl Driver {
                 let mut st = shared.lock();
                 let r = self.received(&mut st, buf, n);
                 shared.flush(&mut st);
+                drop(st);
+                self.tune_lowat(n);
                 r.map(|()| Some(Read::Data))
             });
             match r {
@@ -237,15 +249,15 @@ impl Driver {
         let into_stash = n.min(self.stash.len() - self.stashed);
         self.stashed += into_stash;
         let mut rest = &mut buf[..n - into_stash];
-        if !self.stash.is_empty() && self.stashed == self.stash.len() {
-            // The stash holds its record's header, at least: size it to the whole record.
-            let len = match tls::record_len(&self.stash) {
-                Ok(Some(len)) => len,
-                // A complete stash holds a header at least.
-                Ok(None) => return Ok(()),
-                Err(e) => return Err(self.tls_failure(st, e)),
-            };
-            if len > self.stash.len() {
+        if !self.stash.is_empty() {
+            if self.stashed == self.stash.len() && self.stash.len() == tls::HEADER_LEN {
+                // The header is in: size the stash to the whole record.
+                let len = match tls::record_len(&self.stash) {
+                    Ok(Some(len)) => len,
+                    // A complete stash holds a header at least.
+                    Ok(None) => return Ok(()),
+                    Err(e) => return Err(self.tls_failure(st, e)),
+                };
                 self.stash.resize(len, 0);
                 let take = (len - self.stashed).min(rest.len());
                 self.stash[self.stashed..self.stashed + take].copy_from_slice(&rest[..take]);
@@ -253,6 +265,7 @@ impl Driver {
                 rest = &mut rest[take..];
             }
             if self.stashed < self.stash.len() {
+                // Still waiting for the rest of the record (the read ended inside it).
                 return Ok(());
             }
             let mut rec = std::mem::take(&mut self.stash);
@@ -265,6 +278,17 @@ impl Driver {
         let used = self.records(st, rest)?;
         self.keep_partial(&rest[used..]);
         Ok(())
+    }
+
+    /// A peer trickling a record in small pieces would wake us for every piece: after a small
+    /// read that ended inside a record, the socket reads as ready only once the rest of the
+    /// record is in (SO_RCVLOWAT), and back at one byte once it was read.
+    fn tune_lowat(&mut self, read: usize) {
+        let missing = self.stash.len() - self.stashed;
+        let want = if missing > 1 && read < TRICKLE_READ { missing } else { 1 };
+        if want != self.lowat && crate::lowat::set(&self.shared.tcp, want).is_ok() {
+            self.lowat = want;
+        }
     }
 
     /// Keeps `bytes`, the start of a record, until the rest arrives.

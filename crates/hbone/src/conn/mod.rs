@@ -83,6 +83,9 @@ const SLOT: usize = tls::OVERHEAD + frame::HEADER_LEN + SLOT_PAYLOAD;
 const SLOTS: usize = 8;
 /// The receive buffer: one read takes up to this much ciphertext.
 const RECV_BUF: usize = 256 * 1024;
+/// A read shorter than this that ends inside a record is a record trickling in: the socket
+/// then waits for the rest of it before it reads as ready.
+const TRICKLE_READ: usize = 4096;
 /// Reads per driver poll before it yields to other tasks.
 const READS_PER_POLL: usize = 16;
 /// The largest stream id.
@@ -445,6 +448,8 @@ pub struct Driver {
     stash: Vec<u8>,
     /// Bytes of `stash` filled.
     stashed: usize,
+    /// The socket's SO_RCVLOWAT (see [`Driver::tune_lowat`]).
+    lowat: usize,
     keepalive: Option<KeepaliveState>,
     eof: bool,
     close_notify: bool,

@@ -1,7 +1,8 @@
 //! What a security review found a mesh member could do with hand-sealed TLS records and
-//! hand-built HTTP/2 frames, each replayed against the server side: every test checks the
-//! defence by its evidence (the alert or GOAWAY and its code, the resets counted, the answers
-//! owed), never by a timeout alone.
+//! hand-built HTTP/2 frames, and what the peer TLS suite (tlsfuzzer's probes, TESTING.md) found
+//! after it, each replayed against the server side: every test checks the defence by its
+//! evidence (the alert or GOAWAY and its code, the resets counted, the answers owed), never by
+//! a timeout alone.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -97,8 +98,12 @@ fn client_cert(ca: &FakeCa) -> WorkloadCertificate {
     ca.issue(&Identity::new("cluster.local", "default", "client"), Duration::from_secs(3600)).expect("issue")
 }
 
+/// A connection past its handshake: the server's SETTINGS arrived, so what follows is read by
+/// the record layer.
 async fn peer(ca: &FakeCa, s: &Server) -> RawPeer {
-    RawPeer::connect(&client_cert(ca), s.addr, &s.identity).await.expect("tls")
+    let mut p = RawPeer::connect(&client_cert(ca), s.addr, &s.identity).await.expect("tls");
+    assert!(p.settled(T).await, "no SETTINGS from the server: {:?}", p.seen);
+    p
 }
 
 async fn server_end(s: Server) -> Result<(), ConnError> {
@@ -415,7 +420,8 @@ async fn chatter_is_counted_and_cut() {
     }
 }
 
-/// Point 8: a record trickled a byte at a time, header included, is put together and read.
+/// Point 8: a record trickled a byte at a time, header included, is put together and read: each
+/// piece in its own read (a pause after each), and then a flood of single-byte writes.
 #[tokio::test]
 async fn records_trickled_byte_by_byte_are_read() {
     let ca = FakeCa::generate();
@@ -423,15 +429,69 @@ async fn records_trickled_byte_by_byte_are_read() {
     let mut p = peer(&ca, &s).await;
     let mut plain = wire::client_preface();
     wire::ping(&mut plain, *b"trickle1", false);
-    let mut v = p.data(&plain);
+    let first = p.data(&plain);
     // A full-size record of PINGs.
     let mut pings = Vec::new();
     while pings.len() + 17 <= wire::MAX_CONTENT {
         wire::ping(&mut pings, *b"trickle2", false);
     }
-    v.extend(p.data(&pings));
-    for b in v {
-        p.send(&[b]).await.expect("send a byte");
+    let second = p.data(&pings);
+    // The first record and the second's header a byte per read, the second's body in pieces of
+    // 1 000 bytes, one per read.
+    let paused: Vec<&[u8]> = first
+        .chunks(1)
+        .chain(second[..wire::HEADER_LEN].chunks(1))
+        .chain(second[wire::HEADER_LEN..].chunks(1000))
+        .collect();
+    for piece in paused {
+        p.send(piece).await.expect("send a piece");
+        tokio::time::sleep(Duration::from_millis(2)).await;
     }
     assert!(p.read_until(T, |seen| seen.pong(b"trickle1") && seen.pong(b"trickle2")).await, "{:?}", p.seen);
+    // Another full record, a byte per write as fast as they go.
+    let mut ping = Vec::new();
+    wire::ping(&mut ping, *b"trickle3", false);
+    let mut third = p.data(&pings);
+    third.extend(p.data(&ping));
+    for b in third {
+        p.send(&[b]).await.expect("send a byte");
+    }
+    assert!(p.read_until(T, |seen| seen.pong(b"trickle3")).await, "{:?}", p.seen);
+}
+
+/// Found by the peer suite: TLSInnerPlaintext over 2^14 + 1 bytes (padding included) is a
+/// record_overflow (RFC 8446 §5.4), as rustls has it.
+#[tokio::test]
+async fn a_record_padded_over_the_limit_overflows() {
+    let ca = FakeCa::generate();
+    let s = server(&ca, Behaviour::Hold).await;
+    let mut p = peer(&ca, &s).await;
+    let mut v = p.data(&wire::client_preface());
+    let mut ping = Vec::new();
+    wire::ping(&mut ping, *b"overflow", false);
+    let content = [ping.clone(), vec![0; wire::MAX_CONTENT - 8 - ping.len()]].concat();
+    // 16 376 bytes of content, the type and 9 bytes of padding: 2^14 + 2 bytes.
+    let mut filler = content.clone();
+    filler.truncate(wire::MAX_CONTENT - 8);
+    v.extend(p.padded(content::APPLICATION_DATA, &ping, wire::MAX_CONTENT + 2 - ping.len() - 1));
+    p.send(&v).await.expect("send");
+    p.read_until(T, |seen| seen.closed).await;
+    assert!(!p.seen.pong(b"overflow"), "the overflowing record was read");
+    assert_eq!(p.seen.alert, Some(wire::Alert::RECORD_OVERFLOW), "{:?}", p.seen);
+    assert_eq!(server_end(s).await, tls_violation("record plaintext over 2^14 + 1 bytes", "record_overflow"));
+}
+
+/// Found by the peer suite: the peer's close_notify is answered with ours before the connection
+/// closes (RFC 8446 §6.1).
+#[tokio::test]
+async fn close_notify_is_answered() {
+    let ca = FakeCa::generate();
+    let s = server(&ca, Behaviour::Hold).await;
+    let mut p = peer(&ca, &s).await;
+    let mut v = p.data(&wire::client_preface());
+    v.extend(p.record(content::ALERT, &[1, 0]));
+    p.send(&v).await.expect("send");
+    p.read_until(T, |seen| seen.closed).await;
+    assert!(p.seen.close_notify, "closed without close_notify: {:?}", p.seen);
+    assert_eq!(server_end(s).await, Ok(()));
 }

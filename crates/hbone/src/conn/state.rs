@@ -294,6 +294,7 @@ pub(super) fn new_connection(
         leftover,
         stash: Vec::new(),
         stashed: 0,
+        lowat: 1,
         keepalive: cfg.keepalive.map(|k| KeepaliveState {
             cfg: k,
             timer: Box::pin(tokio::time::sleep(k.interval)),

@@ -18,7 +18,8 @@ use rustls_pki_types::{CertificateDer, ServerName};
 use tokio::net::TcpStream;
 
 use super::{
-    Aead, Established, HEADER_LEN, KEY_UPDATE_AFTER, Kernel, MAX_RECORD, Opener, Sealer, Session, TlsError,
+    Aead, Alert, Established, HEADER_LEN, KEY_UPDATE_AFTER, Kernel, MAX_CONTENT, MAX_RECORD, Opener, Sealer,
+    Session, TYPE_APPLICATION_DATA, TlsError,
 };
 
 /// Handshake buffers: a whole handshake message (certificate chains) may need to sit in the
@@ -96,17 +97,37 @@ enum Step {
     Done,
 }
 
-/// The end of the record that starts at `at` in `buf`, if it is all there; `buf.len()` if its
-/// header announces more than any record may hold (rustls refuses it on sight).
-fn record_end(buf: &[u8], at: usize) -> Option<usize> {
-    let h = buf.get(at..at + HEADER_LEN)?;
+/// What the peer's next record during the handshake is.
+enum NextRecord {
+    /// Not all here yet.
+    Partial,
+    /// Whole, ending here.
+    Whole(usize),
+    /// A plaintext record over 2^14 bytes (RFC 8446 §5.1: record_overflow).
+    Overflow,
+    /// A header rustls refuses on sight (its record limit): everything there is goes to it.
+    Refused,
+}
+
+/// The record that starts at `at` in `buf`.
+fn next_record(buf: &[u8], at: usize) -> NextRecord {
+    let Some(h) = buf.get(at..at + HEADER_LEN) else { return NextRecord::Partial };
     let len = usize::from(u16::from_be_bytes([h[3], h[4]]));
-    if len > MAX_RECORD - HEADER_LEN {
-        return Some(buf.len());
+    if len >= RUSTLS_MAX_PAYLOAD {
+        return NextRecord::Refused;
+    }
+    if h[0] != TYPE_APPLICATION_DATA && len > MAX_CONTENT {
+        // rustls would take it (up to its own limit); RFC 8446 does not.
+        return NextRecord::Overflow;
     }
     let end = at + HEADER_LEN + len;
-    (end <= buf.len()).then_some(end)
+    if end <= buf.len() { NextRecord::Whole(end) } else { NextRecord::Partial }
 }
+
+/// The largest record payload rustls reads before it refuses the header (2^14 + 2048).
+const RUSTLS_MAX_PAYLOAD: usize = 16 * 1024 + 2048;
+/// A record_overflow alert in the clear, for a ClientHello too large to answer.
+const PLAIN_RECORD_OVERFLOW: [u8; 7] = [21, 3, 3, 0, 2, 2, 22];
 
 /// Drives the handshake until rustls may send application data; returns the bytes read past
 /// the records rustls was given.
@@ -116,6 +137,7 @@ async fn drive<S: Side>(tcp: &TcpStream, conn: &mut S) -> Result<Vec<u8>, TlsErr
     // rustls sees `incoming[..fed]`: whole records, one more each time it needs more.
     let mut fed = 0usize;
     let mut outgoing: Vec<u8> = Vec::new();
+    let mut wrote = false;
     loop {
         let UnbufferedStatus { discard, state } = conn.process(&mut incoming[..fed]);
         let step = match state {
@@ -147,11 +169,29 @@ async fn drive<S: Side>(tcp: &TcpStream, conn: &mut S) -> Result<Vec<u8>, TlsErr
             Step::Write => {
                 write_all(tcp, &outgoing).await?;
                 outgoing.clear();
+                wrote = true;
             }
             Step::Read => loop {
-                if let Some(end) = record_end(&incoming[..used], fed) {
-                    fed = end;
-                    break;
+                match next_record(&incoming[..used], fed) {
+                    NextRecord::Whole(end) => {
+                        fed = end;
+                        break;
+                    }
+                    NextRecord::Refused => {
+                        fed = used;
+                        break;
+                    }
+                    NextRecord::Overflow => {
+                        if !wrote {
+                            // Nothing of ours went out yet: the alert goes in the clear.
+                            let _ = write_all(tcp, &PLAIN_RECORD_OVERFLOW).await;
+                        }
+                        return Err(TlsError::Peer {
+                            alert: Alert::RECORD_OVERFLOW,
+                            what: "handshake record over 2^14 bytes",
+                        });
+                    }
+                    NextRecord::Partial => {}
                 }
                 if used == incoming.len() {
                     if incoming.len() >= MAX_HANDSHAKE_BUFFER {
