@@ -108,14 +108,30 @@ def cases(peer):
                     after_hello(RUSTLS_CCS + 1, "with hello")(refuses),
                     "CH and multiple CCS Messages in one TCP packet", silent))
 
-    def in_one_record():
-        conversation = hp.Connect(peer.host, peer.port, timeout=hp.RECV_TIMEOUT)
-        node = send(peer.hello(conversation),
-                    RawMessageGenerator(ContentType.change_cipher_spec, b"\x01" * RUSTLS_CCS))
-        refuses(conversation, node)
-        return conversation
-    out.append(Case("multiple CCS Messages in one TLS record", in_one_record,
+    # The original sends the record right after the ClientHello, so whether the server reads
+    # both at once depends on timing: here it comes once the server's flight is in (as in
+    # ccs.py's "two byte long CCS"), and in the ClientHello's TCP write.
+    def in_one_record(with_hello):
+        def build():
+            conversation = hp.Connect(peer.host, peer.port, timeout=hp.RECV_TIMEOUT)
+            node = conversation
+            if with_hello:
+                node = send(node, TCPBufferingEnable())
+            node = peer.hello(node)
+            if not with_hello:
+                node = peer.server_flight(node)
+            node = send(node, RawMessageGenerator(ContentType.change_cipher_spec,
+                                                  b"\x01" * RUSTLS_CCS))
+            if with_hello:
+                node = send(node, TCPBufferingDisable(), TCPBufferingFlush())
+                node = peer.server_flight(node)
+            rejected(node, AlertDescription.unexpected_message)
+            return conversation
+        return build
+    out.append(Case("multiple CCS Messages in one TLS record", in_one_record(False),
                     "multiple CCS Messages in one TLS record"))
+    out.append(Case("multiple CCS Messages in one TLS record, in the TCP write of the "
+                    "ClientHello", in_one_record(True)))
     return out
 
 
