@@ -343,11 +343,13 @@ impl Tools {
     fn find() -> Result<Tools, String> {
         let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         let scripts = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tls_peer");
-        let candidates: Vec<PathBuf> = std::env::var_os("TLSFUZZER_DIR")
-            .map(PathBuf::from)
-            .into_iter()
-            .chain([repo.join("../shared/tools/tlsfuzzer"), PathBuf::from("/work/shared/tools/tlsfuzzer")])
-            .collect();
+        // TLSFUZZER_DIR, when set, is the only place looked at.
+        let candidates: Vec<PathBuf> = match std::env::var_os("TLSFUZZER_DIR") {
+            Some(dir) => vec![PathBuf::from(dir)],
+            None => {
+                vec![repo.join("../shared/tools/tlsfuzzer"), PathBuf::from("/work/shared/tools/tlsfuzzer")]
+            }
+        };
         let tlsfuzzer = candidates
             .iter()
             .find(|d| d.join("tlsfuzzer/runner.py").is_file())

@@ -39,19 +39,22 @@ import traceback
 
 
 def _tlsfuzzer_dir():
-    here = os.path.dirname(os.path.abspath(__file__))
-    candidates = [os.environ.get("TLSFUZZER_DIR")]
-    # <repo>/crates/ambit/tests/tls_peer -> <repo>/../shared/tools/tlsfuzzer
-    repo = os.path.normpath(os.path.join(here, "..", "..", "..", ".."))
-    candidates.append(os.path.join(os.path.dirname(repo), "shared", "tools", "tlsfuzzer"))
-    candidates.append("/work/shared/tools/tlsfuzzer")
+    """TLSFUZZER_DIR when set (and then only it), else <repo>/../shared/tools/tlsfuzzer, else
+    /work/shared/tools/tlsfuzzer."""
+    if os.environ.get("TLSFUZZER_DIR"):
+        candidates = [os.environ["TLSFUZZER_DIR"]]
+    else:
+        here = os.path.dirname(os.path.abspath(__file__))
+        # <repo>/crates/ambit/tests/tls_peer -> <repo>/../shared/tools/tlsfuzzer
+        repo = os.path.normpath(os.path.join(here, "..", "..", "..", ".."))
+        candidates = [os.path.join(os.path.dirname(repo), "shared", "tools", "tlsfuzzer"),
+                      "/work/shared/tools/tlsfuzzer"]
     for c in candidates:
-        if c and os.path.isfile(os.path.join(c, "tlsfuzzer", "runner.py")):
+        if os.path.isfile(os.path.join(c, "tlsfuzzer", "runner.py")):
             return c
     sys.stderr.write(
-        "error: tlsfuzzer not found (tried TLSFUZZER_DIR={0!r}, {1}); set TLSFUZZER_DIR to a "
-        "checkout of https://github.com/tlsfuzzer/tlsfuzzer\n".format(
-            os.environ.get("TLSFUZZER_DIR"), ", ".join(c for c in candidates[1:])))
+        "error: tlsfuzzer not found (tried {0}); set TLSFUZZER_DIR to a checkout of "
+        "https://github.com/tlsfuzzer/tlsfuzzer\n".format(", ".join(candidates)))
     sys.exit(2)
 
 
