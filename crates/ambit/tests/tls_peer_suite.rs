@@ -43,44 +43,11 @@ struct Known {
     why: &'static str,
 }
 
-/// The proxy's defects the probes show (issue 24, "A peer's test suite"; D1..D10 as in the
-/// suite's report). Remove an entry once its fix makes the case pass: the test fails while a
-/// listed case passes.
+/// The proxy's defects the probes show (issue 24, "A peer's test suite"; the D-numbers are the
+/// suite's report's: D1, D2, D4 to D8 and D11, found at 4496844, were fixed by c034eb8).
+/// Remove an entry once its fix makes the case pass: the test fails while a listed case passes.
 const KNOWN_DEFECTS: &[Known] = &[
-    // D1: the record layer refuses a record without sending an alert (tls.rs has no alert to
-    // send but close_notify; conn.rs's Driver only shuts the socket down on a TlsError), where
-    // RFC 8446 names one and rustls sends it.
-    Known { probe: "keyupdate", case: "empty KeyUpdate message", why: D1 },
-    Known { probe: "keyupdate", case: "large KeyUpdate message", why: D1 },
-    Known { probe: "keyupdate", case: "two KeyUpdates in one record with future keys", why: D1 },
-    Known { probe: "keyupdate", case: "two KeyUpdates, first fragmented, *", why: D1 },
-    Known { probe: "keyupdate", case: "two KeyUpdates in one record", why: D1 },
-    Known { probe: "keyupdate", case: "invalid message_type - *, in KeyUpdate msg", why: D1 },
-    Known {
-        probe: "record_layer_limits",
-        case: "too big payload in app_data, data size: 2**14 + 1, *",
-        why: D1,
-    },
-    Known { probe: "ccs", case: "CCS message after Finished message", why: D1 },
-    Known { probe: "empty_alert", case: "empty alert with * using application keys", why: D1 },
-    Known { probe: "empty_alert", case: "one-byte alert using application keys", why: D1 },
-    Known { probe: "empty_alert", case: "two alerts in one record using application keys", why: D1 },
-    Known {
-        probe: "record_layer_limits",
-        case: "too big ciphertext with size 2**14 + 256 and fuzzed tag *",
-        why: D2,
-    },
     Known { probe: "record_layer_limits", case: "too big plaintext, size: 2**14 - 8, *", why: D3 },
-    Known { probe: "keyupdate", case: "?/? fragmented keyupdate msg, appdata between", why: D4 },
-    Known { probe: "keyupdate", case: "33 KeyUpdate messages without application data", why: D5 },
-    Known { probe: "zero_length_data", case: "33 consecutive zero-length records", why: D6 },
-    Known { probe: "empty_alert", case: "5 user_canceled warnings", why: D7 },
-    Known { probe: "empty_alert", case: "fatal user_canceled alert", why: D7 },
-    Known {
-        probe: "keyupdate",
-        case: "KeyUpdate with update_request in the TCP write of the client Finished",
-        why: D8,
-    },
     Known { probe: "unencrypted_alert", case: "close_notify answered with close_notify", why: D9 },
     Known {
         probe: "record_layer_limits",
@@ -88,26 +55,16 @@ const KNOWN_DEFECTS: &[Known] = &[
         why: D10,
     },
     Known {
-        probe: "multiple_ccs",
-        case: "multiple CCS Messages in one TLS record, in the TCP write of the ClientHello",
-        why: D11,
+        probe: "record_layer_limits",
+        case: "too big Finished msg, with * bytes of record layer padding, *",
+        why: D12,
     },
 ];
 
-const D1: &str = "D1: refused without an alert; RFC 8446 and rustls send one";
-const D2: &str =
-    "D2: a ciphertext over 2^14 + 256 bytes is refused without record_overflow (rustls: bad_record_mac)";
 const D3: &str = "D3: a TLSInnerPlaintext over 2^14 + 1 bytes (padding) is taken; rustls: record_overflow";
-const D4: &str = "D4: records between the fragments of a handshake message are taken; rustls refuses them";
-const D5: &str = "D5: no limit on KeyUpdates without application data; rustls refuses the 33rd";
-const D6: &str = "D6: no limit on consecutive empty records; rustls refuses the 33rd";
-const D7: &str =
-    "D7: user_canceled taken at any level and without limit; rustls ends on a fatal one and on the 5th";
-const D8: &str = "D8: the KeyUpdate owed for an update_requested read with the client Finished is never sent";
 const D9: &str = "D9: no close_notify before closing after the peer's close_notify (RFC 8446 §6.1)";
 const D10: &str = "D10: a plaintext record over 2^14 bytes in the handshake is taken (inherited from rustls)";
-const D11: &str =
-    "D11: a handshake refused after rustls encoded its flight sends the alert without the flight";
+const D12: &str = "D12: a handshake record over 2^14 + 256 bytes stalls until the handshake deadline";
 
 /// Where rustls 0.23 itself does not do what the case expects, so the reference run expects
 /// these cases to fail.
