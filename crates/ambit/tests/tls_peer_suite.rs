@@ -43,28 +43,11 @@ struct Known {
     why: &'static str,
 }
 
-/// The proxy's defects the probes show (issue 24, "A peer's test suite"; the D-numbers are the
-/// suite's report's: D1, D2, D4 to D8 and D11, found at 4496844, were fixed by c034eb8).
-/// Remove an entry once its fix makes the case pass: the test fails while a listed case passes.
-const KNOWN_DEFECTS: &[Known] = &[
-    Known { probe: "record_layer_limits", case: "too big plaintext, size: 2**14 - 8, *", why: D3 },
-    Known { probe: "unencrypted_alert", case: "close_notify answered with close_notify", why: D9 },
-    Known {
-        probe: "record_layer_limits",
-        case: "too big ClientHello msg (a 2**14 + 1 byte record)",
-        why: D10,
-    },
-    Known {
-        probe: "record_layer_limits",
-        case: "too big Finished msg, with * bytes of record layer padding, *",
-        why: D12,
-    },
-];
-
-const D3: &str = "D3: a TLSInnerPlaintext over 2^14 + 1 bytes (padding) is taken; rustls: record_overflow";
-const D9: &str = "D9: no close_notify before closing after the peer's close_notify (RFC 8446 §6.1)";
-const D10: &str = "D10: a plaintext record over 2^14 bytes in the handshake is taken (inherited from rustls)";
-const D12: &str = "D12: a handshake record over 2^14 + 256 bytes stalls until the handshake deadline";
+/// The proxy's defects the probes show, as (probe, case, why). None today: the suite's report
+/// found D1 to D12 (issue 24, "A peer's test suite"), and the record layer's fixes closed them
+/// all. A defect found later goes here until its fix makes the case pass: the test fails while a
+/// listed case passes.
+const KNOWN_DEFECTS: &[Known] = &[];
 
 /// Where rustls 0.23 itself does not do what the case expects, so the reference run expects
 /// these cases to fail.

@@ -69,6 +69,7 @@ pub mod testing;
 pub mod fuzzing {
     pub use crate::conn::fuzzing::plaintext;
     pub use crate::hpack::Encoder;
+    pub use crate::tls::fuzzing::records;
 
     /// The frame writers, for the seed corpora.
     pub mod frame {

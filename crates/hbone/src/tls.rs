@@ -308,18 +308,16 @@ impl Sealer {
         self.seq
     }
 
-    /// A sealer with a fixed key and no key schedule, for the fuzz targets.
+    /// A sealer with a fixed key that a key update keeps, for the fuzz targets.
     #[cfg(feature = "fuzzing")]
     pub fn for_fuzzing() -> Sealer {
-        let secrets = ConnectionTrafficSecrets::Aes256Gcm {
-            key: rustls::crypto::cipher::AeadKey::from([7u8; 32]),
-            iv: rustls::crypto::cipher::Iv::new([1u8; NONCE_LEN]),
-        };
-        let aead = match Aead::new(&secrets) {
-            Ok(a) => a,
-            Err(e) => panic!("a fixed AES-256 key: {e}"),
-        };
-        Sealer { aead, seq: 0, update_after: KEY_UPDATE_AFTER, update_owed: false, kernel: Kernel::None }
+        Sealer {
+            aead: fuzzing::aead(),
+            seq: 0,
+            update_after: KEY_UPDATE_AFTER,
+            update_owed: false,
+            kernel: Kernel::None,
+        }
     }
 
     /// Replaces the key after `records` records instead of [`KEY_UPDATE_AFTER`] (tests, so a
@@ -337,7 +335,7 @@ impl Sealer {
 
     /// Seals one record whose TLSInnerPlaintext is `content`, `typ` and `padding` zero bytes,
     /// with no bound checked: for tests that play a peer breaking the protocol.
-    #[cfg(any(test, feature = "testing"))]
+    #[cfg(any(test, feature = "testing", feature = "fuzzing"))]
     pub fn seal_padded(&mut self, out: &mut Vec<u8>, typ: u8, content: &[u8], padding: usize) {
         let body = content.len() + 1 + padding + TAG_LEN;
         let [hi, lo] = u16::try_from(body).unwrap_or(u16::MAX).to_be_bytes();
@@ -487,7 +485,7 @@ impl Kernel {
             (Kernel::Server(k), true) => k.update_tx_secret()?,
             (Kernel::Server(k), false) => k.update_rx_secret()?,
             #[cfg(feature = "fuzzing")]
-            (Kernel::None, _) => return Err(TlsError::Unsupported("key update without a key schedule")),
+            (Kernel::None, _) => (0, fuzzing::secrets()),
         })
     }
 
@@ -631,6 +629,64 @@ pub struct Established {
     pub leftover: Vec<u8>,
     /// The peer's certificate chain (leaf first).
     pub peer_certificates: Vec<CertificateDer<'static>>,
+}
+
+/// Entry points for the fuzz targets in `fuzz/` (feature `fuzzing`, never on in a normal build).
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing {
+    use super::*;
+
+    /// The fixed traffic secret of the fuzz targets' connections (both directions, every key).
+    pub(super) fn secrets() -> ConnectionTrafficSecrets {
+        ConnectionTrafficSecrets::Aes256Gcm {
+            key: rustls::crypto::cipher::AeadKey::from([7u8; 32]),
+            iv: rustls::crypto::cipher::Iv::new([1u8; NONCE_LEN]),
+        }
+    }
+
+    pub(super) fn aead() -> Aead {
+        match Aead::new(&secrets()) {
+            Ok(a) => a,
+            Err(e) => panic!("a fixed AES-256 key: {e}"),
+        }
+    }
+
+    /// Seals each record `data` describes (a content type, a padding length, a 16-bit content
+    /// length, the content) and opens it with a server's receiving half, as a connection's
+    /// driver does: content types, alerts, padding and size limits, the limits on empty
+    /// records, warnings and KeyUpdates, and post-handshake messages split over records
+    /// anywhere. Stops at the first error, as a connection does.
+    pub fn records(data: &[u8]) {
+        let mut sealer = Sealer::for_fuzzing();
+        let mut peer = Sealer::for_fuzzing();
+        let mut session = Session::new(Opener { aead: aead(), seq: 0 });
+        let mut rest = data;
+        while let &[typ, pad, hi, lo, ref tail @ ..] = rest {
+            let len = usize::from(u16::from_be_bytes([hi, lo])).min(tail.len());
+            let (content, next) = tail.split_at(len);
+            rest = next;
+            let mut rec = Vec::new();
+            peer.seal_padded(&mut rec, typ, content, usize::from(pad));
+            let Ok(Some(n)) = record_len(&rec) else { return };
+            let Some(rec) = rec.get_mut(..n) else { return };
+            match session.open(rec) {
+                Ok(Content::Handshake(r)) => {
+                    let bytes = rec[r].to_vec();
+                    if session.handshake(&bytes, &mut sealer).is_err() {
+                        return;
+                    }
+                    if sealer.wants_key_update() {
+                        let mut out = Vec::new();
+                        if sealer.key_update(&mut out).is_err() {
+                            return;
+                        }
+                    }
+                }
+                Ok(_) => {}
+                Err(_) => return,
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -75,6 +75,24 @@ fn all() -> Vec<(&'static str, Vec<Vec<u8>>)> {
         ("objects_yaml", texts(&OBJECT_FILES)),
         ("ca_csr", csrs()),
         ("hbone_plaintext", hbone_plaintexts()),
+        ("hbone_records", hbone_records()),
+    ]
+}
+
+/// Records as `ambit_hbone::fuzzing::records` reads them (type, padding, 16-bit length,
+/// content): data, a KeyUpdate split over two records, alerts, empty and padded records.
+fn hbone_records() -> Vec<Vec<u8>> {
+    let rec = |typ: u8, pad: u8, content: &[u8]| {
+        let mut v = vec![typ, pad];
+        v.extend_from_slice(&(content.len() as u16).to_be_bytes());
+        v.extend_from_slice(content);
+        v
+    };
+    vec![
+        [rec(23, 0, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), rec(23, 3, b"data")].concat(),
+        [rec(22, 0, &[24, 0]), rec(22, 0, &[0, 1, 1]), rec(23, 0, b"after")].concat(),
+        [rec(23, 0, b""), rec(21, 0, &[1, 90]), rec(21, 0, &[1, 0])].concat(),
+        [rec(22, 0, &[24, 0, 0, 1, 0]), rec(23, 200, b"padded")].concat(),
     ]
 }
 
