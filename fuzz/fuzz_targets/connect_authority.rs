@@ -4,7 +4,7 @@
 
 use std::net::IpAddr;
 
-use ambit_proxy::state::Authority;
+use ambit_proxy::fuzzing::Authority;
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else { return };

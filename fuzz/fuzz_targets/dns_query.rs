@@ -2,11 +2,11 @@
 //! DNS message.
 #![no_main]
 
-use ambit_proxy::dns::Protocol;
+use ambit_proxy::fuzzing::DnsProtocol;
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let Some((&pick, query)) = data.split_first() else { return };
-    let protocol = if pick & 1 == 0 { Protocol::Udp } else { Protocol::Tcp };
+    let protocol = if pick & 1 == 0 { DnsProtocol::Udp } else { DnsProtocol::Tcp };
     let reply = ambit_fuzz::runtime().block_on(ambit_fuzz::dns_proxy().answer(query, protocol));
     if let Some(reply) = reply {
         assert!(hickory_proto::op::Message::from_vec(&reply).is_ok(), "reply is not a DNS message");

@@ -2,5 +2,5 @@
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    ambit_proxy::dns::fuzzing::upstream_reply(data);
+    ambit_proxy::fuzzing::dns_upstream_reply(data);
 });

@@ -5,5 +5,5 @@ use prost::Message;
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let Ok(pb) = ambit_api::security::Authorization::decode(data) else { return };
-    let _ = ambit_proxy::authz::Authorization::try_from(&pb);
+    let _ = ambit_proxy::fuzzing::Authorization::try_from(&pb);
 });

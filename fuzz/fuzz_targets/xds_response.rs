@@ -3,7 +3,7 @@
 //! then again to its result (replacements, re-staging, removals of what exists).
 #![no_main]
 
-use ambit_proxy::state::{Delta, State};
+use ambit_proxy::fuzzing::{Delta, State};
 use prost::Message;
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {

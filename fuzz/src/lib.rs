@@ -5,8 +5,8 @@
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 
-use ambit_proxy::dns::{DnsClient, DnsConfig, DnsProxy, UpstreamSockets};
-use ambit_proxy::state::{LocalConfig, State, StateStore};
+use ambit_proxy::fuzzing::{DnsClient, DnsConfig, DnsMetrics, DnsProxy, UpstreamSockets};
+use ambit_proxy::fuzzing::{LocalConfig, State, StateStore};
 
 /// The mesh every target that needs state uses: two pods, a service with both VIP families,
 /// a headless service and a waypoint-free namespace policy.
@@ -77,7 +77,7 @@ pub fn dns_proxy() -> &'static Arc<DnsProxy> {
             Arc::new(cfg),
             client,
             Arc::new(NoUpstream),
-            ambit_proxy::metrics::DnsMetrics::default(),
+            DnsMetrics::default(),
         )
     })
 }
@@ -99,6 +99,6 @@ impl UpstreamSockets for NoUpstream {
 }
 
 mod futures_boxed {
-    /// The boxed future type of [`ambit_proxy::dns::UpstreamSockets::tcp`].
+    /// The boxed future type of [`ambit_proxy::fuzzing::UpstreamSockets::tcp`].
     pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 }

@@ -25,11 +25,11 @@ fn extra(component: &str) -> Extra {
                 .collect(),
         },
         "proxy" => Extra {
-            env: ambit_proxy::config::ENV_OUTSIDE_FLAGS.to_vec(),
-            prefixes: ambit_proxy::config::ENV_PREFIXES,
-            without_effect: ambit_proxy::config::UNSUPPORTED_SETTINGS
+            env: ambit_proxy::ENV_OUTSIDE_FLAGS.to_vec(),
+            prefixes: ambit_proxy::ENV_PREFIXES,
+            without_effect: ambit_proxy::UNSUPPORTED_SETTINGS
                 .iter()
-                .chain(ambit_proxy::config::ACCEPTED_WITHOUT_EFFECT)
+                .chain(ambit_proxy::ACCEPTED_WITHOUT_EFFECT)
                 .copied()
                 .collect(),
         },

@@ -28,7 +28,7 @@ enum Command {
     /// Run the node proxy (ztunnel-compatible): HBONE mTLS tunnel, L4 authorization, metrics.
     ///
     /// Every setting is an environment variable with ztunnel's name; flags override them.
-    Proxy(Box<ambit_proxy::config::ProxyArgs>),
+    Proxy(Box<ambit_proxy::ProxyArgs>),
     /// Run the node agent: enrollment, in-pod traffic capture, the ZDS server for the node
     /// proxy and the CNI plugin's event server.
     Agent(Box<ambit_agent::app::AgentArgs>),
@@ -148,7 +148,7 @@ fn run(command: Command) -> ExitCode {
     match command {
         Command::Proxy(args) => {
             ambit_admin::logging::init(&args.rust_log, args.log_format == "json");
-            let cfg = match ambit_proxy::config::Config::from_args(&args) {
+            let cfg = match ambit_proxy::Config::from_args(&args) {
                 Ok(c) => {
                     c.warn_unsupported();
                     c
@@ -158,7 +158,7 @@ fn run(command: Command) -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            match ambit_proxy::app::run(cfg) {
+            match ambit_proxy::run(cfg) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     tracing::error!("{e}");

@@ -7,8 +7,7 @@ use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use ambit_identity::Identity;
-use ambit_proxy::authz::{self, Connection};
-use ambit_proxy::state::{LocalConfig, State};
+use ambit_proxy::testing::{Connection, LocalConfig, State, evaluate};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 
 /// A state with `n` HBONE workloads and `n / 10` services of 10 endpoints each.
@@ -71,7 +70,7 @@ fn authorization(c: &mut Criterion) {
         dst_port: 8080,
     };
     c.bench_function("authz/evaluate_100_deny_1_allow", |b| {
-        b.iter(|| black_box(authz::evaluate(policies.iter(), black_box(&conn))))
+        b.iter(|| black_box(evaluate(policies.iter(), black_box(&conn))))
     });
 }
 

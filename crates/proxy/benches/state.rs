@@ -8,7 +8,7 @@ mod common;
 
 use std::hint::black_box;
 
-use ambit_proxy::state::{Delta, State};
+use ambit_proxy::testing::{Delta, HealthStatus, State};
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 
 fn build(c: &mut Criterion) {
@@ -45,7 +45,7 @@ fn update(c: &mut Criterion) {
             || {
                 i = (i + 7919) % 100_000;
                 let mut w = common::workload(i);
-                w.status = ambit_proxy::state::HealthStatus::Unhealthy;
+                w.status = HealthStatus::Unhealthy;
                 Delta { workloads: vec![w], ..Delta::default() }
             },
             |delta| black_box(st.apply(delta)),

@@ -9,7 +9,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use ambit_proxy::state::{Delta, HealthStatus, State, StateStore};
+use ambit_proxy::testing::{Delta, HealthStatus, State, StateStore};
 
 fn rss_kib() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();

@@ -14,7 +14,7 @@ use crate::instance::Shared;
 use crate::readiness::Readiness;
 
 use ambit_admin::text;
-pub use ambit_admin::{ProfileError, ProfileRequest, bind_std, serve};
+pub use ambit_admin::{bind_std, serve};
 
 /// What the admin endpoints read.
 pub struct AdminCtx {

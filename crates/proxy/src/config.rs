@@ -327,96 +327,97 @@ pub struct NodeInfo {
     pub metadata: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
-/// The resolved configuration, shown by `/config_dump`.
+/// The resolved configuration: built once from [`ProxyArgs`] by [`Config::from_args`], handed to
+/// [`crate::run`], shown by `/config_dump`.
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Config {
     /// Proxy mode.
-    pub proxy_mode: ProxyMode,
+    pub(crate) proxy_mode: ProxyMode,
     /// Dedicated mode: the served workload.
-    pub proxy_workload_information: Option<WorkloadInfo>,
+    pub(crate) proxy_workload_information: Option<WorkloadInfo>,
     /// Local config file.
-    pub local_xds_path: Option<PathBuf>,
+    pub(crate) local_xds_path: Option<PathBuf>,
     /// xDS client settings; `None` when `XDS_ADDRESS` is empty.
-    pub xds: Option<XdsSettings>,
+    pub(crate) xds: Option<XdsSettings>,
     /// Shared mode: ZDS socket.
-    pub inpod_uds: PathBuf,
+    pub(crate) inpod_uds: PathBuf,
     /// DNS proxy on 15053 per pod (shared mode).
-    pub dns_proxy: bool,
+    pub(crate) dns_proxy: bool,
     /// DNS proxy: preferred namespace.
-    pub prefered_service_namespace: Option<String>,
+    pub(crate) prefered_service_namespace: Option<String>,
     /// CA source.
-    pub ca: CaSource,
+    pub(crate) ca: CaSource,
     /// Requested certificate lifetime.
-    pub secret_ttl: Duration,
+    pub(crate) secret_ttl: Duration,
     /// SO_MARK for proxy sockets.
-    pub packet_mark: Option<u32>,
+    pub(crate) packet_mark: Option<u32>,
     /// Node name.
-    pub local_node: Option<String>,
+    pub(crate) local_node: Option<String>,
     /// Cluster id.
-    pub cluster_id: String,
+    pub(crate) cluster_id: String,
     /// Cluster domain.
-    pub cluster_domain: String,
+    pub(crate) cluster_domain: String,
     /// Default trust domain.
-    pub trust_domain: String,
+    pub(crate) trust_domain: String,
     /// Network.
-    pub network: String,
+    pub(crate) network: String,
     /// Dual-stack.
-    pub ipv6_enabled: bool,
+    pub(crate) ipv6_enabled: bool,
     /// Worker threads.
-    pub num_worker_threads: usize,
+    pub(crate) num_worker_threads: usize,
     /// Pool stream cap.
-    pub pool_max_streams_per_conn: u32,
+    pub(crate) pool_max_streams_per_conn: u32,
     /// Pool idle release.
-    pub pool_unused_release_timeout: Duration,
+    pub(crate) pool_unused_release_timeout: Duration,
     /// HTTP/2 stream window.
-    pub window_size: u32,
+    pub(crate) window_size: u32,
     /// HTTP/2 connection window.
-    pub connection_window_size: u32,
+    pub(crate) connection_window_size: u32,
     /// HTTP/2 frame size.
-    pub frame_size: u32,
+    pub(crate) frame_size: u32,
     /// TCP keepalive (None = off).
-    pub keepalive: Option<KeepaliveDump>,
+    pub(crate) keepalive: Option<KeepaliveDump>,
     /// TCP_USER_TIMEOUT.
-    pub user_timeout_enabled: bool,
+    pub(crate) user_timeout_enabled: bool,
     /// Drain deadline.
-    pub self_termination_deadline: Duration,
+    pub(crate) self_termination_deadline: Duration,
     /// Spoof client source IPs towards apps (None = when possible).
-    pub require_original_source: Option<bool>,
+    pub(crate) require_original_source: Option<bool>,
     /// Inbound HBONE: accept → TLS handshake done.
-    pub hbone_handshake_timeout: Duration,
+    pub(crate) hbone_handshake_timeout: Duration,
     /// Inbound HBONE: TLS done → HTTP/2 preface.
-    pub hbone_preface_timeout: Duration,
+    pub(crate) hbone_preface_timeout: Duration,
     /// Inbound HBONE: preface → first CONNECT.
-    pub hbone_first_stream_timeout: Duration,
+    pub(crate) hbone_first_stream_timeout: Duration,
     /// Inbound HBONE: no open stream for this long closes the connection.
-    pub hbone_idle_timeout: Duration,
+    pub(crate) hbone_idle_timeout: Duration,
     /// Inbound HBONE connections per source address.
-    pub hbone_max_connections_per_peer: u32,
+    pub(crate) hbone_max_connections_per_peer: u32,
     /// Open CONNECT streams per source address.
-    pub hbone_max_streams_per_peer: u32,
+    pub(crate) hbone_max_streams_per_peer: u32,
     /// Receive window (buffered bytes) per source address.
-    pub hbone_peer_buffer_bytes: u64,
+    pub(crate) hbone_peer_buffer_bytes: u64,
     /// Descriptors kept for the control path (`None`: an eighth of the limit, at most 1024).
-    pub fd_reserve: Option<u64>,
+    pub(crate) fd_reserve: Option<u64>,
     /// Connection descriptors counted per admitted pod.
-    pub pod_fd_headroom: u32,
+    pub(crate) pod_fd_headroom: u32,
     /// Outbound capture listener.
-    pub outbound_addr: SocketAddr,
+    pub(crate) outbound_addr: SocketAddr,
     /// Inbound HBONE listener.
-    pub inbound_addr: SocketAddr,
+    pub(crate) inbound_addr: SocketAddr,
     /// Inbound plaintext listener.
-    pub inbound_plaintext_addr: SocketAddr,
+    pub(crate) inbound_plaintext_addr: SocketAddr,
     /// Admin.
-    pub admin_addr: SocketAddr,
+    pub(crate) admin_addr: SocketAddr,
     /// Metrics.
-    pub stats_addr: SocketAddr,
+    pub(crate) stats_addr: SocketAddr,
     /// Readiness.
-    pub readiness_addr: SocketAddr,
+    pub(crate) readiness_addr: SocketAddr,
     /// Log format is JSON.
-    pub log_json: bool,
+    pub(crate) log_json: bool,
     /// Settings that are set but not supported (logged once at start), and notes on ignored input.
-    pub unsupported: Vec<String>,
+    pub(crate) unsupported: Vec<String>,
 }
 
 /// Keepalive settings as shown in the config dump.
@@ -472,7 +473,7 @@ impl Config {
     /// As [`Config::from_args`], with the environment given (`ISTIO_META_*`, `ISTIO_METAJSON_*`,
     /// `CA_HEADER_*`, `XDS_HEADER_*`, `KUBERNETES_SERVICE_HOST` and the unsupported settings are
     /// read from it).
-    pub fn from_args_env(a: &ProxyArgs, env: &Env) -> Result<Config, ConfigError> {
+    pub(crate) fn from_args_env(a: &ProxyArgs, env: &Env) -> Result<Config, ConfigError> {
         let proxy_mode = match a.proxy_mode.to_ascii_lowercase().as_str() {
             "shared" => ProxyMode::Shared,
             "dedicated" => ProxyMode::Dedicated,
@@ -631,7 +632,7 @@ impl Config {
     }
 
     /// Socket options for every proxy socket.
-    pub fn socket_options(&self) -> SocketOptions {
+    pub(crate) fn socket_options(&self) -> SocketOptions {
         SocketOptions {
             netns: None,
             mark: self.packet_mark,

@@ -58,11 +58,6 @@ impl ConnectionManager {
         self.inner.live.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
-    /// Whether no connection is tracked.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Re-evaluates every tracked connection against the current policies; closes the denied.
     /// Returns how many were closed.
     pub fn reevaluate(&self, store: &StateStore) -> usize {

@@ -10,6 +10,9 @@ use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+// `GONE`: the kind of error `Source::gone` and `Sink::gone` report (the HBONE relay's too);
+// `is_benign`: errors that mean "the peer went away", not a failure of the proxy.
+use ambit_hbone::{GONE, is_benign};
 use bytes::{Bytes, BytesMut};
 use prometheus_client::metrics::counter::Counter;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -165,11 +168,6 @@ where
     }
     (counters.transferred(), res)
 }
-
-/// The kind of error [`Source::gone`] and [`Sink::gone`] report (the HBONE relay's too).
-pub use ambit_hbone::GONE;
-/// Errors that mean "the peer went away", not a failure of the proxy.
-pub use ambit_hbone::is_benign;
 
 async fn one_way<S: Source, W: Sink>(
     src: &mut S,

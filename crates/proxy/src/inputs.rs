@@ -46,8 +46,9 @@ pub struct Inputs {
     pub open: Arc<std::sync::atomic::AtomicUsize>,
     /// Process-wide descriptor budget and per-peer caps.
     pub limits: Limits,
-    /// This instance's share of the descriptor budget (released when the instance is gone).
-    pub pod_fds: PodPermit,
+    /// This instance's share of the descriptor budget: held, never read, released when the
+    /// instance is gone.
+    pub _pod_fds: PodPermit,
     /// The xDS client (on-demand address lookups), when configured.
     pub xds: Option<crate::xds::Xds>,
 }

@@ -106,7 +106,7 @@ impl Shared {
             local,
             open: Default::default(),
             limits: self.limits.clone(),
-            pod_fds,
+            _pod_fds: pod_fds,
             xds: self.xds.clone(),
         });
         let i = inputs.clone();

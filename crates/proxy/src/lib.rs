@@ -1,25 +1,51 @@
 //! The Ambit node proxy: carries pod traffic over HBONE and enforces L4 authorization.
+//!
+//! The face is small: the `ambit` binary parses [`ProxyArgs`] into a [`Config`] and hands it to
+//! [`run`]; `ambit config-reference` lists, besides the flags, what the proxy reads from the
+//! environment ([`ENV_OUTSIDE_FLAGS`], [`ENV_PREFIXES`]) and the settings it accepts without
+//! effect ([`UNSUPPORTED_SETTINGS`], [`ACCEPTED_WITHOUT_EFFECT`]). Everything else is internal;
+//! tests and benches reach more through `testing` (feature `testing`), the fuzz targets through
+//! `fuzzing` (feature `fuzzing`).
 
-pub mod admin;
-pub mod app;
-pub mod authz;
-pub mod config;
-pub mod connections;
-pub mod copy;
-pub mod dns;
-pub mod drain;
-pub mod inbound;
-pub mod inpod;
-pub mod inputs;
-pub mod instance;
-pub mod limits;
-pub mod listener;
-pub mod metrics;
-pub mod outbound;
-pub mod passthrough;
-pub mod readiness;
-pub mod socket;
-pub mod state;
+mod admin;
+mod app;
+mod authz;
+mod config;
+mod connections;
+mod copy;
+mod dns;
+mod drain;
+mod inbound;
+mod inpod;
+mod inputs;
+mod instance;
+mod limits;
+mod listener;
+mod metrics;
+mod outbound;
+mod passthrough;
+mod readiness;
+mod socket;
+mod state;
+mod xds;
+
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
-pub mod xds;
+
+pub use app::{StartError, run};
+pub use config::{
+    ACCEPTED_WITHOUT_EFFECT, Config, ConfigError, ENV_OUTSIDE_FLAGS, ENV_PREFIXES, ProxyArgs,
+    UNSUPPORTED_SETTINGS,
+};
+
+/// Entry points for the fuzz targets in `fuzz/` (feature `fuzzing`, never on in a normal build):
+/// the parsers of untrusted input and what it takes to drive them.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::authz::Authorization;
+    pub use crate::dns::fuzzing::upstream_reply as dns_upstream_reply;
+    pub use crate::dns::{DnsClient, DnsConfig, DnsProxy, Protocol as DnsProtocol, UpstreamSockets};
+    pub use crate::metrics::DnsMetrics;
+    pub use crate::state::{Address, Authority, Delta, LocalConfig, State, StateStore};
+}

@@ -1,5 +1,11 @@
 //! Test helpers (never shipped): the proxy's default configuration, local configs served as xDS
-//! resources, and generated meshes (HBONE's helpers are `ambit_hbone::testing`).
+//! resources, and generated meshes (HBONE's helpers are `ambit_hbone::testing`); and the inner
+//! types the proxy's own tests and benches and the end-to-end tests reach past the public face.
+
+pub use crate::authz::{Connection, evaluate};
+pub use crate::config::{ControlSettings, NodeInfo, XdsSettings};
+pub use crate::state::{Applied, Delta, HealthStatus, LocalConfig, State, StateStore};
+pub use crate::xds::Xds;
 
 /// The proxy's default configuration (shared mode, no state file read).
 pub fn config() -> crate::config::Config {

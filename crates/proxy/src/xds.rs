@@ -90,6 +90,7 @@ impl Xds {
     }
 
     /// Whether [`Xds::synced`] has resolved.
+    #[cfg(any(test, feature = "testing"))]
     pub fn is_synced(&self) -> bool {
         self.handle.is_synced()
     }
@@ -105,7 +106,7 @@ impl Xds {
     }
 
     /// With `XDS_ON_DEMAND`, asks for the address `network/ip` and waits (at most
-    /// [`ON_DEMAND_WAIT`]) for the answer; returns whether an answer came. Without on-demand,
+    /// `ON_DEMAND_WAIT`) for the answer; returns whether an answer came. Without on-demand,
     /// returns `false` at once (the state already holds everything the server has).
     pub async fn demand_address(&self, network: &str, ip: IpAddr) -> bool {
         if !self.on_demand {

@@ -1,4 +1,4 @@
-//! The proxy's xDS client (`ambit_proxy::xds::Xds`) against an `ambit-xds` server in the test:
+//! The proxy's xDS client (`ambit_proxy::testing::Xds`) against an `ambit-xds` server in the test:
 //! what it applies to the state, what it NACKs (and that the rest of the response applies),
 //! readiness, removals, policy changes reaching the policy watcher, and on-demand lookups by IP.
 
@@ -10,10 +10,10 @@ use ambit_api::type_url::{ADDRESS, AUTHORIZATION};
 use ambit_api::workload as pb;
 use ambit_api::xds::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
 use ambit_identity::control::RootSource;
-use ambit_proxy::config::{ControlSettings, NodeInfo, XdsSettings};
-use ambit_proxy::state::{State, StateStore};
-use ambit_proxy::testing::{address_resources, any, authorization_resources, generated};
-use ambit_proxy::xds::Xds;
+use ambit_proxy::testing::{
+    ControlSettings, NodeInfo, State, StateStore, Xds, XdsSettings, address_resources, any,
+    authorization_resources, generated,
+};
 use ambit_xds::server::{AdsServer, Changes, Resources, ServerConfig, ServerResource};
 use prometheus_client::registry::Registry;
 

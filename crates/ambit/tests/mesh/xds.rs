@@ -140,7 +140,7 @@ async fn watch(config: PathBuf, resources: Resources) {
         if let Ok(text) = tokio::fs::read_to_string(&config).await
             && last_text.as_deref() != Some(text.as_str())
         {
-            match ambit_proxy::state::LocalConfig::parse(&text) {
+            match ambit_proxy::testing::LocalConfig::parse(&text) {
                 Ok(cfg) => {
                     let changes = served.changes(&cfg);
                     resources.publish(changes).expect("both types are registered");

@@ -13,8 +13,8 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-pub use convert::{ConvertError, MissingMatchType};
-pub use eval::{Decision, DenyReason, evaluate};
+pub use convert::ConvertError;
+pub use eval::{Decision, evaluate};
 
 /// One authorization policy, in the shape of ztunnel's local config (camelCase keys).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

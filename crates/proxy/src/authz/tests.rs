@@ -6,6 +6,7 @@ use ambit_identity::Identity;
 use ipnet::{IpNet, Ipv4Net};
 use proptest::prelude::*;
 
+use super::eval::DenyReason;
 use super::eval::tests::with_debug_logs;
 use super::*;
 

@@ -47,7 +47,6 @@ use crate::state::StateStore;
 
 pub use config::DnsConfig;
 pub use forward::ForwardError;
-pub use serve::TCP_REQUEST_TIMEOUT;
 
 use lookup::{Family, Names};
 
@@ -75,7 +74,7 @@ pub trait UpstreamSockets: Send + Sync + 'static {
     /// A UDP socket to reach `upstream`; bound or connected as the caller likes (the proxy
     /// connects it to `upstream` itself before use).
     fn udp(&self, upstream: SocketAddr) -> std::io::Result<tokio::net::UdpSocket>;
-    /// A TCP connection to `upstream` (the proxy bounds it by [`UPSTREAM_TIMEOUT`]).
+    /// A TCP connection to `upstream` (the proxy bounds it by `UPSTREAM_TIMEOUT`).
     fn tcp(&self, upstream: SocketAddr) -> BoxFuture<'_, std::io::Result<tokio::net::TcpStream>>;
 }
 

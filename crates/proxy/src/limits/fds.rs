@@ -29,7 +29,6 @@ struct Inner {
     capacity: u64,
     pods: AtomicU64,
     metrics: LimitMetrics,
-    unlimited: bool,
 }
 
 /// Descriptors held by one connection (released on drop).
@@ -136,30 +135,11 @@ impl FdBudget {
             capacity,
             pods: AtomicU64::new(0),
             metrics: metrics.clone(),
-            unlimited: false,
-        }))
-    }
-
-    /// A budget that grants everything (in-process tests and benches).
-    pub fn unlimited() -> FdBudget {
-        FdBudget(Arc::new(Inner {
-            limit: u64::MAX,
-            reserve: 0,
-            budget: u64::MAX,
-            pod_fixed: 0,
-            pod_headroom: 0,
-            capacity: u64::MAX,
-            pods: AtomicU64::new(0),
-            metrics: LimitMetrics::default(),
-            unlimited: true,
         }))
     }
 
     /// Takes `n` descriptors for a connection, or `None` when the budget cannot hold them.
     pub fn try_acquire(&self, n: u64) -> Option<FdPermit> {
-        if self.0.unlimited {
-            return Some(FdPermit { budget: self.clone(), n: 0 });
-        }
         self.take(n, self.0.budget).then(|| FdPermit { budget: self.clone(), n })
     }
 
@@ -167,9 +147,6 @@ impl FdBudget {
     /// budget as it is used now.
     pub fn admit_pod(&self) -> Result<PodPermit, CapacityError> {
         let i = &self.0;
-        if i.unlimited {
-            return Ok(PodPermit { budget: self.clone() });
-        }
         let admitted =
             i.pods.fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| (p < i.capacity).then_some(p + 1));
         if admitted.is_err() {
@@ -248,10 +225,8 @@ impl Drop for FdPermit {
 impl Drop for PodPermit {
     fn drop(&mut self) {
         let i = &self.budget.0;
-        if !i.unlimited {
-            self.budget.give_back(i.pod_fixed);
-            i.pods.fetch_sub(1, Ordering::AcqRel);
-        }
+        self.budget.give_back(i.pod_fixed);
+        i.pods.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

@@ -18,7 +18,7 @@ use prometheus_client::registry::Registry;
 use serde::Serialize;
 
 pub use fds::{CapacityError, FdBudget, FdPermit, PodPermit};
-pub use peers::{PeerConn, PeerLimits, Peers, Refusal, StreamSlot, Windows};
+pub use peers::{PeerLimits, Peers, Refusal};
 
 use crate::config::{Config, ProxyMode};
 

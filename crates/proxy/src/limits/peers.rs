@@ -155,7 +155,8 @@ impl Peers {
         Peers(Arc::new(Inner { limits: Some(limits), windows, map: Mutex::default(), metrics }))
     }
 
-    /// Peers without caps that get the configured windows (tests, benches).
+    /// Peers without caps that get the configured windows.
+    #[cfg(test)]
     pub fn unlimited(stream_window: u32, connection_window: u32) -> Peers {
         let windows = Windows { stream: stream_window, connection: connection_window.max(MIN_WINDOW) };
         Peers(Arc::new(Inner {

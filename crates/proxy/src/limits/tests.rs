@@ -2,6 +2,7 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
+use super::peers::{PeerConn, Windows};
 use super::*;
 
 fn ip(last: u8) -> IpAddr {

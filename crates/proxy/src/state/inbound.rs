@@ -45,6 +45,7 @@ pub enum InboundError {
 
 impl InboundError {
     /// The HTTP status to answer with (§3.5).
+    #[cfg(test)]
     pub fn http_status(&self) -> u16 {
         match self {
             InboundError::IpMismatch(..) => 400,
@@ -83,6 +84,7 @@ impl fmt::Display for Authority {
 
 impl Authority {
     /// The port.
+    #[cfg(test)]
     pub fn port(&self) -> u16 {
         match self {
             Authority::Addr(a) => a.port(),

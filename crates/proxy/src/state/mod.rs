@@ -32,20 +32,15 @@ use ipnet::IpNet;
 
 use crate::authz::Authorization;
 
-pub use config::{
-    LocalConfig, LocalConfigError, MAX_FILE_BYTES, MAX_POLICIES, MAX_SERVICES, MAX_WORKLOADS, Position,
-};
-pub use delta::{Applied, Delta, RejectReason, Rejected};
-pub use inbound::{Authority, AuthorityError, InboundError};
-pub use model::{
-    AddressParseError, AppTunnelProtocol, ApplicationTunnel, CidrVip, DEFAULT_CLUSTER_ID,
-    DEFAULT_SERVICE_ACCOUNT, DEFAULT_TRUST_DOMAIN, Destination, Endpoint, EndpointSet, GatewayAddress,
-    HBONE_PORT, HealthPolicy, HealthStatus, IpFamily, LoadBalancer, LoadBalancerMode, LoadBalancerScope,
-    Locality, NamespacedHostname, NetworkAddress, NetworkMode, Protocol, Service, Visibility,
-    WeightedWaypoint, Workload,
-};
+pub use config::{LocalConfig, LocalConfigError};
+pub use delta::{Applied, Delta, Rejected};
+pub use inbound::{Authority, InboundError};
+pub use model::{DEFAULT_SERVICE_ACCOUNT, EndpointSet, IpFamily, Protocol, Service, Workload};
+// The generated meshes of `crate::testing` build these too.
+#[cfg(any(test, feature = "testing"))]
+pub use model::{HealthStatus, Locality, NetworkAddress, NetworkMode, Visibility};
 pub use proto::{Address, ProtoError};
-pub use route::{Route, RouteError, RouteKind};
+pub use route::{Route, RouteKind};
 pub use store::{StateStore, watch_local_file};
 
 /// An index key (shared with the values it names, so a copied index node copies no string).
@@ -156,6 +151,7 @@ impl State {
     }
 
     /// Service by its key `"<namespace>/<hostname>"` (its xDS resource name).
+    #[cfg(test)]
     pub fn service_by_key(&self, key: &str) -> Option<Arc<Service>> {
         self.services.get(key).cloned()
     }
@@ -203,16 +199,19 @@ impl State {
     }
 
     /// All workloads (unordered).
+    #[cfg(any(test, feature = "testing"))]
     pub fn workloads(&self) -> impl Iterator<Item = &Arc<Workload>> {
         self.workloads.values()
     }
 
     /// All policies (unordered).
+    #[cfg(any(test, feature = "testing"))]
     pub fn policies(&self) -> impl Iterator<Item = &Arc<Authorization>> {
         self.policies.values()
     }
 
     /// Number of workloads, services and policies.
+    #[cfg(any(test, feature = "testing"))]
     pub fn counts(&self) -> (usize, usize, usize) {
         (self.workloads.len(), self.services.len(), self.policies.len())
     }
@@ -222,6 +221,7 @@ impl State {
     /// namespace, identity or policy list (the rule [`Applied::authorization_changed`]
     /// follows). O(n); an incremental update knows the answer
     /// from [`State::apply`] instead.
+    #[cfg(test)]
     pub fn authorization_differs(&self, other: &State) -> bool {
         let policies_differ = self.policies.len() != other.policies.len()
             || self.policies.iter().any(|(k, p)| other.policies.get(k).is_none_or(|q| q != p));

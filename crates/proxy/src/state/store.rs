@@ -45,9 +45,10 @@ impl StateStore {
         self.inner.current.load_full()
     }
 
-    /// Replaces the snapshot wholesale (a local file rebuilt); bumps watchers, and the policy
-    /// watcher only if something authorization reads differs ([`State::authorization_differs`],
-    /// O(n), as the rebuild is). Incremental changes go through [`StateStore::update`].
+    /// Replaces the snapshot wholesale (tests; every source goes through [`StateStore::update`]);
+    /// bumps watchers, and the policy watcher only if something authorization reads differs
+    /// ([`State::authorization_differs`], O(n)).
+    #[cfg(test)]
     pub fn publish(&self, s: State) {
         let _writer = self.inner.writer.lock().unwrap_or_else(PoisonError::into_inner);
         let new = Arc::new(s);

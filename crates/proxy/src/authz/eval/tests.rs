@@ -7,9 +7,9 @@ use std::sync::{Arc, Mutex};
 use ambit_identity::Identity;
 use ipnet::IpNet;
 
-use super::{evaluate, net_contains, policy_matches};
+use super::{DenyReason, evaluate, net_contains, policy_matches};
 use crate::authz::{
-    Action, Authorization, Connection, Decision, DenyReason, Match, Scope, ServiceAccountMatch, StringMatch,
+    Action, Authorization, Connection, Decision, Match, Scope, ServiceAccountMatch, StringMatch,
 };
 
 // ---- helpers -------------------------------------------------------------------------------

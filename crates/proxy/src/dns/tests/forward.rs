@@ -12,6 +12,7 @@ use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio_util::sync::CancellationToken;
 
 use super::*;
+use crate::dns::serve::TCP_REQUEST_TIMEOUT;
 
 /// The canned upstream answer.
 const UPSTREAM_IP: Ipv4Addr = Ipv4Addr::new(1, 2, 3, 4);

@@ -14,6 +14,12 @@ mod store;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 
+use super::config::{MAX_FILE_BYTES, MAX_POLICIES, MAX_SERVICES, MAX_WORKLOADS, Position};
+use super::model::{
+    AppTunnelProtocol, ApplicationTunnel, CidrVip, Destination, Endpoint, GatewayAddress, HealthPolicy,
+    LoadBalancer, LoadBalancerMode, LoadBalancerScope, NamespacedHostname, WeightedWaypoint,
+};
+use super::route::RouteError;
 use super::*;
 
 /// A healthy TCP workload in namespace `default` with the given IPs.
