@@ -426,7 +426,7 @@ fn a_peer_pushing_into_an_app_that_never_reads_is_bounded_and_released_when_it_l
                             loop {
                                 match tokio::time::timeout(
                                     Duration::from_secs(3),
-                                    push(&mut body, chunk.clone()),
+                                    ambit_hbone::testing::send_all(&mut body, chunk.clone()),
                                 )
                                 .await
                                 {
@@ -502,21 +502,6 @@ fn a_peer_pushing_into_an_app_that_never_reads_is_bounded_and_released_when_it_l
     assert_eq!(app.accepted(), CONNS * STREAMS, "each stream dialed the app once");
     assert!(grown < 64 * 1024, "the proxy's RSS rose by {} MiB (bound: 64 MiB)", grown / 1024);
     assert!(windows <= 32 << 20, "windows granted to one peer: {windows} bytes over its 32 MiB budget");
-}
-
-/// Sends a whole chunk on an HTTP/2 stream, waiting for window capacity.
-async fn push(send: &mut h2::SendStream<Bytes>, mut chunk: Bytes) -> Result<(), h2::Error> {
-    while !chunk.is_empty() {
-        send.reserve_capacity(chunk.len());
-        let n = match std::future::poll_fn(|cx| send.poll_capacity(cx)).await {
-            Some(Ok(n)) => n,
-            Some(Err(e)) => return Err(e),
-            None => return Err(h2::Error::from(h2::Reason::CANCEL)),
-        };
-        let part = chunk.split_to(n.min(chunk.len()));
-        send.send_data(part, false)?;
-    }
-    Ok(())
 }
 
 /// An app that accepts on a port and never reads; counts its accepts and sees which of its

@@ -12,6 +12,7 @@ use std::time::Duration;
 use ambit_identity::{FakeCa, Identity, WorkloadCertificate};
 use tokio::net::TcpListener;
 
+use super::tests::cfg;
 use super::*;
 use crate::testing::RawPeer;
 use crate::testing::wire::{self, content};
@@ -34,17 +35,6 @@ struct Server {
     identity: Identity,
     accepted: Arc<AtomicUsize>,
     result: tokio::sync::oneshot::Receiver<Result<(), ConnError>>,
-}
-
-fn cfg() -> Config {
-    Config {
-        stream_window: 1 << 20,
-        connection_window: frame::DEFAULT_WINDOW,
-        max_frame_size: frame::DEFAULT_MAX_FRAME,
-        max_concurrent_streams: None,
-        max_header_list_size: 16 * 1024,
-        keepalive: None,
-    }
 }
 
 /// A server on one connection, with `behaviour`; its end is sent on `result`.

@@ -14,7 +14,7 @@ use crate::testing::tls_client;
 
 const T: Duration = Duration::from_secs(20);
 
-fn cfg() -> Config {
+pub(super) fn cfg() -> Config {
     Config {
         stream_window: 1 << 20,
         connection_window: frame::DEFAULT_WINDOW,
