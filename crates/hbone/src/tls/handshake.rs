@@ -134,8 +134,11 @@ const PLAIN_RECORD_OVERFLOW: [u8; 7] = [21, 3, 3, 0, 2, 2, 22];
 async fn drive<S: Side>(tcp: &TcpStream, conn: &mut S) -> Result<Vec<u8>, TlsError> {
     let mut incoming = vec![0u8; MAX_RECORD];
     let mut used = 0usize;
-    // rustls sees `incoming[..fed]`: whole records, one more each time it needs more.
+    // rustls sees `incoming[..fed]`: whole records, one more each time it needs more (and the
+    // header of the next one as soon as it is in, so that a bad header is refused at once);
+    // `next` is where the first record it has not seen whole starts.
     let mut fed = 0usize;
+    let mut next = 0usize;
     let mut outgoing: Vec<u8> = Vec::new();
     let mut wrote = false;
     loop {
@@ -164,6 +167,7 @@ async fn drive<S: Side>(tcp: &TcpStream, conn: &mut S) -> Result<Vec<u8>, TlsErr
         incoming.copy_within(discard..used, 0);
         used -= discard;
         fed -= discard;
+        next = next.saturating_sub(discard);
         match step {
             Step::Again => {}
             Step::Write => {
@@ -172,9 +176,10 @@ async fn drive<S: Side>(tcp: &TcpStream, conn: &mut S) -> Result<Vec<u8>, TlsErr
                 wrote = true;
             }
             Step::Read => loop {
-                match next_record(&incoming[..used], fed) {
+                match next_record(&incoming[..used], next) {
                     NextRecord::Whole(end) => {
                         fed = end;
+                        next = end;
                         break;
                     }
                     NextRecord::Refused => {
@@ -191,7 +196,12 @@ async fn drive<S: Side>(tcp: &TcpStream, conn: &mut S) -> Result<Vec<u8>, TlsErr
                             what: "handshake record over 2^14 bytes",
                         });
                     }
-                    NextRecord::Partial => {}
+                    NextRecord::Partial => {
+                        if used >= next + HEADER_LEN && fed < next + HEADER_LEN {
+                            fed = next + HEADER_LEN;
+                            break;
+                        }
+                    }
                 }
                 if used == incoming.len() {
                     if incoming.len() >= MAX_HANDSHAKE_BUFFER {

@@ -349,3 +349,17 @@ async fn every_connection_is_a_full_handshake_with_a_client_certificate() {
         theirs.read_exact(&mut x).await.expect("read");
     }
 }
+
+/// What is not TLS is refused as soon as a record header shows it, not when as many bytes as the
+/// header announced have come (a client that sends a few bytes of anything else is closed at
+/// once, with rustls's alert).
+#[tokio::test]
+async fn garbage_is_refused_at_its_first_header() {
+    let ca = FakeCa::generate();
+    let server = cert(&ca, "server");
+    let (mut c, s) = pair().await;
+    c.write_all(b"GET / HTTP/1.1\r\n").await.expect("write");
+    let r = tokio::time::timeout(Duration::from_secs(2), accept(&s, server.server_config())).await;
+    let err = r.expect("refused within 2 s").err().expect("not a handshake").to_string();
+    assert_eq!(err, "received corrupt message of type InvalidContentType");
+}
