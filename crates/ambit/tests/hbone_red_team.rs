@@ -163,10 +163,20 @@ fn resets_the_peer_causes_end_the_connection_at_the_documented_count() {
         took = batch_start.elapsed();
     }
     let resets = p.seen.resets();
-    eprintln!("MadeYouReset: {} resets, then GOAWAY {:?} after {took:?}", resets.len(), p.seen.goaway());
+    let faults = resets.iter().filter(|(_, r)| *r == Reason::PROTOCOL_ERROR).count();
+    eprintln!(
+        "MadeYouReset: {faults} streams reset for their faults ({} resets in all), then GOAWAY {:?} after {took:?}",
+        resets.len(),
+        p.seen.goaway()
+    );
     assert!(got, "no GOAWAY: {:?}", p.seen.goaway());
-    assert_eq!(resets.len(), 1_024, "resets before the GOAWAY");
-    assert!(resets.iter().all(|(_, r)| *r == Reason::PROTOCOL_ERROR), "{resets:?}");
+    assert_eq!(faults, 1_024, "streams reset for a fault before the GOAWAY");
+    // A busy proxy may still hold a batch's reset streams when the next arrives: those over its
+    // stream limit are refused, which is not a fault.
+    assert!(
+        resets.iter().all(|(_, r)| *r == Reason::PROTOCOL_ERROR || *r == Reason::REFUSED_STREAM),
+        "{resets:?}"
+    );
     assert_eq!(p.seen.goaway().map(|g| g.1), Some(Reason::ENHANCE_YOUR_CALM));
     assert!(took < PROMPT, "GOAWAY after {took:?}");
     t.assert_serves("after the resets");
