@@ -479,7 +479,8 @@ pub(super) fn unreserve(st: &mut State, id: u32, reserved: usize, used: usize) {
     if let Some(s) = st.streams.get_mut(&id) {
         s.send_window += n;
     }
-    if n > 0 {
+    // Senders waiting for window or for the queue (which counts reservations) may go on.
+    if reserved > 0 {
         st.wake_senders();
     }
 }
