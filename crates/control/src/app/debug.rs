@@ -17,7 +17,8 @@ const INDEX: &str = "ambit control
   /metrics                       Prometheus metrics
   /debug/connections             connected proxies: node, identity, per type what was last sent and acked, NACKs
   /debug/config_dump             the translated resources (?type=address|authorization, ?name=<xDS name>)
-  /debug/config_errors           files of the YAML folder that are not in effect, and why (local mode)
+  /debug/config_errors           files of the YAML folder that are not in effect, and policies node proxies do not enforce as written
+  /debug/policies                every AuthorizationPolicy and PeerAuthentication: what it applies to, what node proxies enforce (in words), warnings
   /logging                       POST: show the log level; ?level=<level> or ?level=<mod>:<level>,...; ?reset
   /debug/pprof/profile           GET: CPU profile (pprof protobuf); ?seconds=1..300 (10), ?frequency=1..1000 Hz (100)
 ";
@@ -46,9 +47,17 @@ pub struct DebugRequest {
     reply: tokio::sync::oneshot::Sender<Value>,
 }
 
+/// `kind` of a request for the policy reports.
+const POLICIES: &str = "policies";
+
 impl DebugRequest {
     /// Answers from the translator's current state.
     pub fn answer(self, tr: &Translator) {
+        if self.kind.as_deref() == Some(POLICIES) {
+            let reports = tr.policy_reports();
+            let _ = self.reply.send(serde_json::to_value(reports).unwrap_or_default());
+            return;
+        }
         let want = |k: &str| self.kind.as_deref().is_none_or(|x| x == k);
         let named = |n: &str| self.name.as_deref().is_none_or(|x| x == n);
         let mut out = serde_json::Map::new();
@@ -89,8 +98,20 @@ pub async fn handle(req: Request<Incoming>, ctx: &Ctx) -> Response<Body> {
         }
         "/debug/config_errors" => {
             let errors = ctx.file_errors.lock().unwrap_or_else(PoisonError::into_inner).clone();
-            ambit_admin::json(&json!({ "errors": errors }))
+            let policies = match ask(ctx, Some(POLICIES.to_owned()), None).await {
+                Ok(Value::Array(reports)) => reports
+                    .into_iter()
+                    .filter(|r| r["warnings"].as_array().is_some_and(|w| !w.is_empty()))
+                    .collect(),
+                Ok(_) => Vec::new(),
+                Err(busy) => return busy,
+            };
+            ambit_admin::json(&json!({ "errors": errors, "policies": policies }))
         }
+        "/debug/policies" => match ask(ctx, Some(POLICIES.to_owned()), None).await {
+            Ok(v) => ambit_admin::json(&v),
+            Err(busy) => busy,
+        },
         "/debug/config_dump" => {
             let pairs = ambit_admin::query_pairs(req.uri().query());
             let get = |k: &str| pairs.iter().rev().find(|(key, _)| key == k).map(|(_, v)| v.clone());
@@ -104,20 +125,25 @@ pub async fn handle(req: Request<Incoming>, ctx: &Ctx) -> Response<Body> {
                     format!("type must be address or authorization, not {k:?}\n"),
                 );
             }
-            let (reply, rx) = tokio::sync::oneshot::channel();
-            let sent = ctx.translate.lock().unwrap_or_else(PoisonError::into_inner).send(DebugRequest {
-                kind,
-                name: get("name"),
-                reply,
-            });
-            if sent.is_err() {
-                return text(StatusCode::SERVICE_UNAVAILABLE, "the translation thread is gone\n");
-            }
-            match tokio::time::timeout(TRANSLATE_WAIT, rx).await {
-                Ok(Ok(v)) => ambit_admin::json(&v),
-                _ => text(StatusCode::SERVICE_UNAVAILABLE, "the translation is busy; try again\n"),
+            match ask(ctx, kind, get("name")).await {
+                Ok(v) => ambit_admin::json(&v),
+                Err(busy) => busy,
             }
         }
         _ => ambit_admin::tools(INDEX, req.method(), req.uri()).await,
+    }
+}
+
+/// Asks the translation thread; the error is the answer to give when it cannot answer.
+async fn ask(ctx: &Ctx, kind: Option<String>, name: Option<String>) -> Result<Value, Response<Body>> {
+    let (reply, rx) = tokio::sync::oneshot::channel();
+    let sent =
+        ctx.translate.lock().unwrap_or_else(PoisonError::into_inner).send(DebugRequest { kind, name, reply });
+    if sent.is_err() {
+        return Err(text(StatusCode::SERVICE_UNAVAILABLE, "the translation thread is gone\n"));
+    }
+    match tokio::time::timeout(TRANSLATE_WAIT, rx).await {
+        Ok(Ok(v)) => Ok(v),
+        _ => Err(text(StatusCode::SERVICE_UNAVAILABLE, "the translation is busy; try again\n")),
     }
 }

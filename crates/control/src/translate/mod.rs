@@ -21,6 +21,7 @@
 //!
 //! [`Recomputed`] counts what the last `apply` evaluated, so tests can hold it to that table.
 
+pub mod explain;
 mod index;
 mod names;
 mod peer_auth;
@@ -200,6 +201,21 @@ impl Translator {
     /// Every published Authorization, by name.
     pub fn authorizations(&self) -> impl Iterator<Item = (&String, &Authorization)> {
         self.authorizations.iter()
+    }
+
+    /// What each AuthorizationPolicy and PeerAuthentication means for node proxies, sorted by
+    /// kind, namespace and name ([`explain`]).
+    pub fn policy_reports(&self) -> Vec<explain::PolicyReport> {
+        let root = self.settings.root_namespace.as_str();
+        let mut out: Vec<explain::PolicyReport> = self
+            .store
+            .auth
+            .values()
+            .map(|ap| explain::authorization_policy(root, ap))
+            .chain(self.store.peer.values().map(|pa| explain::peer_authentication(root, pa)))
+            .collect();
+        out.sort_by(|a, b| (a.kind, &a.namespace, &a.name).cmp(&(b.kind, &b.namespace, &b.name)));
+        out
     }
 
     /// The aliases of an address resource for on-demand responses (§1.3): `<network>/<ip>` per
