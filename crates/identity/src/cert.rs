@@ -329,7 +329,7 @@ fn system_time(unix_secs: i64) -> SystemTime {
 }
 
 /// `2024-01-02T03:04:05Z`.
-fn rfc3339(t: SystemTime) -> String {
+pub fn rfc3339(t: SystemTime) -> String {
     let secs = match t.duration_since(UNIX_EPOCH) {
         Ok(d) => i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
         Err(e) => -i64::try_from(e.duration().as_secs()).unwrap_or(i64::MAX),

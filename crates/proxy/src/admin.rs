@@ -62,6 +62,7 @@ pub async fn metrics(req: Request<Incoming>, registry: Arc<Registry>) -> Respons
 /// The admin dashboard's text (`/`).
 const INDEX: &str = "ambit proxy admin
   /config_dump            state, config and certificates (JSON)
+  /debug/denials          the last connections denied by policy: time, peers, reason, deciding policies (JSON)
   /logging                POST: show the log level; ?level=<level> or ?level=<mod>:<level>,...; ?reset
   /debug/pprof/profile    GET: CPU profile (pprof protobuf); ?seconds=1..300 (10), ?frequency=1..1000 Hz (100)
   /quitquitquit           POST: drain and exit
@@ -78,6 +79,7 @@ pub async fn admin(req: Request<Incoming>, ctx: Arc<AdminCtx>) -> Response<Full<
                 .body(Full::new(Bytes::from(body)))
                 .unwrap_or_default()
         }
+        "/debug/denials" => ambit_admin::json(&ctx.shared.metrics.denials.list()),
         "/quitquitquit" => {
             if req.method() != Method::POST {
                 return text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n");

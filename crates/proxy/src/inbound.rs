@@ -177,8 +177,7 @@ impl StreamCtx {
         };
         let policies = state.policies_for(&local);
         if let Decision::Deny(reason) = authz::evaluate(policies.iter().map(|p| p.as_ref()), &conn) {
-            let e = format!("connection closed due to policy rejection: {reason}");
-            metrics::record_failure(&inputs.metrics, &info, Flag::Deny, &e);
+            metrics::record_denial(&inputs.metrics, &info, &reason, policies.iter().map(|p| p.as_ref()));
             return req.reject(StatusCode::UNAUTHORIZED);
         }
         let spoof = (inputs.transparent && self.peer.ip() != upstream.ip()).then_some(self.peer.ip());

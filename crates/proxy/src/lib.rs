@@ -13,6 +13,7 @@ mod authz;
 mod config;
 mod connections;
 mod copy;
+mod denials;
 mod dns;
 mod drain;
 mod inbound;

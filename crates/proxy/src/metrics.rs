@@ -140,6 +140,8 @@ pub struct Metrics {
     open_by_reporter: [Gauge; 2],
     handles: Arc<Mutex<HashMap<HandleKey, Arc<Handles>>>>,
     dns: DnsMetrics,
+    /// The last connections denied by policy.
+    pub denials: crate::denials::Denials,
 }
 
 /// The counters of one label set, looked up once and then shared by every connection with
@@ -232,6 +234,7 @@ impl Metrics {
             open_by_reporter: [Gauge::default(), Gauge::default()],
             handles: Arc::default(),
             dns: DnsMetrics::default(),
+            denials: crate::denials::Denials::default(),
         };
         let m = Metrics {
             open_by_reporter: [Reporter::source, Reporter::destination]
@@ -594,6 +597,19 @@ impl Collector for RuntimeCollector {
 pub const MAX_LOG_FIELD: usize = 1024;
 
 pub use ambit_admin::clip;
+
+/// Records a connection denied by policy: counted and logged as a failure with the DENY flag,
+/// and kept among the recent denials with the policies that decided.
+pub fn record_denial<'a>(
+    metrics: &Metrics,
+    info: &ConnectionInfo,
+    reason: &crate::authz::DenyReason,
+    policies: impl IntoIterator<Item = &'a crate::authz::Authorization>,
+) {
+    metrics.denials.record(info, reason, policies);
+    let e = format!("connection closed due to policy rejection: {reason}");
+    record_failure(metrics, info, Flag::Deny, &e);
+}
 
 /// Records a connection that failed before it was established (no bytes, flag set).
 pub fn record_failure(metrics: &Metrics, info: &ConnectionInfo, flag: Flag, error: &dyn std::fmt::Display) {

@@ -78,8 +78,7 @@ pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: Sock
     let conn = Connection { src_ip: peer.ip(), src_identity: None, dst_ip: orig.ip(), dst_port: orig.port() };
     let policies = state.policies_for(&local);
     if let Decision::Deny(reason) = authz::evaluate(policies.iter().map(|p| p.as_ref()), &conn) {
-        let e = format!("connection closed due to policy rejection: {reason}");
-        return metrics::record_failure(&inputs.metrics, &info, Flag::Deny, &e);
+        return metrics::record_denial(&inputs.metrics, &info, &reason, policies.iter().map(|p| p.as_ref()));
     }
     drop(state);
     let spoof = (inputs.transparent && peer.ip() != orig.ip()).then_some(peer.ip());

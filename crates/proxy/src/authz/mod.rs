@@ -14,7 +14,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 pub use convert::ConvertError;
-pub use eval::{Decision, evaluate};
+pub use eval::{Decision, DenyReason, evaluate};
 
 /// One authorization policy, in the shape of ztunnel's local config (camelCase keys).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
