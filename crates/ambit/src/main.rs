@@ -12,6 +12,7 @@ use clap::{Parser, Subcommand};
 mod app;
 mod config_reference;
 mod demo;
+mod policies;
 mod status;
 mod up;
 

@@ -81,8 +81,8 @@ pub struct StatusArgs {
     /// Refresh every 2 seconds until interrupted.
     #[arg(long)]
     pub watch: bool,
-    /// `table` or `json`.
-    #[arg(short = 'o', long = "output", default_value = "table", value_parser = ["table", "json"])]
+    /// `table`, `json` or `yaml`.
+    #[arg(short = 'o', long = "output", default_value = "table", value_parser = ["table", "json", "yaml"])]
     pub output: String,
 }
 
@@ -230,6 +230,7 @@ pub fn up(args: UpArgs) -> ExitCode {
         print_errors("up", &e);
         return ExitCode::FAILURE;
     }
+    crate::policies::print_warnings(documents.iter().map(|(v, _)| v));
     let layout = Layout(args.at.run_dir.clone());
     let started = Instant::now();
     let prepared = std::fs::create_dir_all(layout.desired())
@@ -538,6 +539,9 @@ pub fn apply(args: ApplyArgs, delete: bool) -> ExitCode {
         };
         println!("{} {} {verb}", kind_of(value), name_of(value));
     }
+    if !delete {
+        crate::policies::print_warnings(ours.iter().map(|(v, _)| v));
+    }
     ExitCode::SUCCESS
 }
 
@@ -564,6 +568,8 @@ pub fn status(args: StatusArgs) -> ExitCode {
         let report = crate::status::gather(&state, &Layout(args.at.run_dir.clone()));
         if args.output == "json" {
             println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
+        } else if args.output == "yaml" {
+            print!("{}", crate::status::yaml(&report));
         } else {
             if args.watch {
                 print!("\x1b[2J\x1b[H");

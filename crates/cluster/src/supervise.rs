@@ -102,6 +102,10 @@ pub struct ProcessStatus {
     /// Whether it was stopped on request (and is not restarted).
     #[serde(default)]
     pub held: bool,
+    /// Whether it is crash-looping: waiting to be started again after exiting, or started
+    /// again after exiting quickly twice in a row and not yet running for [`HEALTHY_AFTER`].
+    #[serde(default)]
+    pub crash_loop: bool,
 }
 
 /// What happened in one [`Supervisor::tick`].
@@ -333,6 +337,10 @@ impl Supervisor {
                 last_exit: p.last_exit.clone(),
                 running: p.child.is_some(),
                 held: p.held,
+                crash_loop: p.restarts > 0
+                    && !p.held
+                    && ((p.child.is_none() && p.due.is_some())
+                        || (p.backoff >= BACKOFF_MIN * 4 && p.started.elapsed() < HEALTHY_AFTER)),
             })
             .collect()
     }
