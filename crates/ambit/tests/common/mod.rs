@@ -54,7 +54,10 @@ pub use pcap::{Capture, Segment, contains, pcap_payloads};
 pub use process::{ChildGuard, cpu_seconds, hard_nofile, rss_kib};
 pub use runtime::{CniFailure, CniRuntime, Sandbox, ambit_cni_path};
 pub use sockets::{connect_tcp_in, listen_tcp_in, original_dst, run_in};
-pub use up::{Counted, LocalCluster, Ran, ambit_bin, cluster_tag, counted, wait_counted};
+pub use up::{
+    Counted, LocalCluster, Ran, ambit_bin, assert_mtls, assert_plaintext, cluster_tag, connect, counted,
+    enrolled, pod_status, try_denied, wait_counted,
+};
 
 /// Timeout applied to every connect made by the harness.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
