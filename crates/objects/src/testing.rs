@@ -40,7 +40,7 @@ pub struct Seen {
     pub path: String,
     /// The decoded query parameters.
     pub query: BTreeMap<String, String>,
-    /// The JSON body of a TokenReview.
+    /// The JSON body of a TokenReview, or of a status patch.
     pub body: Option<Value>,
 }
 
@@ -501,34 +501,54 @@ async fn handle(
             }
         }
         (&Method::PATCH, ["api", "v1", "namespaces", ns, "pods", name, "status"]) => {
-            if state.lock().unwrap_or_else(|p| p.into_inner()).forbidden("pods/status", "patch") {
-                return status(
-                    403,
-                    "Forbidden",
-                    &format!(
-                        "pods \"{name}\" is forbidden: User \"{user}\" cannot patch resource \"pods/status\" in API group \"\" in the namespace \"{ns}\""
-                    ),
-                );
-            }
-            let key = format!("{ns}/{name}");
-            let body = match req.into_body().collect().await {
-                Ok(b) => b.to_bytes(),
-                Err(_) => return status(400, "BadRequest", "unreadable body"),
-            };
-            let Ok(patch) = serde_json::from_slice::<Value>(&body) else {
-                return status(400, "BadRequest", "the patch is not JSON");
-            };
-            let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
-            let Some(mut pod) = st.resource("pods").objects.get(&key).cloned() else {
-                return status(404, "NotFound", &format!("pods \"{name}\" not found"));
-            };
-            merge(&mut pod, &patch);
-            st.put("pods", key.clone(), pod);
-            let pod = st.resource("pods").objects.get(&key).cloned().unwrap_or_default();
-            json_response(200, &pod)
+            merge_status(req, &state, &user, ("pods", "pods", ""), ns, name).await
+        }
+        (&Method::PATCH, ["apis", group, _version, "namespaces", ns, plural, name, "status"]) => {
+            let resource = format!("{plural}.{group}");
+            merge_status(req, &state, &user, (&resource, plural, group), ns, name).await
         }
         _ => status(404, "NotFound", "the server could not find the requested resource"),
     }
+}
+
+/// A JSON merge patch of an object's `status` (`resource` as the server keys it, its plural and
+/// group as a 403 names them); the patch is kept as the request's body.
+async fn merge_status(
+    req: Request<Incoming>,
+    state: &Arc<Mutex<State>>,
+    user: &str,
+    (resource, plural, group): (&str, &str, &str),
+    ns: &str,
+    name: &str,
+) -> Response<Body> {
+    if state.lock().unwrap_or_else(|p| p.into_inner()).forbidden(&format!("{resource}/status"), "patch") {
+        return status(
+            403,
+            "Forbidden",
+            &format!(
+                "{resource} \"{name}\" is forbidden: User \"{user}\" cannot patch resource \"{plural}/status\" in API group \"{group}\" in the namespace \"{ns}\""
+            ),
+        );
+    }
+    let key = format!("{ns}/{name}");
+    let body = match req.into_body().collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => return status(400, "BadRequest", "unreadable body"),
+    };
+    let Ok(patch) = serde_json::from_slice::<Value>(&body) else {
+        return status(400, "BadRequest", "the patch is not JSON");
+    };
+    let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(s) = st.seen.last_mut() {
+        s.body = Some(patch.clone());
+    }
+    let Some(mut object) = st.resource(resource).objects.get(&key).cloned() else {
+        return status(404, "NotFound", &format!("{resource} \"{name}\" not found"));
+    };
+    merge(&mut object, &patch);
+    st.put(resource, key.clone(), object);
+    let object = st.resource(resource).objects.get(&key).cloned().unwrap_or_default();
+    json_response(200, &object)
 }
 
 fn list_response(state: &Arc<Mutex<State>>, resource: &str, node: Option<&str>) -> Response<Body> {
