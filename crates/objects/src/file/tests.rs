@@ -129,15 +129,15 @@ fn a_broken_edit_keeps_the_old_objects_and_names_file_and_line() {
     assert_eq!(errors(&src), [format!("{path}:3:11: not valid YAML: unclosed bracket '['")]);
 
     // YAML, but the second document is a Pod that does not decode (labels must be a map);
-    // the error names that document's line.
+    // the error names the field, at its own line and column.
     let bad_doc = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: b\n  namespace: demo\n  labels: [1, 2]\n";
     let text = format!("{}---\n{bad_doc}", pod("a", "n1", "changed"));
     write(dir.path(), "pods.yaml", &text);
     assert!(src.poll().is_empty(), "a file with one bad document is not applied at all");
-    let line = text.lines().position(|l| l == "---").expect("separator") + 2;
+    let line = text.lines().position(|l| l == "  labels: [1, 2]").expect("labels") + 1;
     assert_eq!(
         errors(&src),
-        [format!("{path}:{line}:1: not a valid Pod: invalid type: sequence, expected a map")]
+        [format!("{path}:{line}:11: Pod demo/b: metadata.labels: invalid type: sequence, expected a map")]
     );
 
     // A document without apiVersion is reported, not skipped.
@@ -339,4 +339,112 @@ fn capture_state_is_written_atomically() {
         serde_json::from_slice(&std::fs::read(dir.path().join("node-1.json")).expect("read")).expect("json");
     assert_eq!(back.pods.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["a", "z"], "sorted");
     assert!(matches!(CaptureState::new("../x").write(dir.path()), Err(CaptureError::NodeName(_))));
+}
+
+/// Every YAML file the repository ships or tests with (the demo, the control plane's golden
+/// cases), decoded strictly: no false unknown field, no refused value.
+#[test]
+fn the_repositorys_yaml_decodes_strictly() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut files = vec![root.join("examples/demo/demo.yaml")];
+    let mut dirs = vec![root.join("crates/control/tests/golden")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("golden folder") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "yaml")
+                // The cases' objects (`NN-*.yaml`, `common.yaml`), not their settings or expectations.
+                && path.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                    n == "common.yaml" || n.starts_with(|c: char| c.is_ascii_digit())
+                })
+            {
+                files.push(path);
+            }
+        }
+    }
+    let (mut decoded, mut refused) = (0, Vec::new());
+    for path in &files {
+        let text = std::fs::read_to_string(path).expect("read");
+        let docs = documents(&text).unwrap_or_else(|e| panic!("{}: {e:?}", path.display()));
+        // The golden cases' `delete:` steps are not objects.
+        let docs = docs.into_iter().filter(|(d, _)| !d.is_null() && d.get("delete").is_none());
+        for (value, at) in docs {
+            let line = at.line;
+            let [(value, _)] = <[_; 1]>::try_from(items(value).expect("an object")).expect("one object");
+            let kind = value.get("kind").and_then(|k| k.as_str()).unwrap_or_default().to_owned();
+            let result = match kind.as_str() {
+                "Deployment" => crate::strict::decode::<Deployment>(&value, Decoding::Strict)
+                    .map(drop)
+                    .map_err(|e| e.to_string()),
+                "ServiceAccount" => crate::strict::decode::<ServiceAccount>(&value, Decoding::Strict)
+                    .map(drop)
+                    .map_err(|e| e.to_string()),
+                _ => match Object::decode(value, Decoding::Strict) {
+                    Ok(_) | Err(ObjectError::UnknownKind { .. } | ObjectError::Missing { .. }) => Ok(()),
+                    Err(e) => Err(e.to_string()),
+                },
+            };
+            if let Err(e) = result {
+                let shown = path.strip_prefix(&root).unwrap_or(path).display().to_string();
+                refused.push(format!("{shown}:{line}: {e}"));
+            }
+            decoded += 1;
+        }
+    }
+    assert!(files.len() > 10 && decoded > 50, "{} files, {decoded} objects", files.len());
+    // The only refusals are on purpose: the golden case that shows the translation failing closed
+    // on wrong-case values from the Kubernetes API (decoded leniently there).
+    assert_eq!(
+        refused,
+        [
+            r#"crates/control/tests/golden/policy-not-sent/00.yaml:40: AuthorizationPolicy ns/typo: spec.action: Unsupported value: "deny": supported values: "ALLOW", "DENY", "AUDIT", "CUSTOM""#,
+            r#"crates/control/tests/golden/policy-not-sent/00.yaml:46: PeerAuthentication ns/typo: spec.mtls.mode: Unsupported value: "Strict": supported values: "UNSET", "DISABLE", "PERMISSIVE", "STRICT""#,
+        ]
+    );
+}
+
+/// What the API server returns (managedFields, status, timestamps, `null`s) is no unknown field.
+#[test]
+fn what_the_api_server_returns_decodes_strictly() {
+    let pod = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": "web-0", "namespace": "demo", "uid": "u", "resourceVersion": "7", "generation": 1,
+            "creationTimestamp": "2025-01-02T03:04:05Z", "deletionTimestamp": null,
+            "labels": {"app": "web"}, "annotations": {"a": "b"},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web", "uid": "r",
+                "controller": true, "blockOwnerDeletion": true}],
+            "managedFields": [{"manager": "kubectl", "operation": "Apply", "apiVersion": "v1",
+                "time": "2025-01-02T03:04:05Z", "fieldsType": "FieldsV1",
+                "fieldsV1": {"f:metadata": {"f:labels": {".": {}, "f:app": {}}}}}],
+        },
+        "spec": {
+            "nodeName": "n1", "serviceAccountName": "web",
+            "containers": [{"name": "app", "image": "app:1", "ports": [{"containerPort": 8080, "protocol": "TCP"}],
+                "resources": {"limits": {"cpu": "500m", "memory": "64Mi"}, "requests": {}},
+                "readinessProbe": {"httpGet": {"port": "http", "path": "/"}, "periodSeconds": 5},
+                "env": [{"name": "X", "value": "1"}, {"name": "Y", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]}],
+            "tolerations": [{"key": "k", "operator": "Exists", "effect": "NoSchedule"}],
+        },
+        "status": {"phase": "Running", "podIP": "10.0.0.1", "podIPs": [{"ip": "10.0.0.1"}],
+            "conditions": [{"type": "Ready", "status": "True", "lastProbeTime": null,
+                "lastTransitionTime": "2025-01-02T03:04:05Z"}],
+            "startTime": "2025-01-02T03:04:05Z"},
+    });
+    Object::decode(pod, Decoding::Strict).expect("a Pod as the API server returns it");
+    let service = serde_json::json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "web", "namespace": "demo"},
+        "spec": {"clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10"], "ipFamilies": ["IPv4"],
+            "ipFamilyPolicy": "SingleStack", "type": "ClusterIP", "sessionAffinity": "None",
+            "internalTrafficPolicy": "Cluster",
+            "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"},
+                {"name": "grpc", "port": 90, "targetPort": "grpc", "appProtocol": "grpc"}],
+            "selector": {"app": "web"}},
+        "status": {"loadBalancer": {}},
+    });
+    Object::decode(service, Decoding::Strict).expect("a Service as the API server returns it");
 }
