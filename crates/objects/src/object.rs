@@ -364,6 +364,42 @@ mod tests {
     }
 
     #[test]
+    fn the_kubernetes_api_path_stays_lenient() {
+        // What a newer Istio adds, and values the API server's schema let through, still read.
+        let value = json!({
+            "apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"action": "deny", "rulez": [], "newField": {"x": 1}},
+        });
+        let Object::AuthorizationPolicy(ap) = Object::from_value(value.clone()).expect("lenient") else {
+            panic!("kind")
+        };
+        assert_eq!(ap.spec.action, "deny");
+        let e = Object::decode(value, Decoding::Strict).expect_err("strict");
+        assert_eq!(
+            e.to_string(),
+            r#"AuthorizationPolicy ns/p: unknown field "spec.newField""#,
+            "the first unknown field in key order"
+        );
+    }
+
+    #[test]
+    fn strict_errors_name_the_object_as_far_as_it_is_named() {
+        let e = Object::decode(
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "n", "labels": "x"}}),
+            Decoding::Strict,
+        )
+        .expect_err("labels");
+        assert_eq!(e.to_string(), r#"Namespace n: metadata.labels: invalid type: string "x", expected a map"#);
+        let e = Object::decode(json!({"apiVersion": "v1", "kind": "Pod", "metadata": 3}), Decoding::Strict)
+            .expect_err("metadata");
+        assert_eq!(e.to_string(), "Pod: metadata: invalid type: integer `3`, expected ObjectMeta");
+        // `null` is absent, not unknown.
+        let ok = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "n", "bogus": null}});
+        Object::decode(ok, Decoding::Strict).expect("a null is no field");
+    }
+
+    #[test]
     fn refuses_unknown_kinds_and_missing_names() {
         let e = Object::from_value(json!({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService"}))
             .expect_err("unknown");

@@ -448,3 +448,86 @@ fn what_the_api_server_returns_decodes_strictly() {
     });
     Object::decode(service, Decoding::Strict).expect("a Service as the API server returns it");
 }
+
+/// The error a file with `text` gets from the folder source.
+fn file_error(text: &str) -> String {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write(dir.path(), "objects.yaml", text);
+    let mut src = FileSource::new(dir.path(), Filter::all());
+    assert!(src.poll().is_empty(), "nothing of a bad file is read");
+    let all = errors(&src);
+    assert_eq!(all.len(), 1, "{all:?}");
+    let prefix = format!("{}:", dir.path().join("objects.yaml").display());
+    all[0].strip_prefix(&prefix).expect("names the file").to_owned()
+}
+
+const POLICY: &str = "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata:\n  name: allow\n  namespace: demo\nspec:\n";
+
+#[test]
+fn an_unknown_field_is_refused_at_its_key_with_a_hint() {
+    let text = format!("{POLICY}  action: ALLOW\n  rulez:\n  - from:\n    - source:\n        principals: [a]\n");
+    assert_eq!(
+        file_error(&text),
+        r#"8:3: AuthorizationPolicy demo/allow: unknown field "spec.rulez" (did you mean "rules"?)"#
+    );
+    // Top level, no close name.
+    let text = format!("{POLICY}  action: DENY\nextra: 1\n");
+    assert_eq!(file_error(&text), r#"8:1: AuthorizationPolicy demo/allow: unknown field "extra""#);
+}
+
+#[test]
+fn an_unknown_field_in_lists_is_named_with_indices() {
+    let text = format!(
+        "{POLICY}  rules:\n  - to:\n    - operation:\n        ports: [\"80\"]\n  - from:\n    - source:\n        principal: [a]\n"
+    );
+    assert_eq!(
+        file_error(&text),
+        r#"13:9: AuthorizationPolicy demo/allow: unknown field "spec.rules[1].from[0].source.principal" (did you mean "principals"?)"#
+    );
+}
+
+#[test]
+fn enum_values_are_checked_case_sensitively() {
+    let text = format!("{POLICY}  action: deny\n");
+    assert_eq!(
+        file_error(&text),
+        r#"7:11: AuthorizationPolicy demo/allow: spec.action: Unsupported value: "deny": supported values: "ALLOW", "DENY", "AUDIT", "CUSTOM""#
+    );
+    let text = "apiVersion: security.istio.io/v1\nkind: PeerAuthentication\nmetadata:\n  name: pa\n  namespace: demo\n\
+                spec:\n  mtls:\n    mode: STRICT\n  portLevelMtls:\n    9090:\n      mode: strict\n";
+    assert_eq!(
+        file_error(text),
+        r#"11:13: PeerAuthentication demo/pa: spec.portLevelMtls.9090.mode: Unsupported value: "strict": supported values: "UNSET", "DISABLE", "PERMISSIVE", "STRICT""#
+    );
+    let text = "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata:\n  name: se\n  namespace: demo\n\
+                spec:\n  hosts: [a.example.com]\n  location: MESH_EXTERNAL\n  resolution: dns\n";
+    assert_eq!(
+        file_error(text),
+        r#"9:15: ServiceEntry demo/se: spec.resolution: Unsupported value: "dns": supported values: "NONE", "STATIC", "DNS", "DNS_ROUND_ROBIN", "DYNAMIC_DNS""#
+    );
+    let text = "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata:\n  name: se\n  namespace: demo\n\
+                spec:\n  hosts: [a.example.com]\n  location: external\n";
+    assert_eq!(
+        file_error(text),
+        r#"8:13: ServiceEntry demo/se: spec.location: Unsupported value: "external": supported values: "MESH_EXTERNAL", "MESH_INTERNAL""#
+    );
+}
+
+#[test]
+fn a_type_error_names_the_field_at_its_line() {
+    let text = "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: demo\n---\napiVersion: v1\nkind: Service\n\
+                metadata:\n  name: web\n  namespace: demo\nspec:\n  ports:\n  - name: http\n    port: \"eighty\"\n";
+    assert_eq!(
+        file_error(text),
+        r#"14:11: Service demo/web: spec.ports[0].port: invalid type: string "eighty", expected i32"#
+    );
+}
+
+#[test]
+fn an_error_in_a_list_item_is_placed_in_that_item() {
+    let text = "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Namespace\n  metadata:\n    name: demo\n\
+                - apiVersion: v1\n  kind: Service\n  metadata:\n    name: web\n    namespace: demo\n  spec:\n    selectr: {app: web}\n";
+    // No hint here: a hint comes from the fields the decoded object re-encodes, and Kubernetes'
+    // own types re-encode only the fields written (Ambit's Istio types re-encode all of theirs).
+    assert_eq!(file_error(text), r#"14:5: Service demo/web: unknown field "spec.selectr""#);
+}
