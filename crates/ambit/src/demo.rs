@@ -145,10 +145,9 @@ pub fn documents() -> (Vec<(Value, Location)>, Vec<DesiredError>) {
     let read = std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, DEMO_YAML));
     let out = match read {
         Ok(()) => ambit_cluster::desired::read_files(std::slice::from_ref(&path)),
-        Err(e) => (
-            Vec::new(),
-            vec![DesiredError { at: Location::new(path.clone(), 0), problem: e.to_string() }],
-        ),
+        Err(e) => {
+            (Vec::new(), vec![DesiredError { at: Location::new(path.clone(), 0), problem: e.to_string() }])
+        }
     };
     let _ = std::fs::remove_dir_all(&dir);
     // Shown as the file of the repository.

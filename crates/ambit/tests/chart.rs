@@ -18,10 +18,10 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ambit_objects::{Kind, istio};
 use ambit_objects::k8s_openapi::api::core::v1::Container;
 use ambit_objects::k8s_openapi::api::rbac::v1::{PolicyRule, RoleBinding, RoleRef, Subject};
 use ambit_objects::k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use ambit_objects::{Kind, istio};
 
 use chart::checks::check;
 use chart::render::{NAMESPACE, Release, first_difference, render, render_args, repo, run_helm};

@@ -18,9 +18,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use ambit_objects::file::Origin;
 use ambit_objects::k8s_openapi::api::apps::v1::Deployment;
 use ambit_objects::k8s_openapi::api::core::v1::{PodSpec, ServiceAccount};
-use ambit_objects::file::Origin;
 use ambit_objects::strict::{self, Decoding, FieldError};
 use ambit_objects::{Kind, Object, ObjectError};
 use serde_json::Value;
@@ -290,7 +290,10 @@ impl Reader {
         let meta = value.get("metadata");
         let name = meta.and_then(|m| m.get("name")).and_then(Value::as_str).unwrap_or_default().to_owned();
         let namespace = meta.and_then(|m| m.get("namespace")).and_then(Value::as_str).map(str::to_owned);
-        if matches!((api_version.as_str(), kind.as_str()), ("apps/v1", "Deployment") | ("v1", "ServiceAccount")) {
+        if matches!(
+            (api_version.as_str(), kind.as_str()),
+            ("apps/v1", "Deployment") | ("v1", "ServiceAccount")
+        ) {
             default_namespace(&mut value);
         }
         match (api_version.as_str(), kind.as_str()) {

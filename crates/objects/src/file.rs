@@ -413,12 +413,9 @@ impl Default for Position {
 /// placed at that field with [`field_position`].
 pub fn values(path: &Path) -> Result<Vec<(serde_json::Value, Origin)>, Box<FileError>> {
     let text = read_text(path)?;
-    let documents =
-        documents(&text).map_err(|(at, message)| Box::new(FileError {
-            path: path.to_owned(),
-            at,
-            problem: Problem::Yaml(message),
-        }))?;
+    let documents = documents(&text).map_err(|(at, message)| {
+        Box::new(FileError { path: path.to_owned(), at, problem: Problem::Yaml(message) })
+    })?;
     let mut out = Vec::new();
     for (value, at) in documents {
         let fail = |p| Box::new(FileError { path: path.to_owned(), at: Some(at), problem: p });

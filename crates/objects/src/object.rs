@@ -228,7 +228,9 @@ impl Object {
         use crate::gateway::ROUTE_NAMESPACES_FROM;
         use crate::istio::{ACTIONS, LOCATIONS, MTLS_MODES, RESOLUTIONS};
         match self {
-            Object::AuthorizationPolicy(ap) => strict::check_enum(&["spec", "action"], &ap.spec.action, ACTIONS),
+            Object::AuthorizationPolicy(ap) => {
+                strict::check_enum(&["spec", "action"], &ap.spec.action, ACTIONS)
+            }
             Object::PeerAuthentication(pa) => {
                 if let Some(m) = &pa.spec.mtls {
                     strict::check_enum(&["spec", "mtls", "mode"], &m.mode, MTLS_MODES)?;
@@ -255,7 +257,11 @@ impl Object {
                             ["allowedRoutes", "namespaces", "from"].map(|k| strict::Step::Key(k.to_owned())),
                         );
                         let value = n.from.clone();
-                        return Err(FieldError::Unsupported { path, value, supported: ROUTE_NAMESPACES_FROM });
+                        return Err(FieldError::Unsupported {
+                            path,
+                            value,
+                            supported: ROUTE_NAMESPACES_FROM,
+                        });
                     }
                 }
                 Ok(())
@@ -390,7 +396,10 @@ mod tests {
             Decoding::Strict,
         )
         .expect_err("labels");
-        assert_eq!(e.to_string(), r#"Namespace n: metadata.labels: invalid type: string "x", expected a map"#);
+        assert_eq!(
+            e.to_string(),
+            r#"Namespace n: metadata.labels: invalid type: string "x", expected a map"#
+        );
         let e = Object::decode(json!({"apiVersion": "v1", "kind": "Pod", "metadata": 3}), Decoding::Strict)
             .expect_err("metadata");
         assert_eq!(e.to_string(), "Pod: metadata: invalid type: integer `3`, expected ObjectMeta");

@@ -122,10 +122,8 @@ pub fn decode<T: DeserializeOwned + Serialize>(value: &Value, decoding: Decoding
     let decoded: T = match decoding {
         Decoding::Lenient => T::deserialize(value)
             .map_err(|e| FieldError::Invalid { path: FieldPath::default(), message: e.to_string() })?,
-        Decoding::Strict => serde_path_to_error::deserialize(value).map_err(|e| FieldError::Invalid {
-            path: path_of(e.path()),
-            message: e.inner().to_string(),
-        })?,
+        Decoding::Strict => serde_path_to_error::deserialize(value)
+            .map_err(|e| FieldError::Invalid { path: path_of(e.path()), message: e.inner().to_string() })?,
     };
     if decoding == Decoding::Strict {
         let encoded = serde_json::to_value(&decoded)

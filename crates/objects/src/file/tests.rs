@@ -465,7 +465,8 @@ const POLICY: &str = "apiVersion: security.istio.io/v1\nkind: AuthorizationPolic
 
 #[test]
 fn an_unknown_field_is_refused_at_its_key_with_a_hint() {
-    let text = format!("{POLICY}  action: ALLOW\n  rulez:\n  - from:\n    - source:\n        principals: [a]\n");
+    let text =
+        format!("{POLICY}  action: ALLOW\n  rulez:\n  - from:\n    - source:\n        principals: [a]\n");
     assert_eq!(
         file_error(&text),
         r#"8:3: AuthorizationPolicy demo/allow: unknown field "spec.rulez" (did you mean "rules"?)"#
