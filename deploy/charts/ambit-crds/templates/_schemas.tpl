@@ -53,8 +53,6 @@ properties:
     type: object
     additionalProperties:
       type: integer
-      minimum: 0
-      maximum: 4294967295
   labels:
     {{- include "ambit-crds.labels" . | nindent 4 }}
   network:
@@ -63,8 +61,6 @@ properties:
     type: string
   weight:
     type: integer
-    minimum: 0
-    maximum: 4294967295
   serviceAccount:
     type: string
 {{- end }}
@@ -157,16 +153,12 @@ properties:
       properties:
         number:
           type: integer
-          minimum: 0
-          maximum: 4294967295
         protocol:
           type: string
         name:
           type: string
         targetPort:
           type: integer
-          minimum: 0
-          maximum: 4294967295
   location:
     type: string
     enum: [MESH_EXTERNAL, MESH_INTERNAL]
