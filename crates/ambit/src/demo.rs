@@ -145,15 +145,14 @@ pub fn documents() -> (Vec<(Value, Location)>, Vec<DesiredError>) {
     let read = std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, DEMO_YAML));
     let out = match read {
         Ok(()) => ambit_cluster::desired::read_files(std::slice::from_ref(&path)),
-        Err(e) => (
-            Vec::new(),
-            vec![DesiredError { at: Location { path: path.clone(), line: 0 }, problem: e.to_string() }],
-        ),
+        Err(e) => {
+            (Vec::new(), vec![DesiredError { at: Location::new(path.clone(), 0), problem: e.to_string() }])
+        }
     };
     let _ = std::fs::remove_dir_all(&dir);
     // Shown as the file of the repository.
     let shown = PathBuf::from("examples/demo/demo.yaml");
-    let relocate = |at: Location| Location { path: shown.clone(), line: at.line };
+    let relocate = |at: Location| Location { path: shown.clone(), origin: None, ..at };
     (
         out.0.into_iter().map(|(v, at)| (v, relocate(at))).collect(),
         out.1.into_iter().map(|e| DesiredError { at: relocate(e.at), problem: e.problem }).collect(),

@@ -527,7 +527,7 @@ pub fn apply(args: ApplyArgs, delete: bool) -> ExitCode {
         let done = if delete {
             std::fs::remove_file(&path).map_err(|e| format!("{}: {e}", path.display()))
         } else {
-            write_objects(&layout.desired(), &[(value.clone(), Location { path: path.clone(), line: 0 })])
+            write_objects(&layout.desired(), &[(value.clone(), Location::new(path.clone(), 0))])
         };
         if let Err(e) = done {
             return fail(what, e);

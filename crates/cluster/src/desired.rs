@@ -1,8 +1,10 @@
 //! What a user asks a local cluster to run: a folder of the same YAML they would give
 //! Kubernetes. Every file is read with `ambit-objects`' reader (the control plane's and the
-//! agents' own), every document decoded into its type, and the whole folder checked before
-//! anything is applied: an unknown kind, a document that does not decode, an object defined
-//! twice, a pod in a namespace that does not exist, a container without a command or a pod placed
+//! agents' own), every document decoded strictly into its type (as `kubectl apply` with
+//! server-side field validation does: an unknown field, a value of the wrong type or outside a
+//! CRD's enumeration is an error naming the field, at its own line and column), and the whole
+//! folder checked before anything is applied: an unknown kind, a document that does not decode,
+//! an object defined twice, a pod in a namespace that does not exist, a container without a command or a pod placed
 //! on a node the cluster lacks is an error naming the file and line, and nothing of the folder is
 //! used.
 //!
@@ -16,8 +18,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use ambit_objects::file::Origin;
 use ambit_objects::k8s_openapi::api::apps::v1::Deployment;
 use ambit_objects::k8s_openapi::api::core::v1::{PodSpec, ServiceAccount};
+use ambit_objects::strict::{self, Decoding, FieldError};
 use ambit_objects::{Kind, Object, ObjectError};
 use serde_json::Value;
 
@@ -34,21 +38,40 @@ pub const DEFAULT_NAMESPACE: &str = "default";
 /// The namespace of the mesh's own components (the control plane's), present as in a cluster.
 pub const SYSTEM_NAMESPACE: &str = "istio-system";
 
-/// A file and line.
+/// A file and line (and column, when a problem is at one field).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Location {
     /// The file.
     pub path: PathBuf,
     /// 1-based line of the document (0: the whole file).
     pub line: u64,
+    /// 1-based column of the problem (0: the line, not shown).
+    pub column: u64,
+    /// Where the value read from the file is in it (to place an error in one of its fields).
+    pub origin: Option<Origin>,
+}
+
+impl Location {
+    /// A whole file (`line` 0) or a line of it.
+    pub fn new(path: impl Into<PathBuf>, line: u64) -> Location {
+        Location { path: path.into(), line, column: 0, origin: None }
+    }
+
+    /// Where the field `error` is about is written, if this is a value read from a file (else
+    /// this location).
+    fn of_field(&self, error: &FieldError) -> Location {
+        let Some(origin) = &self.origin else { return self.clone() };
+        let at = ambit_objects::file::field_position(&self.path, origin, error);
+        Location { line: at.line, column: at.column, ..self.clone() }
+    }
 }
 
 impl fmt::Display for Location {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.line == 0 {
-            write!(f, "{}", self.path.display())
-        } else {
-            write!(f, "{}:{}", self.path.display(), self.line)
+        match (self.line, self.column) {
+            (0, _) => write!(f, "{}", self.path.display()),
+            (line, 0) => write!(f, "{}:{line}", self.path.display()),
+            (line, column) => write!(f, "{}:{line}:{column}", self.path.display()),
         }
     }
 }
@@ -151,7 +174,7 @@ pub const KINDS: &str = "Namespace, Pod, Deployment, Service, ServiceAccount, En
 
 /// The YAML files of `dir` (`.yaml`/`.yml`, not hidden), sorted.
 pub fn yaml_files(dir: &Path) -> Result<Vec<PathBuf>, DesiredError> {
-    let fail = |problem: String| DesiredError { at: Location { path: dir.to_owned(), line: 0 }, problem };
+    let fail = |problem: String| DesiredError { at: Location::new(dir, 0), problem };
     let entries = std::fs::read_dir(dir).map_err(|e| fail(format!("cannot read the folder: {e}")))?;
     let mut files = Vec::new();
     for entry in entries {
@@ -202,18 +225,16 @@ pub fn read_files(files: &[PathBuf]) -> (Vec<(Value, Location)>, Vec<DesiredErro
     let (mut documents, mut errors) = (Vec::new(), Vec::new());
     for path in files {
         match ambit_objects::file::values(path) {
-            Ok(values) => documents.extend(
-                values.into_iter().map(|(v, pos)| (v, Location { path: path.clone(), line: pos.line })),
-            ),
+            Ok(values) => documents.extend(values.into_iter().map(|(v, origin)| {
+                let line = origin.at.line;
+                (v, Location { origin: Some(origin), ..Location::new(path.clone(), line) })
+            })),
             Err(e) => {
-                let problem = match e.at {
-                    Some(p) => format!("column {}: {}", p.column, e.problem),
-                    None => e.problem.to_string(),
+                let at = match e.at {
+                    Some(p) => Location { column: p.column, ..Location::new(path.clone(), p.line) },
+                    None => Location::new(path.clone(), 0),
                 };
-                errors.push(DesiredError {
-                    at: Location { path: path.clone(), line: e.at.map_or(0, |p| p.line) },
-                    problem,
-                });
+                errors.push(DesiredError { at, problem: e.problem.to_string() });
             }
         }
     }
@@ -257,15 +278,27 @@ impl Reader {
         self.errors.push(DesiredError { at: at.clone(), problem: problem.into() });
     }
 
-    fn document(&mut self, value: Value, at: Location) {
+    /// `error` in a field of the `kind` object `value`, at the field.
+    fn fail_field(&mut self, at: &Location, kind: &str, value: &Value, error: &FieldError) {
+        let what = ambit_objects::describe(kind, value);
+        self.fail(&at.of_field(error), format!("{what}: {error}"));
+    }
+
+    fn document(&mut self, mut value: Value, at: Location) {
         let kind = value.get("kind").and_then(Value::as_str).unwrap_or_default().to_owned();
         let api_version = value.get("apiVersion").and_then(Value::as_str).unwrap_or_default().to_owned();
         let meta = value.get("metadata");
         let name = meta.and_then(|m| m.get("name")).and_then(Value::as_str).unwrap_or_default().to_owned();
         let namespace = meta.and_then(|m| m.get("namespace")).and_then(Value::as_str).map(str::to_owned);
+        if matches!(
+            (api_version.as_str(), kind.as_str()),
+            ("apps/v1", "Deployment") | ("v1", "ServiceAccount")
+        ) {
+            default_namespace(&mut value);
+        }
         match (api_version.as_str(), kind.as_str()) {
             ("apps/v1", "Deployment") => self.deployment(value, at),
-            ("v1", "ServiceAccount") => match serde_json::from_value::<ServiceAccount>(value) {
+            ("v1", "ServiceAccount") => match strict::decode::<ServiceAccount>(&value, Decoding::Strict) {
                 Ok(_) if name.is_empty() => self.fail(&at, "ServiceAccount has no metadata.name"),
                 Ok(_) => {
                     let ns = namespace.unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned());
@@ -274,7 +307,7 @@ impl Reader {
                         self.service_accounts.insert((ns, name));
                     }
                 }
-                Err(e) => self.fail(&at, format!("ServiceAccount does not decode: {e}")),
+                Err(e) => self.fail_field(&at, "ServiceAccount", &value, &e),
             },
             ("v1", "Node") => self.fail(
                 &at,
@@ -286,15 +319,10 @@ impl Reader {
 
     /// An object of a kind `ambit-objects` reads (Pods among them).
     fn object(&mut self, mut value: Value, kind: &str, api_version: &str, at: Location) {
-        // Namespaced objects without a namespace live in `default`, as `kubectl apply` puts them.
-        if let Some(k) = Kind::of(api_version, kind)
-            && k.is_namespaced()
-            && value.pointer("/metadata/namespace").is_none()
-            && let Some(meta) = value.get_mut("metadata").and_then(Value::as_object_mut)
-        {
-            meta.insert("namespace".into(), Value::String(DEFAULT_NAMESPACE.into()));
+        if Kind::of(api_version, kind).is_some_and(Kind::is_namespaced) {
+            default_namespace(&mut value);
         }
-        let object = match Object::from_value(value.clone()) {
+        let object = match Object::decode(value.clone(), Decoding::Strict) {
             Ok(o) => o,
             Err(ObjectError::UnknownKind { .. }) => {
                 return self.fail(
@@ -302,7 +330,13 @@ impl Reader {
                     format!("kind {kind} ({api_version}) is not one `ambit up` runs; it reads {KINDS}"),
                 );
             }
-            Err(e) => return self.fail(&at, e.to_string()),
+            Err(e) => {
+                let at = match &e {
+                    ObjectError::Field { error, .. } => at.of_field(error),
+                    _ => at,
+                };
+                return self.fail(&at, e.to_string());
+            }
         };
         let key = object.key();
         if !self.define(key.kind.name(), &key.namespace, &key.name, &at) {
@@ -331,9 +365,9 @@ impl Reader {
     }
 
     fn deployment(&mut self, value: Value, at: Location) {
-        let d: Deployment = match serde_json::from_value(value.clone()) {
+        let d: Deployment = match strict::decode(&value, Decoding::Strict) {
             Ok(d) => d,
-            Err(e) => return self.fail(&at, format!("Deployment does not decode: {e}")),
+            Err(e) => return self.fail_field(&at, "Deployment", &value, &e),
         };
         let Some(name) = d.metadata.name.clone().filter(|n| !n.is_empty()) else {
             return self.fail(&at, "Deployment has no metadata.name");
@@ -520,11 +554,20 @@ impl Reader {
             }
         }
         if pods.len() > MAX_PODS {
-            let at = pods.last().map(|p| p.at.clone()).unwrap_or(Location { path: PathBuf::new(), line: 0 });
+            let at = pods.last().map(|p| p.at.clone()).unwrap_or(Location::new(PathBuf::new(), 0));
             self.fail(&at, format!("{} pods asked for; `ambit up` runs at most {MAX_PODS}", pods.len()));
         }
         self.out.pods = pods;
         if self.errors.is_empty() { Ok(self.out) } else { Err(DesiredErrors(self.errors)) }
+    }
+}
+
+/// Namespaced objects without a namespace live in `default`, as `kubectl apply` puts them.
+fn default_namespace(value: &mut Value) {
+    if value.pointer("/metadata/namespace").is_none()
+        && let Some(meta) = value.get_mut("metadata").and_then(Value::as_object_mut)
+    {
+        meta.insert("namespace".into(), Value::String(DEFAULT_NAMESPACE.into()));
     }
 }
 

@@ -18,6 +18,7 @@
 //! of `pods/status`, so the translation sees the same annotation in both modes.
 
 mod capture;
+mod locate;
 #[cfg(test)]
 mod tests;
 
@@ -29,7 +30,7 @@ use std::sync::Arc;
 
 pub use capture::{CaptureError, CaptureState, CapturedPod};
 
-use crate::{Change, Filter, Kind, Object, ObjectError, ObjectKey, Source};
+use crate::{Change, Decoding, Filter, Kind, Object, ObjectError, ObjectKey, Source};
 
 /// Largest YAML file read (bigger ones are reported, and their last good objects kept).
 pub const MAX_FILE_BYTES: u64 = 64 << 20;
@@ -388,12 +389,52 @@ fn yaml_files(dir: &Path) -> std::io::Result<BTreeMap<PathBuf, std::fs::Metadata
     Ok(files)
 }
 
+/// Where one value of a file comes from: the position its document starts at and, for an item of
+/// a `v1` `List`, its index in each enclosing `items` (outermost first; empty: the document).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Origin {
+    /// Where the document starts.
+    pub at: Position,
+    /// The item's indices in the Lists holding it.
+    pub items: Vec<usize>,
+}
+
+impl Default for Position {
+    fn default() -> Position {
+        Position { line: 1, column: 1 }
+    }
+}
+
 /// One file's documents as the folder source reads them, not decoded yet: every document (and
-/// every item of a `v1` `List`) as JSON, with the position of the document it came from. The
-/// file's size is bounded by [`MAX_FILE_BYTES`]; it must be UTF-8 YAML whose documents are
-/// mappings with `apiVersion` and `kind`. `ambit up` reads its desired objects with this, so both
-/// readers accept exactly the same files.
-pub fn values(path: &Path) -> Result<Vec<(serde_json::Value, Position)>, Box<FileError>> {
+/// every item of a `v1` `List`) as JSON, with where it came from. The file's size is bounded by
+/// [`MAX_FILE_BYTES`]; it must be UTF-8 YAML whose documents are mappings with `apiVersion` and
+/// `kind`. `ambit up` reads its desired objects with this, so both readers accept exactly the same
+/// files; objects are then decoded with [`crate::Decoding::Strict`], and an error in one field is
+/// placed at that field with [`field_position`].
+pub fn values(path: &Path) -> Result<Vec<(serde_json::Value, Origin)>, Box<FileError>> {
+    let text = read_text(path)?;
+    let documents = documents(&text).map_err(|(at, message)| {
+        Box::new(FileError { path: path.to_owned(), at, problem: Problem::Yaml(message) })
+    })?;
+    let mut out = Vec::new();
+    for (value, at) in documents {
+        let fail = |p| Box::new(FileError { path: path.to_owned(), at: Some(at), problem: p });
+        out.extend(items(value).map_err(fail)?.into_iter().map(|(v, items)| (v, Origin { at, items })));
+    }
+    Ok(out)
+}
+
+/// Where in `path` the field that `error` is about is written (its key for an unknown field, its
+/// value otherwise), in the value from `origin`: found by parsing the file again with positions,
+/// which only errors pay for. As close as the file allows (the nearest enclosing field that is
+/// written, at worst the document's start, which is also the answer when the file changed or
+/// cannot be read again).
+pub fn field_position(path: &Path, origin: &Origin, error: &crate::FieldError) -> Position {
+    read_text(path).ok().and_then(|text| locate::find(&text, origin, error)).unwrap_or(origin.at)
+}
+
+/// The text of `path`: at most [`MAX_FILE_BYTES`] of UTF-8.
+fn read_text(path: &Path) -> Result<String, Box<FileError>> {
     let fail = |at: Option<Position>, problem| Box::new(FileError { path: path.to_owned(), at, problem });
     let too_large = |size| fail(None, Problem::TooLarge { size, limit: MAX_FILE_BYTES });
     let mut file = std::fs::File::open(path).map_err(|e| fail(None, Problem::Read(e.to_string())))?;
@@ -421,12 +462,7 @@ pub fn values(path: &Path) -> Result<Vec<(serde_json::Value, Position)>, Box<Fil
             )),
         )
     })?;
-    let documents = documents(&text).map_err(|(at, message)| fail(at, Problem::Yaml(message)))?;
-    let mut out = Vec::new();
-    for (value, at) in documents {
-        out.extend(items(value).map_err(|p| fail(Some(at), p))?.into_iter().map(|v| (v, at)));
-    }
-    Ok(out)
+    Ok(text)
 }
 
 /// Reads and parses one file: its objects that `filter` admits.
@@ -441,15 +477,22 @@ fn read(
     }
     let fail = |at: Option<Position>, problem| Box::new(FileError { path: path.to_owned(), at, problem });
     let mut objects: BTreeMap<ObjectKey, Placed> = BTreeMap::new();
-    for (value, at) in values(path)? {
-        let object = match Object::from_value(value) {
+    for (value, origin) in values(path)? {
+        let at = origin.at;
+        let object = match Object::decode(value, Decoding::Strict) {
             Ok(o) => o,
             Err(ObjectError::UnknownKind { api_version, kind }) => {
                 tracing::debug!(file = %path.display(), line = at.line, %api_version, %kind,
                     "skipping a kind Ambit does not read");
                 continue;
             }
-            Err(e) => return Err(fail(Some(at), Problem::Object(e.to_string()))),
+            Err(e) => {
+                let at = match &e {
+                    ObjectError::Field { error, .. } => field_position(path, &origin, error),
+                    _ => at,
+                };
+                return Err(fail(Some(at), Problem::Object(e.to_string())));
+            }
         };
         if !filter.admits(&object) {
             continue;
@@ -465,7 +508,8 @@ fn read(
 }
 
 /// The YAML text parser, for the fuzz targets (`fuzzing` feature): the objects of one file's
-/// text, each decoded as the source decodes it (errors as values, never a panic).
+/// text, each decoded as the source decodes it, a field error placed as the source places it
+/// (errors as values, never a panic).
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub fn fuzz_parse(text: &str) -> Vec<Result<Object, String>> {
@@ -473,10 +517,20 @@ pub fn fuzz_parse(text: &str) -> Vec<Result<Object, String>> {
         Err((_, message)) => vec![Err(message)],
         Ok(docs) => docs
             .into_iter()
-            .flat_map(|(value, _)| match items(value) {
-                Ok(items) => {
-                    items.into_iter().map(|v| Object::from_value(v).map_err(|e| e.to_string())).collect()
-                }
+            .flat_map(|(value, at)| match items(value) {
+                Ok(items) => items
+                    .into_iter()
+                    .map(|(v, items)| {
+                        Object::decode(v, Decoding::Strict).map_err(|e| match &e {
+                            ObjectError::Field { error, .. } => {
+                                let origin = Origin { at, items };
+                                let p = locate::find(text, &origin, error).unwrap_or(at);
+                                format!("{}:{}: {e}", p.line, p.column)
+                            }
+                            _ => e.to_string(),
+                        })
+                    })
+                    .collect(),
                 Err(p) => vec![Err(p.to_string())],
             })
             .collect(),
@@ -490,7 +544,25 @@ type Documents = Vec<(serde_json::Value, Position)>;
 type YamlError = (Option<Position>, String);
 
 fn documents(text: &str) -> Result<Documents, YamlError> {
-    let options = serde_saphyr::options! {
+    let docs: Vec<serde_saphyr::Spanned<serde_json::Value>> =
+        serde_saphyr::from_multiple_with_options(text, options()).map_err(|e| {
+            let at = e
+                .location()
+                .filter(|l| l.line() > 0)
+                .map(|l| Position { line: l.line(), column: l.column() });
+            (at, plain_message(&e, at))
+        })?;
+    Ok(docs.into_iter().map(|d| (d.value, start(&d.referenced))).collect())
+}
+
+/// Where a document starts, as [`documents`] reports it.
+fn start(l: &serde_saphyr::Location) -> Position {
+    Position { line: l.line().max(1), column: l.column().max(1) }
+}
+
+/// The parser's options for object files.
+fn options() -> serde_saphyr::Options {
+    serde_saphyr::options! {
         // YAML 1.2's booleans only (`true`/`false`): `app: y` is the string `y`.
         strict_booleans: true,
         // Bounded by the file size limit rather than by the default 1 024 documents per file.
@@ -499,22 +571,7 @@ fn documents(text: &str) -> Result<Documents, YamlError> {
             max_nodes: 20_000_000,
             max_events: 50_000_000,
         },
-    };
-    let docs: Vec<serde_saphyr::Spanned<serde_json::Value>> =
-        serde_saphyr::from_multiple_with_options(text, options).map_err(|e| {
-            let at = e
-                .location()
-                .filter(|l| l.line() > 0)
-                .map(|l| Position { line: l.line(), column: l.column() });
-            (at, plain_message(&e, at))
-        })?;
-    Ok(docs
-        .into_iter()
-        .map(|d| {
-            let at = Position { line: d.referenced.line().max(1), column: d.referenced.column().max(1) };
-            (d.value, at)
-        })
-        .collect())
+    }
 }
 
 /// One YAML document (JSON is YAML too) as a JSON value, read with the same parser and
@@ -547,8 +604,8 @@ fn plain_message(e: &serde_saphyr::Error, at: Option<Position>) -> String {
     message.lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join(" ")
 }
 
-/// A document's objects: itself, or the items of a `v1` `List`.
-fn items(value: serde_json::Value) -> Result<Vec<serde_json::Value>, Problem> {
+/// A document's objects: itself, or the items of a `v1` `List` (with their indices).
+fn items(value: serde_json::Value) -> Result<Vec<(serde_json::Value, Vec<usize>)>, Problem> {
     let serde_json::Value::Object(map) = &value else {
         return Err(Problem::NotAnObject("a document must be a mapping with apiVersion, kind and metadata"));
     };
@@ -562,13 +619,20 @@ fn items(value: serde_json::Value) -> Result<Vec<serde_json::Value>, Problem> {
                 // Each item is checked like a document (a List in a List too; YAML's nesting
                 // limit bounds the depth).
                 Some(serde_json::Value::Array(list)) => {
-                    list.into_iter().map(items).collect::<Result<Vec<_>, _>>().map(|v| v.concat())
+                    let mut out = Vec::new();
+                    for (i, item) in list.into_iter().enumerate() {
+                        for (v, mut inner) in items(item)? {
+                            inner.insert(0, i);
+                            out.push((v, inner));
+                        }
+                    }
+                    Ok(out)
                 }
                 None | Some(serde_json::Value::Null) => Ok(Vec::new()),
                 Some(_) => Err(Problem::NotAnObject("the items of a List must be a sequence")),
             },
             _ => Ok(Vec::new()),
         },
-        _ => Ok(vec![value]),
+        _ => Ok(vec![(value, Vec::new())]),
     }
 }

@@ -6,6 +6,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::istio::custom_kind;
 
+/// `listeners[].allowedRoutes.namespaces.from` (empty: `Same`), as the Gateway API's schema has it.
+pub const ROUTE_NAMESPACES_FROM: &[&str] = &["All", "Selector", "Same"];
+
 /// `gateway.networking.k8s.io/v1` Gateway.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]

@@ -1,14 +1,28 @@
 //! Istio's kinds, as far as ambient uses them: `security.istio.io/v1` AuthorizationPolicy and
 //! PeerAuthentication, `networking.istio.io/v1` ServiceEntry and WorkloadEntry.
 //!
-//! Field names are the CRDs' (camelCase). Unknown fields are ignored, so objects written for a
-//! newer Istio still parse; enum-like fields stay strings (`action`, `mode`, `resolution`), so an
-//! unknown value reaches the translation, which decides what it means (istiod does the same).
+//! Field names are the CRDs' (camelCase). How strictly they are read depends on where they come
+//! from ([`crate::Decoding`]): from the Kubernetes API, unknown fields are ignored, so objects
+//! written for a newer Istio still parse (the API server validated them against its schema); from
+//! files, an unknown field is an error naming it, as `kubectl apply` reports it. Enum-like fields
+//! stay strings (`action`, `mode`, `location`, `resolution`): files must hold one of the values
+//! below (case-sensitive, as the CRD schemas require, [`ACTIONS`], [`MTLS_MODES`], [`LOCATIONS`],
+//! [`RESOLUTIONS`]; the chart's CRDs carry the same lists); from the API, a value the translation
+//! does not know still fails closed there.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
+
+/// `AuthorizationPolicy.spec.action` (empty: `ALLOW`).
+pub const ACTIONS: &[&str] = &["ALLOW", "DENY", "AUDIT", "CUSTOM"];
+/// `PeerAuthentication.spec.mtls.mode` and `spec.portLevelMtls[port].mode` (empty: `UNSET`).
+pub const MTLS_MODES: &[&str] = &["UNSET", "DISABLE", "PERMISSIVE", "STRICT"];
+/// `ServiceEntry.spec.location` (empty: `MESH_EXTERNAL`).
+pub const LOCATIONS: &[&str] = &["MESH_EXTERNAL", "MESH_INTERNAL"];
+/// `ServiceEntry.spec.resolution` (empty: `NONE`); `DYNAMIC_DNS` is Istio's newest.
+pub const RESOLUTIONS: &[&str] = &["NONE", "STATIC", "DNS", "DNS_ROUND_ROBIN", "DYNAMIC_DNS"];
 
 /// Implements k8s-openapi's `Resource`, `ListableResource` and `Metadata` for a namespaced custom
 /// kind with `metadata`, so kube-rs can list and watch it.

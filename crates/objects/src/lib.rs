@@ -17,12 +17,14 @@ pub mod istio;
 #[cfg(feature = "kube")]
 pub mod kube;
 mod object;
+pub mod strict;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
 use std::collections::BTreeSet;
 
-pub use object::{Change, Kind, Object, ObjectError, ObjectKey};
+pub use object::{Change, Kind, Object, ObjectError, ObjectKey, describe};
+pub use strict::{Decoding, FieldError, FieldPath};
 
 /// Re-exported Kubernetes types, so users name one crate.
 pub use k8s_openapi;

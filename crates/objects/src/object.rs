@@ -10,6 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::gateway::{Gateway, GatewayClass};
 use crate::istio::{AuthorizationPolicy, PeerAuthentication, ServiceEntry, WorkloadEntry};
+use crate::strict::{self, Decoding, FieldError};
 
 macro_rules! kinds {
     ($($variant:ident($ty:ty)),+ $(,)?) => {
@@ -88,12 +89,20 @@ macro_rules! kinds {
                 }
             }
 
+            /// Parses a JSON value (one Kubernetes object) by its `apiVersion` and `kind`,
+            /// leniently: [`Object::decode`] with [`Decoding::Lenient`].
+            pub fn from_value(value: serde_json::Value) -> Result<Object, ObjectError> {
+                Object::decode(value, Decoding::Lenient)
+            }
+
             /// Parses a JSON value (one Kubernetes object, from the API or from YAML) by its
-            /// `apiVersion` and `kind`.
+            /// `apiVersion` and `kind`. [`Decoding::Strict`] (files) refuses unknown fields and
+            /// unsupported enum values, naming the field ([`ObjectError::Field`]);
+            /// [`Decoding::Lenient`] ignores them, as objects the API server validated are read.
             ///
             /// A cluster-scoped object's `metadata.namespace` is dropped, as the API server
             /// drops it: the object is the same object with or without it.
-            pub fn from_value(mut value: serde_json::Value) -> Result<Object, ObjectError> {
+            pub fn decode(mut value: serde_json::Value, decoding: Decoding) -> Result<Object, ObjectError> {
                 let api_version = value.get("apiVersion").and_then(|v| v.as_str()).unwrap_or_default();
                 let kind_name = value.get("kind").and_then(|v| v.as_str()).unwrap_or_default();
                 let Some(kind) = Kind::of(api_version, kind_name) else {
@@ -107,11 +116,19 @@ macro_rules! kinds {
                 {
                     meta.remove("namespace");
                 }
-                let object = match kind {
-                    $(Kind::$variant => Object::$variant(Arc::new(
+                let object = match (kind, decoding) {
+                    $((Kind::$variant, Decoding::Lenient) => Object::$variant(Arc::new(
                         serde_json::from_value::<$ty>(value)
                             .map_err(|source| ObjectError::Decode { kind, source })?,
-                    )),)+
+                    )),
+                    (Kind::$variant, Decoding::Strict) => {
+                        let object = Object::$variant(Arc::new(
+                            strict::decode::<$ty>(&value, decoding)
+                                .map_err(|error| ObjectError::field(kind, &value, error))?,
+                        ));
+                        object.check_enums().map_err(|error| ObjectError::field(kind, &value, error))?;
+                        object
+                    })+
                 };
                 object.check()?;
                 Ok(object)
@@ -205,6 +222,54 @@ impl Object {
         }
     }
 
+    /// The enum-like strings the CRD schemas restrict (see [`crate::istio`] and
+    /// [`crate::gateway`]'s constants): the first value outside its enumeration.
+    fn check_enums(&self) -> Result<(), FieldError> {
+        use crate::gateway::ROUTE_NAMESPACES_FROM;
+        use crate::istio::{ACTIONS, LOCATIONS, MTLS_MODES, RESOLUTIONS};
+        match self {
+            Object::AuthorizationPolicy(ap) => {
+                strict::check_enum(&["spec", "action"], &ap.spec.action, ACTIONS)
+            }
+            Object::PeerAuthentication(pa) => {
+                if let Some(m) = &pa.spec.mtls {
+                    strict::check_enum(&["spec", "mtls", "mode"], &m.mode, MTLS_MODES)?;
+                }
+                for (port, m) in &pa.spec.port_level_mtls {
+                    let port = port.to_string();
+                    strict::check_enum(&["spec", "portLevelMtls", &port, "mode"], &m.mode, MTLS_MODES)?;
+                }
+                Ok(())
+            }
+            Object::ServiceEntry(se) => {
+                strict::check_enum(&["spec", "location"], &se.spec.location, LOCATIONS)?;
+                strict::check_enum(&["spec", "resolution"], &se.spec.resolution, RESOLUTIONS)
+            }
+            Object::Gateway(gw) => {
+                for (i, l) in gw.spec.listeners.iter().enumerate() {
+                    if let Some(n) = l.allowed_routes.as_ref().and_then(|a| a.namespaces.as_ref())
+                        && !n.from.is_empty()
+                        && !ROUTE_NAMESPACES_FROM.contains(&n.from.as_str())
+                    {
+                        let mut path = strict::FieldPath::keys(&["spec", "listeners"]);
+                        path.0.push(strict::Step::Index(i));
+                        path.0.extend(
+                            ["allowedRoutes", "namespaces", "from"].map(|k| strict::Step::Key(k.to_owned())),
+                        );
+                        let value = n.from.clone();
+                        return Err(FieldError::Unsupported {
+                            path,
+                            value,
+                            supported: ROUTE_NAMESPACES_FROM,
+                        });
+                    }
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// A namespaced object needs a namespace, every object a name.
     fn check(&self) -> Result<(), ObjectError> {
         let m = self.metadata();
@@ -216,6 +281,23 @@ impl Object {
             return Err(ObjectError::Missing { kind, field: "metadata.namespace" });
         }
         Ok(())
+    }
+}
+
+impl ObjectError {
+    /// A field error of the object `value` of `kind` (named by its metadata where it has one).
+    pub fn field(kind: Kind, value: &serde_json::Value, error: FieldError) -> ObjectError {
+        ObjectError::Field { kind, what: describe(kind.name(), value), error }
+    }
+}
+
+/// `Kind namespace/name`, `Kind name` or `Kind`, from an object's metadata as written.
+pub fn describe(kind: &str, value: &serde_json::Value) -> String {
+    let text = |key: &str| value.get("metadata").and_then(|m| m.get(key)).and_then(|v| v.as_str());
+    match (text("namespace").filter(|n| !n.is_empty()), text("name").filter(|n| !n.is_empty())) {
+        (Some(ns), Some(name)) => format!("{kind} {ns}/{name}"),
+        (None, Some(name)) => format!("{kind} {name}"),
+        _ => kind.to_owned(),
     }
 }
 
@@ -237,6 +319,16 @@ pub enum ObjectError {
         kind: Kind,
         /// The decoder's error.
         source: serde_json::Error,
+    },
+    /// A field of a strictly decoded object is unknown, of the wrong type or unsupported.
+    #[error("{what}: {error}")]
+    Field {
+        /// The kind.
+        kind: Kind,
+        /// The object as far as it is named: `Deployment demo/web`, `Namespace demo`, `Pod`.
+        what: String,
+        /// The field and what is wrong with it.
+        error: FieldError,
     },
     /// A required field is empty.
     #[error("{kind} has no {field}")]
@@ -275,6 +367,45 @@ mod tests {
         assert_eq!(o.key(), ObjectKey::new(Kind::PeerAuthentication, "ns", "p"));
         let Object::PeerAuthentication(pa) = o else { panic!("kind") };
         assert_eq!(pa.spec.port_level_mtls[&9090].mode, "DISABLE");
+    }
+
+    #[test]
+    fn the_kubernetes_api_path_stays_lenient() {
+        // What a newer Istio adds, and values the API server's schema let through, still read.
+        let value = json!({
+            "apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"action": "deny", "rulez": [], "newField": {"x": 1}},
+        });
+        let Object::AuthorizationPolicy(ap) = Object::from_value(value.clone()).expect("lenient") else {
+            panic!("kind")
+        };
+        assert_eq!(ap.spec.action, "deny");
+        let e = Object::decode(value, Decoding::Strict).expect_err("strict");
+        assert_eq!(
+            e.to_string(),
+            r#"AuthorizationPolicy ns/p: unknown field "spec.newField""#,
+            "the first unknown field in key order"
+        );
+    }
+
+    #[test]
+    fn strict_errors_name_the_object_as_far_as_it_is_named() {
+        let e = Object::decode(
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "n", "labels": "x"}}),
+            Decoding::Strict,
+        )
+        .expect_err("labels");
+        assert_eq!(
+            e.to_string(),
+            r#"Namespace n: metadata.labels: invalid type: string "x", expected a map"#
+        );
+        let e = Object::decode(json!({"apiVersion": "v1", "kind": "Pod", "metadata": 3}), Decoding::Strict)
+            .expect_err("metadata");
+        assert_eq!(e.to_string(), "Pod: metadata: invalid type: integer `3`, expected ObjectMeta");
+        // `null` is absent, not unknown.
+        let ok = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "n", "bogus": null}});
+        Object::decode(ok, Decoding::Strict).expect("a null is no field");
     }
 
     #[test]

@@ -127,3 +127,52 @@ fn every_problem_names_its_file_and_line_and_nothing_is_used() {
         ["d.yaml:1: Deployment demo/server asks for 65 replicas; `ambit up` runs 0 to 64"]
     );
 }
+
+/// The errors of a folder as `ambit up` prints them, file names without their folder.
+fn shown(files: &[(&str, &str)]) -> Vec<String> {
+    let dir = folder(files);
+    let prefix = format!("{}/", dir.path().display());
+    match Desired::load(dir.path(), &nodes()) {
+        Ok(d) => panic!("accepted: {d:?}"),
+        Err(e) => e.0.iter().map(|e| e.to_string().replace(&prefix, "")).collect(),
+    }
+}
+
+#[test]
+fn fields_are_decoded_strictly_and_errors_point_at_the_field() {
+    let policy = "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata:\n  name: allow\n  namespace: demo\nspec:\n";
+    let rulez = format!("{policy}  rulez:\n  - from:\n    - source:\n        namespaces: [demo]\n");
+    assert_eq!(
+        shown(&[("a.yaml", NS), ("p.yaml", &rulez)]),
+        [r#"p.yaml:7:3: AuthorizationPolicy demo/allow: unknown field "spec.rulez" (did you mean "rules"?)"#]
+    );
+    let deny = format!("{policy}  action: deny\n");
+    assert_eq!(
+        shown(&[("a.yaml", NS), ("p.yaml", &deny)]),
+        [
+            r#"p.yaml:7:11: AuthorizationPolicy demo/allow: spec.action: Unsupported value: "deny": supported values: "ALLOW", "DENY", "AUDIT", "CUSTOM""#
+        ]
+    );
+    let three = DEPLOY.replace("replicas: 2", "replicas: \"three\"");
+    assert_eq!(
+        shown(&[("a.yaml", NS), ("d.yaml", &three)]),
+        [r#"d.yaml:7:13: Deployment demo/server: spec.replicas: invalid type: string "three", expected i32"#]
+    );
+    // Deep in a Deployment's pod template, in a List item, namespace defaulted.
+    let typo = DEPLOY.replace("  namespace: demo\n", "").replace("containerPort:", "containerPrt:");
+    let list = format!("apiVersion: v1\nkind: List\nitems:\n- {}", typo.replace('\n', "\n  "));
+    assert_eq!(
+        shown(&[("l.yaml", &list)]),
+        [
+            r#"l.yaml:22:20: Deployment default/server: unknown field "spec.template.spec.containers[0].ports[0].containerPrt" (did you mean "containerPort"?)"#
+        ]
+    );
+    let sa = "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: web\nautomountToken: false\n";
+    assert_eq!(
+        shown(&[("s.yaml", sa)]),
+        [r#"s.yaml:5:1: ServiceAccount default/web: unknown field "automountToken""#]
+    );
+    // A file that is not YAML is placed at its line and column too.
+    let broken = "apiVersion: v1\nkind: Namespace\nmetadata: [unclosed\n";
+    assert_eq!(shown(&[("b.yaml", broken)]), ["b.yaml:3:11: not valid YAML: unclosed bracket '['"]);
+}

@@ -193,7 +193,8 @@ fn mode(pa: &PeerAuthentication) -> Mode {
 }
 
 /// A mode by its name. A value that is not one is taken as STRICT: when the user's intent is
-/// unknown, plaintext is refused rather than accepted.
+/// unknown, plaintext is refused rather than accepted. (Files are decoded strictly and refuse
+/// such a value; only the Kubernetes API, decoded leniently, can bring one.)
 fn parse_mode(s: &str) -> Mode {
     match s {
         "" | "UNSET" => Mode::Unset,

@@ -21,7 +21,8 @@ pub(crate) fn enforced(ap: &AuthorizationPolicy) -> Option<Action> {
         "" | "ALLOW" => Action::Allow,
         "DENY" => Action::Deny,
         "AUDIT" | "CUSTOM" => return None,
-        // Not an action (a typo such as `deny`): see `convert`.
+        // Not an action (a typo such as `deny`): see `convert`. Files are decoded strictly, so
+        // only the Kubernetes API (decoded leniently) can bring one.
         _ => Action::Allow,
     };
     if ap.spec.target_ref.is_some() || !ap.spec.target_refs.is_empty() {
