@@ -73,6 +73,37 @@ spec:
   - to: [{operation: {methods: ["DELETE"]}}]
 "#;
 
+/// A typo (`rulez`), a lower-case action and a type error: each refused, naming the field and
+/// its own line.
+const TYPO: &str = r#"apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: typo, namespace: demo}
+spec:
+  selector: {matchLabels: {app: server}}
+  action: ALLOW
+  rulez:
+  - from: [{source: {principals: ["cluster.local/ns/demo/sa/client"]}}]
+"#;
+
+const LOWER_CASE: &str = r#"apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: lower, namespace: demo}
+spec:
+  selector: {matchLabels: {app: server}}
+  action: deny
+  rules:
+  - from: [{source: {principals: ["cluster.local/ns/demo/sa/other"]}}]
+"#;
+
+const REPLICAS: &str = r#"apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web, namespace: plain}
+spec:
+  selector: {matchLabels: {app: web}}
+  template: {metadata: {labels: {app: web}}, spec: {containers: [{name: idle, command: [sleep, infinity]}]}}
+  replicas: "three"
+"#;
+
 const CRASHER: &str = r#"apiVersion: v1
 kind: Pod
 metadata: {name: crasher, namespace: plain}
@@ -199,6 +230,44 @@ fn policies_say_what_they_do_and_status_tells_the_truth() {
     let deny = deny.unwrap_or_else(|| panic!("no deny-delete in {policies}"));
     assert_eq!(deny["rules"], serde_json::json!(["denies all traffic"]), "{deny}");
     assert_eq!(deny["appliesTo"], "workloads with app=server in namespace demo", "{deny}");
+
+    // Refused at apply time, naming the field and its line; nothing changes, so the client,
+    // allowed again once deny-delete is gone, stays allowed.
+    c.delete("deny-delete.yaml", DENY_DELETE);
+    let allowed = wait_for(
+        || connect(&c, "demo/client", "demo/server").get("reply").is_some(),
+        Duration::from_secs(10),
+    );
+    assert!(allowed, "removing deny-delete did not allow the client again\n{}", c.logs());
+    for (name, text, want) in [
+        (
+            "typo.yaml",
+            TYPO,
+            ":7:3: AuthorizationPolicy demo/typo: unknown field \"spec.rulez\" (did you mean \"rules\"?)",
+        ),
+        (
+            "lower.yaml",
+            LOWER_CASE,
+            ":6:11: AuthorizationPolicy demo/lower: spec.action: Unsupported value: \"deny\": supported values: \
+             \"ALLOW\", \"DENY\", \"AUDIT\", \"CUSTOM\"",
+        ),
+        (
+            "replicas.yaml",
+            REPLICAS,
+            ":7:13: Deployment plain/web: spec.replicas: invalid type: string \"three\", expected i32",
+        ),
+    ] {
+        let f = c.file(name, text);
+        let r = c.ambit(&["apply", "-f", f.to_str().unwrap_or_default()]);
+        assert_eq!(r.code, Some(1), "{r}");
+        assert_eq!(r.stdout, "", "{r}");
+        assert_eq!(
+            r.stderr,
+            format!("ambit apply: 1 problem(s); nothing was applied:\n  {}{want}\n", f.display()),
+            "{r}"
+        );
+        assert_mtls(&c, "demo/client", "demo/server", CLIENT, &format!("after {name} was refused"));
+    }
 
     // -o yaml is the same report as -o json.
     let yaml = c.ambit(&["status", "-o", "yaml"]);
