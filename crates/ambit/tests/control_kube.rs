@@ -72,6 +72,43 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("port")
 }
 
+/// `ambit control` on `api` (state in `dir`, `env` added), once ready: the process and its gRPC
+/// and readiness ports.
+fn start_control(api: &ScriptedApi, dir: &std::path::Path, env: &[(&str, &str)]) -> (ChildGuard, u16, u16) {
+    let kubeconfig = dir.join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig);
+    let (grpc, ready) = (free_port(), free_port());
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ambit"));
+    cmd.args(["control", "--state-dir"])
+        .arg(dir.join("state"))
+        .arg("--root-ca-dir")
+        .arg(dir.join("no-cacerts"))
+        .args([
+            "--secure-grpc-addr",
+            &format!("127.0.0.1:{grpc}"),
+            "--grpc-addr",
+            "",
+            "--monitoring-addr",
+            "",
+        ])
+        .args(["--http-addr", &format!("127.0.0.1:{ready}"), "--debounce-after", "10ms"])
+        .env_clear()
+        .env("KUBECONFIG", &kubeconfig)
+        .env("RUST_LOG", "info")
+        .envs(env.iter().copied());
+    let mut control = ChildGuard::spawn("control", cmd);
+    let up = wait_for(
+        || {
+            control.try_wait().is_none()
+                && http_get(std::net::SocketAddr::from(([127, 0, 0, 1], ready)), "/ready")
+                    .is_ok_and(|(s, _)| s == 200)
+        },
+        Duration::from_secs(30),
+    );
+    assert!(up, "ambit control did not become ready on the Kubernetes source:\n{}", control.logs());
+    (control, grpc, ready)
+}
+
 #[test]
 fn control_plane_on_the_kubernetes_api() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("rt");
@@ -93,36 +130,7 @@ fn control_plane_on_the_kubernetes_api() {
     );
 
     let dir = tempfile::tempdir().expect("tempdir");
-    let kubeconfig = dir.path().join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig);
-    let (grpc, ready) = (free_port(), free_port());
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ambit"));
-    cmd.args(["control", "--state-dir"])
-        .arg(dir.path().join("state"))
-        .arg("--root-ca-dir")
-        .arg(dir.path().join("no-cacerts"))
-        .args([
-            "--secure-grpc-addr",
-            &format!("127.0.0.1:{grpc}"),
-            "--grpc-addr",
-            "",
-            "--monitoring-addr",
-            "",
-        ])
-        .args(["--http-addr", &format!("127.0.0.1:{ready}"), "--debounce-after", "10ms"])
-        .env_clear()
-        .env("KUBECONFIG", &kubeconfig)
-        .env("RUST_LOG", "info");
-    let mut control = ChildGuard::spawn("control", cmd);
-    let up = wait_for(
-        || {
-            control.try_wait().is_none()
-                && http_get(std::net::SocketAddr::from(([127, 0, 0, 1], ready)), "/ready")
-                    .is_ok_and(|(s, _)| s == 200)
-        },
-        Duration::from_secs(30),
-    );
-    assert!(up, "ambit control did not become ready on the Kubernetes source:\n{}", control.logs());
+    let (_control, grpc, _) = start_control(&api, dir.path(), &[]);
     let root =
         std::fs::read_to_string(dir.path().join("state/ca/root-cert.pem")).expect("the persisted root");
 
@@ -246,4 +254,94 @@ fn control_plane_on_the_kubernetes_api() {
     });
     let reviews = api.count("create", "/apis/authentication.k8s.io/v1/tokenreviews");
     assert!(reviews >= 5, "{reviews} token reviews");
+}
+
+/// The AuthorizationPolicy `name` in `demo` with `spec` (generation `generation`).
+fn policy(name: &str, generation: i64, spec: serde_json::Value) -> serde_json::Value {
+    json!({"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
+        "metadata": {"name": name, "namespace": "demo", "generation": generation}, "spec": spec})
+}
+
+/// The status patches the control plane sent for policy `name`, without their transition time.
+fn status_patches(api: &ScriptedApi, name: &str) -> Vec<serde_json::Value> {
+    let path = format!("/apis/security.istio.io/v1/namespaces/demo/authorizationpolicies/{name}/status");
+    api.requests()
+        .into_iter()
+        .filter(|r| r.method == "PATCH" && r.path == path)
+        .filter_map(|r| r.body)
+        .map(|mut b| {
+            let first = b.get_mut("status").and_then(|s| s.get_mut("conditions")).and_then(|c| c.get_mut(0));
+            if let Some(c) = first.and_then(|c| c.as_object_mut()) {
+                let time = c.remove("lastTransitionTime");
+                assert!(time.as_ref().and_then(|t| t.as_str()).is_some_and(|t| t.ends_with('Z')), "{time:?}");
+            }
+            b
+        })
+        .collect()
+}
+
+fn condition(status: &str, reason: &str, message: &str, generation: &str) -> serde_json::Value {
+    json!({"status": {"conditions": [{"type": "ZtunnelAccepted", "status": status, "reason": reason,
+        "message": message, "observedGeneration": generation}]}})
+}
+
+/// istiod's `ZtunnelAccepted` on each AuthorizationPolicy, as the status patch the control plane
+/// sends: accepted, accepted with what node proxies cannot enforce, not for node proxies (an
+/// AUDIT), none for a waypoint policy; a new generation is written once; the switch turns it off.
+#[test]
+fn policies_get_istiods_ztunnel_accepted_condition() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("rt");
+    let api = rt.block_on(ScriptedApi::start());
+    api.put_namespace("istio-system", &[]);
+    api.put_namespace("demo", &[("istio.io/dataplane-mode", "ambient")]);
+    let principals = json!([{"from": [{"source": {"principals": ["cluster.local/ns/demo/sa/client"]}}]}]);
+    api.put(policy("l4", 1, json!({"rules": principals})));
+    api.put(policy(
+        "l7",
+        1,
+        json!({"rules": [{"to": [{"operation": {"methods": ["GET"], "paths": ["/a"]}}],
+                          "when": [{"key": "request.headers[x-user]", "values": ["a"]}]}]}),
+    ));
+    api.put(policy("audit", 1, json!({"action": "AUDIT", "rules": principals})));
+    api.put(policy("waypoint", 1, json!({"targetRefs": [{"kind": "Gateway", "name": "w"}]})));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (control, _, _) = start_control(&api, dir.path(), &[]);
+    let all = ["l4", "l7", "audit", "waypoint"];
+    let written =
+        wait_for(|| all.iter().all(|n| !status_patches(&api, n).is_empty()), Duration::from_secs(10));
+    assert!(written, "not every policy got a status:\n{:?}\n{}", api.requests(), control.logs());
+    let l7 = "ztunnel does not support HTTP attributes (found: methods, paths, request.headers[x-user]). In \
+              ambient mode you must use a waypoint proxy to enforce HTTP rules. Within an ALLOW policy, rules \
+              matching HTTP attributes are omitted. This will be more restrictive than requested.";
+    assert_eq!(status_patches(&api, "l4"), [condition("True", "Accepted", "attached to ztunnel", "1")]);
+    assert_eq!(status_patches(&api, "l7"), [condition("True", "UnsupportedValue", l7, "1")]);
+    assert_eq!(
+        status_patches(&api, "audit"),
+        [condition("False", "UnsupportedValue", "ztunnel does not support the AUDIT action", "1")]
+    );
+    assert_eq!(status_patches(&api, "waypoint"), [json!({"status": {"conditions": null}})]);
+    // The status write comes back as a change of the object; nothing is written again.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(status_patches(&api, "l4").len(), 1, "{:?}", api.requests());
+
+    // The L7 rule is fixed: generation 2 is accepted.
+    api.put(policy("l7", 2, json!({"rules": principals})));
+    let fixed = wait_for(|| status_patches(&api, "l7").len() == 2, Duration::from_secs(10));
+    assert!(fixed, "{:?}", status_patches(&api, "l7"));
+    assert_eq!(status_patches(&api, "l7")[1], condition("True", "Accepted", "attached to ztunnel", "2"));
+    assert_eq!(
+        api.object(ambit_objects::Kind::AuthorizationPolicy, "demo", "l7")
+            .map(|o| o["status"]["conditions"][0]["reason"].clone()),
+        Some(json!("Accepted"))
+    );
+    drop(control);
+
+    // AMBIENT_ENABLE_STATUS=false: no status is written.
+    let api = rt.block_on(ScriptedApi::start());
+    api.put_namespace("demo", &[]);
+    api.put(policy("l4", 1, json!({"rules": principals})));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_control, _, _) = start_control(&api, dir.path(), &[("AMBIENT_ENABLE_STATUS", "false")]);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(status_patches(&api, "l4"), Vec::<serde_json::Value>::new());
 }

@@ -70,10 +70,11 @@ pub fn agent_permissions() -> BTreeSet<(String, String, String)> {
 }
 
 /// `(apiGroup, resource, verb)` the control plane may use: it watches every kind it reads,
-/// and creates TokenReviews.
+/// creates TokenReviews and patches the AuthorizationPolicies' status (ZtunnelAccepted).
 pub fn control_permissions() -> BTreeSet<(String, String, String)> {
     let mut out = watch(Kind::ALL);
     out.insert(("authentication.k8s.io".into(), "tokenreviews".into(), "create".into()));
+    out.insert(("security.istio.io".into(), "authorizationpolicies/status".into(), "patch".into()));
     out
 }
 

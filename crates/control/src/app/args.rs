@@ -106,6 +106,10 @@ pub struct ControlArgs {
     /// gives up and exits (not ready, with the reason, meanwhile).
     #[arg(long, env = "AMBIT_KUBE_SYNC_TIMEOUT", default_value = "120s", value_parser = parse_duration)]
     pub kube_sync_timeout: Duration,
+    /// With the Kubernetes source: write istiod's `ZtunnelAccepted` condition on every
+    /// AuthorizationPolicy (whether node proxies enforce it, and what they cannot enforce).
+    #[arg(long, env = "AMBIENT_ENABLE_STATUS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub ambient_enable_status: bool,
     /// Log filter (`RUST_LOG` syntax; changeable at run time through `/logging`).
     #[arg(long, env = "RUST_LOG", default_value = "info")]
     pub rust_log: String,

@@ -4,6 +4,7 @@
 mod args;
 mod debug;
 mod run;
+mod status;
 
 pub use args::{ControlArgs, Listen, parse_addr};
 pub use run::{ControlError, run, settings};

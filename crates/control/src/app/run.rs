@@ -169,6 +169,10 @@ async fn serve(args: ControlArgs) -> Result<(), ControlError> {
     } else {
         None
     };
+    let status = kube_client
+        .as_ref()
+        .filter(|_| args.ambient_enable_status)
+        .map(|client| super::status::StatusWriter::spawn(client.clone()));
     if let Some(client) = kube_client {
         let reviewer = Arc::new(KubeTokenReviewer::new(client));
         let cfg = KubeJwtConfig {
@@ -233,6 +237,7 @@ async fn serve(args: ControlArgs) -> Result<(), ControlError> {
         debug: debug_rx,
         poll: args.config_poll,
         file_errors: file_errors.clone(),
+        status,
     };
     worker.apply(first);
     tracing::info!(
@@ -376,6 +381,8 @@ struct Worker {
     debug: mpsc::Receiver<DebugRequest>,
     poll: Duration,
     file_errors: Arc<Mutex<Vec<String>>>,
+    /// Writes the policies' status conditions (Kubernetes source).
+    status: Option<super::status::StatusWriter>,
 }
 
 impl Worker {
@@ -420,7 +427,14 @@ impl Worker {
             }
         }
         let n = changes.len();
+        let policy_changed = changes.iter().any(|c| match c {
+            Change::Upsert(o) => o.kind() == Kind::AuthorizationPolicy,
+            Change::Delete(key) => key.kind == Kind::AuthorizationPolicy,
+        });
         let out = self.translator.apply(changes);
+        if policy_changed && let Some(status) = &self.status {
+            status.want(self.translator.ztunnel_conditions());
+        }
         let (addresses, authorizations) = (out.addresses.len(), out.authorizations.len());
         self.publisher.publish(&self.translator, out);
         tracing::debug!(changes = n, addresses, authorizations, took = ?started.elapsed(), "translated");

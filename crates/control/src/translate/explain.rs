@@ -61,6 +61,10 @@ pub struct Accepted {
 /// The condition type istiod writes on AuthorizationPolicies for node proxies.
 pub const ZTUNNEL_ACCEPTED: &str = "ZtunnelAccepted";
 
+/// Each AuthorizationPolicy's `ZtunnelAccepted` condition and the generation it is for, by
+/// `(namespace, name)`.
+pub type Conditions = std::collections::BTreeMap<(String, String), (i64, Option<Accepted>)>;
+
 impl PolicyReport {
     /// `kind namespace/name`.
     pub fn title(&self) -> String {

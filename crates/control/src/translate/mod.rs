@@ -218,6 +218,21 @@ impl Translator {
         out
     }
 
+    /// istiod's `ZtunnelAccepted` condition of each AuthorizationPolicy (`None` where istiod
+    /// writes none), with the generation it was computed for, by `(namespace, name)`.
+    pub fn ztunnel_conditions(&self) -> explain::Conditions {
+        let root = self.settings.root_namespace.as_str();
+        self.store
+            .auth
+            .iter()
+            .map(|(n, ap)| {
+                let generation = ap.metadata.generation.unwrap_or_default();
+                let condition = explain::authorization_policy(root, ap).condition;
+                ((n.ns.clone(), n.name.clone()), (generation, condition))
+            })
+            .collect()
+    }
+
     /// The aliases of an address resource for on-demand responses (§1.3): `<network>/<ip>` per
     /// workload address, `<network>/<ip>[/<len>]` per service VIP.
     pub fn aliases(&self, name: &str) -> Vec<String> {
