@@ -22,11 +22,26 @@ pub fn connect(netns: &str, addr: SocketAddr, timeout: Duration) -> std::io::Res
 
 /// `GET path` on `127.0.0.1:port` inside `netns`: the status code and the body.
 pub fn http_get(netns: &str, port: u16, path: &str) -> std::io::Result<(u16, String)> {
+    request(Some(netns), SocketAddr::from(([127, 0, 0, 1], port)), "GET", path)
+}
+
+/// An HTTP/1.0 request without a body (`GET`, or a `POST` such as `/logging?level=debug`) to
+/// `addr`, from inside `netns` when given, else from here: the status code and the body (at most
+/// [`MAX_RESPONSE`] bytes; 2 s per step).
+pub fn request(
+    netns: Option<&str>,
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+) -> std::io::Result<(u16, String)> {
     let timeout = Duration::from_secs(2);
-    let mut s = connect(netns, SocketAddr::from(([127, 0, 0, 1], port)), timeout)?;
+    let mut s = match netns {
+        Some(ns) => connect(ns, addr, timeout)?,
+        None => TcpStream::connect_timeout(&addr, timeout)?,
+    };
     s.set_read_timeout(Some(timeout))?;
     s.set_write_timeout(Some(timeout))?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
+    write!(s, "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
     let mut buf = Vec::new();
     s.take(MAX_RESPONSE).read_to_end(&mut buf)?;
     let text = String::from_utf8_lossy(&buf);

@@ -63,6 +63,7 @@ pub async fn metrics(req: Request<Incoming>, registry: Arc<Registry>) -> Respons
 const INDEX: &str = "ambit proxy admin
   /config_dump            state, config and certificates (JSON)
   /debug/denials          the last connections denied by policy: time, peers, reason, deciding policies (JSON)
+  /debug/connections      live inbound connections: peer, identity, workload, bytes each way, since (JSON)
   /logging                POST: show the log level; ?level=<level> or ?level=<mod>:<level>,...; ?reset
   /debug/pprof/profile    GET: CPU profile (pprof protobuf); ?seconds=1..300 (10), ?frequency=1..1000 Hz (100)
   /quitquitquit           POST: drain and exit
@@ -80,6 +81,7 @@ pub async fn admin(req: Request<Incoming>, ctx: Arc<AdminCtx>) -> Response<Full<
                 .unwrap_or_default()
         }
         "/debug/denials" => ambit_admin::json(&ctx.shared.metrics.denials.list()),
+        "/debug/connections" => ambit_admin::json(&ctx.shared.connections.dump()),
         "/quitquitquit" => {
             if req.method() != Method::POST {
                 return text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n");
@@ -113,7 +115,7 @@ fn config_dump(ctx: &AdminCtx) -> String {
         );
         map.insert("limits".into(), serde_json::to_value(ctx.shared.limits.dump()).unwrap_or_default());
         if let Some(w) = &ctx.workloads {
-            map.insert("workloadState".into(), w.dump());
+            map.insert("workloadState".into(), w.dump(&ctx.shared.connections.dump()));
         }
         // Per type: version, nonce, resources held, last NACK; the connection's state.
         if let Some(x) = &ctx.shared.xds {

@@ -200,7 +200,7 @@ impl StreamCtx {
                 return metrics::record_failure(&inputs.metrics, &info, Flag::Connect, &e);
             }
         };
-        let registration = inputs.connections.register(conn, local.clone());
+        let registration = inputs.connections.register(conn, local.clone(), self.peer, upstream);
         let mut headers = HeaderMap::new();
         if let Ok(v) = HeaderValue::from_str(&crate::outbound::baggage(&local)) {
             headers.insert("baggage", v);
@@ -210,6 +210,7 @@ impl StreamCtx {
             return;
         }
         let record = ConnectionRecord::open(&inputs.metrics, info);
+        registration.count(&record.counters);
         // Bytes from the stream go to the app, the upstream here.
         let copy = crate::copy::hbone_relay(req.stream, app, record.counters.clone(), true);
         inputs.relay(record, copy, Some(&registration.closed)).await;

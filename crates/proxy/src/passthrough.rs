@@ -86,8 +86,9 @@ pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: Sock
         Ok(s) => s,
         Err(e) => return metrics::record_failure(&inputs.metrics, &info, Flag::Connect, &e),
     };
-    let registration = inputs.connections.register(conn, local);
+    let registration = inputs.connections.register(conn, local, peer, orig);
     let record = ConnectionRecord::open(&inputs.metrics, info);
+    registration.count(&record.counters);
     let counters = record.counters.clone();
     let (dr, dw) = stream.into_split();
     let (ur, uw) = app.into_split();

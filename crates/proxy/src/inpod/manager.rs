@@ -490,7 +490,7 @@ impl Manager {
     }
 
     /// `workloadState` for `/config_dump`: uid → {state, info, netns, error?}.
-    pub fn dump(&self) -> serde_json::Value {
+    pub fn dump(&self, live: &[crate::connections::LiveConnection]) -> serde_json::Value {
         #[derive(Serialize)]
         #[serde(rename_all = "camelCase")]
         struct PodDump<'a> {
@@ -501,9 +501,46 @@ impl Manager {
             error: Option<&'a str>,
             #[serde(skip_serializing_if = "Option::is_none")]
             pooled_hbone_connections: Option<usize>,
+            /// Connections being handled, both directions.
             #[serde(skip_serializing_if = "Option::is_none")]
-            connections: Option<usize>,
+            open_connections: Option<usize>,
+            /// ztunnel's shape (istioctl's `WorkloadConnections`): the inbound connections to
+            /// the pod; outbound ones are not tracked (the destination's proxy lists them).
+            connections: Connections,
         }
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Connections {
+            inbound: Vec<Conn>,
+            outbound: Vec<Conn>,
+        }
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Conn {
+            src: String,
+            original_dst: String,
+            actual_dst: String,
+            protocol: &'static str,
+            src_identity: String,
+            bytes_sent: u64,
+            bytes_received: u64,
+        }
+        let connections = |info: &WorkloadInfo| Connections {
+            inbound: live
+                .iter()
+                .filter(|c| c.dst_workload == format!("{}/{}", info.namespace, info.name))
+                .map(|c| Conn {
+                    src: c.src.clone(),
+                    original_dst: c.dst.clone(),
+                    actual_dst: c.dst.clone(),
+                    protocol: if c.src_identity.is_empty() { "TCP" } else { "HBONE" },
+                    src_identity: c.src_identity.clone(),
+                    bytes_sent: c.bytes_sent,
+                    bytes_received: c.bytes_received,
+                })
+                .collect(),
+            outbound: Vec::new(),
+        };
         let inner = self.lock();
         let mut map = serde_json::Map::new();
         let mut uids: Vec<&String> = inner.pods.keys().collect();
@@ -517,7 +554,8 @@ impl Manager {
                     netns: p.netns.id(),
                     error: None,
                     pooled_hbone_connections: Some(inputs.pool.connections()),
-                    connections: Some(inputs.open.load(std::sync::atomic::Ordering::Relaxed)),
+                    open_connections: Some(inputs.open.load(std::sync::atomic::Ordering::Relaxed)),
+                    connections: connections(&p.info),
                 },
                 PodState::Pending { error } => PodDump {
                     state: "Pending",
@@ -525,7 +563,8 @@ impl Manager {
                     netns: p.netns.id(),
                     error: Some(error),
                     pooled_hbone_connections: None,
-                    connections: None,
+                    open_connections: None,
+                    connections: connections(&p.info),
                 },
             };
             map.insert(uid.clone(), serde_json::to_value(d).unwrap_or_default());
