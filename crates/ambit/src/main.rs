@@ -12,6 +12,7 @@ use clap::{Parser, Subcommand};
 mod app;
 mod config_reference;
 mod demo;
+mod inspect;
 mod policies;
 mod status;
 mod up;
@@ -47,6 +48,11 @@ enum Command {
     /// The local cluster at a glance: nodes, pods (enrolled, identity, proxy listening),
     /// services, policies, certificates, denials, restarts.
     Status(up::StatusArgs),
+    /// What a node proxy knows and does (`istioctl ztunnel-config`), and whether it is in sync
+    /// with the control plane: workloads, services, policies (in words), certificates, live
+    /// connections, denials, log level, sync. On the local cluster's nodes or any proxy's admin
+    /// address.
+    Inspect(inspect::InspectArgs),
     /// Adds or changes the objects of a YAML file in the local cluster (checked first).
     Apply(up::ApplyArgs),
     /// Removes the objects of a YAML file from the local cluster (checked first).
@@ -198,6 +204,7 @@ fn run(command: Command) -> ExitCode {
         Command::Up(args) => up::up(*args),
         Command::Down(args) => up::down(args),
         Command::Status(args) => up::status(args),
+        Command::Inspect(args) => inspect::inspect(args),
         Command::Apply(args) => up::apply(args, false),
         Command::Delete(args) => up::apply(args, true),
         Command::Restart(args) => up::request("restart", args),

@@ -38,7 +38,7 @@ pub struct Ran {
 }
 
 impl Ran {
-    fn of(out: std::io::Result<Output>, what: &str) -> Ran {
+    pub fn of(out: std::io::Result<Output>, what: &str) -> Ran {
         let out = out.unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
         Ran {
             code: out.status.code(),

@@ -365,6 +365,16 @@ fn match_words(m: &Match) -> String {
         if values.is_empty() {
             return;
         }
+        // `*` alone: any value at all, which a plaintext peer (no identity) does not have.
+        if values.len() == 1 && values[0] == PRESENT {
+            let noun = what.trim_start_matches("from ");
+            parts.push(if negated {
+                format!("from no {noun} (plaintext)")
+            } else {
+                format!("from any {noun}")
+            });
+            return;
+        }
         let not = if negated { "not " } else { "" };
         parts.push(format!("{what} {not}{}", values.join(" or ")));
     };
@@ -389,12 +399,15 @@ fn match_words(m: &Match) -> String {
     if parts.is_empty() { "anything".to_owned() } else { parts.join(" and ") }
 }
 
+/// How a presence match reads among other values.
+const PRESENT: &str = "*";
+
 fn string_words(s: &StringMatch) -> String {
     match &s.match_type {
         Some(string_match::MatchType::Exact(x)) => x.clone(),
         Some(string_match::MatchType::Prefix(x)) => format!("{x}*"),
         Some(string_match::MatchType::Suffix(x)) => format!("*{x}"),
-        Some(string_match::MatchType::Presence(())) => "any (present)".to_owned(),
+        Some(string_match::MatchType::Presence(())) => PRESENT.to_owned(),
         None => "(none)".to_owned(),
     }
 }

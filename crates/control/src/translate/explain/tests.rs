@@ -228,3 +228,19 @@ fn peer_authentications_in_words() {
         ]
     );
 }
+
+#[test]
+fn presence_matches_read_as_any_or_plaintext() {
+    let m = |principals, not_principals| Authorization {
+        action: Action::Deny as i32,
+        rules: vec![Rule {
+            clauses: vec![ambit_api::security::Clause {
+                matches: vec![Match { principals, not_principals, ..Match::default() }],
+            }],
+        }],
+        ..Authorization::default()
+    };
+    let present = || vec![StringMatch { match_type: Some(string_match::MatchType::Presence(())) }];
+    assert_eq!(describe(&m(Vec::new(), present())), ["denies from no principal (plaintext)"]);
+    assert_eq!(describe(&m(present(), Vec::new())), ["denies from any principal"]);
+}
