@@ -13,7 +13,7 @@ use ambit_cluster::desired::Desired;
 use ambit_cluster::probe;
 use ambit_cluster::state::ClusterState;
 use ambit_cluster::up::{self, Layout};
-use ambit_control::translate::explain::PolicyReport;
+use ambit_control::translate::explain::{self, PolicyReport};
 use ambit_objects::Kind;
 use serde::Serialize;
 use serde_json::Value;
@@ -610,7 +610,8 @@ pub fn table(r: &Report) -> String {
             if d.source.is_empty() { format!("{} (plaintext)", d.source_address) } else { d.source.clone() };
         out += &format!("  {} {:<6} {source} → {}: {}", d.time, d.node, d.destination, d.reason);
         if !d.policies.is_empty() {
-            out += &format!(" [{}]", d.policies.join(", "));
+            let origins: Vec<String> = d.policies.iter().map(|p| explain::origin(p)).collect();
+            out += &format!(" [{}]", origins.join(", "));
         }
         out += "\n";
     }

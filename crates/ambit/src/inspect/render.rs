@@ -1,6 +1,7 @@
 //! The rows `ambit inspect` prints, built from the proxies' and the control plane's JSON, and
 //! the table they make for people (`-o json|yaml` print the same rows as objects).
 
+use ambit_control::translate::explain;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -362,7 +363,7 @@ impl Row for Denial {
             if self.src_identity.is_empty() { "(plaintext)".into() } else { self.src_identity.clone() },
             self.dst_workload.clone(),
             self.reason.clone(),
-            dash(self.policies.join(",")),
+            dash(self.policies.iter().map(|p| explain::origin(p)).collect::<Vec<_>>().join(", ")),
         ]
     }
 }

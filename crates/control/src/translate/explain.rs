@@ -327,6 +327,21 @@ fn selected(root_namespace: &str, ns: &str, selector: Option<&WorkloadSelector>)
     }
 }
 
+/// The object a published policy comes from, for a person: `namespace/name` of an
+/// AuthorizationPolicy as it is, the policies the translation derives from PeerAuthentications
+/// by what they are (`PeerAuthentication demo/strict (port-level mTLS)`, `STRICT mTLS
+/// (PeerAuthentication)`).
+pub fn origin(key: &str) -> String {
+    let (ns, name) = key.split_once('/').unwrap_or(("", key));
+    if name == names::STATIC_STRICT {
+        return "STRICT mTLS (a PeerAuthentication)".to_owned();
+    }
+    match name.strip_prefix("converted_peer_authentication_") {
+        Some(pa) => format!("PeerAuthentication {ns}/{pa} (port-level mTLS)"),
+        None => key.to_owned(),
+    }
+}
+
 /// A published policy in words: one line per rule (`allows` / `denies` …).
 pub fn describe(auth: &Authorization) -> Vec<String> {
     let verb = if auth.action == Action::Deny as i32 { "denies" } else { "allows" };

@@ -244,3 +244,13 @@ fn presence_matches_read_as_any_or_plaintext() {
     assert_eq!(describe(&m(Vec::new(), present())), ["denies from no principal (plaintext)"]);
     assert_eq!(describe(&m(present(), Vec::new())), ["denies from any principal"]);
 }
+
+#[test]
+fn derived_policies_name_their_origin() {
+    assert_eq!(origin("demo/allow"), "demo/allow");
+    assert_eq!(origin("istio-system/istio_converted_static_strict"), "STRICT mTLS (a PeerAuthentication)");
+    assert_eq!(
+        origin("demo/converted_peer_authentication_ports"),
+        "PeerAuthentication demo/ports (port-level mTLS)"
+    );
+}
