@@ -77,6 +77,49 @@ pub fn down(run_dir: &Path, tag: &str, grace: Duration) -> Removed {
     removed
 }
 
+/// A running cluster owner (`ambit up --supervise`), found in `/proc`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Owner {
+    /// Its pid.
+    pub pid: u32,
+    /// The run directory it was started with.
+    pub run_dir: PathBuf,
+}
+
+/// The running owners of clusters whose namespaces carry `tag`: every process started as
+/// `ambit up --supervise … --run-dir D --tag T` (how `ambit up` starts the owner), read from
+/// `/proc/<pid>/cmdline`. A record can be removed or point elsewhere; the running process is
+/// what holds the namespaces.
+pub fn live_owners(tag: &str) -> Vec<Owner> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let mut out = Vec::new();
+    for e in entries.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Ok(raw) = std::fs::read(e.path().join("cmdline")) else { continue };
+        let args: Vec<String> =
+            raw.split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+        if let Some(run_dir) = owner_of(&args, tag)
+            && crate::state::pid_alive(pid)
+        {
+            out.push(Owner { pid, run_dir });
+        }
+    }
+    out.sort_by_key(|o| o.pid);
+    out
+}
+
+/// The run directory of an owner's command line if it owns `tag`.
+fn owner_of(args: &[String], tag: &str) -> Option<PathBuf> {
+    if args.get(1).map(String::as_str) != Some("up") || !args.iter().any(|a| a == "--supervise") {
+        return None;
+    }
+    let value = |flag: &str| args.windows(2).find(|w| w[0] == flag).map(|w| w[1].clone());
+    if value("--tag")? != tag {
+        return None;
+    }
+    value("--run-dir").map(PathBuf::from)
+}
+
 /// Removes a cgroup directory tree bottom-up (cgroup directories are removed with rmdir once
 /// empty of processes); returns how many directories went.
 fn remove_tree(root: &Path, errors: &mut Vec<String>) -> usize {
@@ -113,6 +156,19 @@ mod tests {
         let run = tmp.path().join("run");
         let removed = down(&run, "ambcnothing", Duration::from_millis(10));
         assert!(removed.nothing() && removed.errors.is_empty(), "{removed:?}");
+    }
+
+    #[test]
+    fn owners_are_recognised_by_their_command_line() {
+        let args = |s: &str| s.split(' ').map(str::to_owned).collect::<Vec<_>>();
+        let owner =
+            args("/x/ambit up --supervise --nodes 2 --run-dir /tmp/c1 --tag lab --ambit-cni /x/ambit-cni");
+        assert_eq!(owner_of(&owner, "lab"), Some(PathBuf::from("/tmp/c1")));
+        assert_eq!(owner_of(&owner, "ambit"), None, "another tag");
+        assert_eq!(owner_of(&args("/x/ambit up --run-dir /tmp/c1 --tag lab"), "lab"), None, "not the owner");
+        assert_eq!(owner_of(&args("/x/ambit down --supervise --run-dir /d --tag lab"), "lab"), None);
+        // This test process is no owner of any tag.
+        assert!(live_owners("ambcnothing").is_empty());
     }
 
     #[test]
