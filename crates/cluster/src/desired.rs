@@ -13,9 +13,16 @@
 //! as written; Pods and Deployments (`apps/v1`, `replicas` copies of the template) become
 //! [`PodTemplate`]s that the cluster runs; ServiceAccounts are checked and kept. Nodes are the
 //! cluster's own (`ambit up --nodes`).
+//!
+//! Services get a cluster IP as the API server gives one: a Service without `spec.clusterIP`
+//! is given a free address of [`SERVICE_RANGE`] (chosen from its namespace and name, so the same
+//! folder gets the same addresses), `clusterIP: None` stays headless, and an address given must
+//! be in the range and not another Service's. `ambit up` and `ambit apply` write the address
+//! into the object they keep, so it stays the Service's across re-applies and restarts.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
 use ambit_objects::file::Origin;
@@ -37,6 +44,12 @@ pub const MAX_POD_NAME: usize = 63;
 pub const DEFAULT_NAMESPACE: &str = "default";
 /// The namespace of the mesh's own components (the control plane's), present as in a cluster.
 pub const SYSTEM_NAMESPACE: &str = "istio-system";
+
+/// The range Services' cluster IPs come from: 10.96.0.0/16 (kubeadm's default service CIDR
+/// starts there). Given addresses may be anywhere in it; those given out automatically come from
+/// its upper half (10.96.128.0 and up), as the API server gives out dynamic addresses from the
+/// upper part of its range and leaves the lower for chosen ones.
+pub const SERVICE_RANGE: (Ipv4Addr, u8) = (Ipv4Addr::new(10, 96, 0, 0), 16);
 
 /// A file and line (and column, when a problem is at one field).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -558,7 +571,137 @@ impl Reader {
             self.fail(&at, format!("{} pods asked for; `ambit up` runs at most {MAX_PODS}", pods.len()));
         }
         self.out.pods = pods;
+        self.cluster_ips();
         if self.errors.is_empty() { Ok(self.out) } else { Err(DesiredErrors(self.errors)) }
+    }
+
+    /// Checks the cluster IPs given and gives one to each Service without (see the module's
+    /// documentation).
+    fn cluster_ips(&mut self) {
+        let (base, len) = SERVICE_RANGE;
+        let size = 1u32 << (32 - len);
+        let base = u32::from(base);
+        let mut taken: BTreeMap<u32, String> = BTreeMap::new();
+        let mut wanting = Vec::new();
+        let mut problems = Vec::new();
+        for (i, p) in self.out.passed.iter().enumerate() {
+            if p.kind != Kind::Service
+                || p.value.pointer("/spec/type").and_then(Value::as_str) == Some("ExternalName")
+            {
+                continue;
+            }
+            let what = format!("Service {}/{}", p.namespace, p.name);
+            match cluster_ip(&p.value) {
+                None => wanting.push(i),
+                Some("None") => {}
+                Some(text) => match text.parse::<Ipv4Addr>() {
+                    Err(_) => problems.push((
+                        p.at.clone(),
+                        format!("{what}: clusterIP {text:?} is not an IPv4 address (or None, for a headless Service)"),
+                    )),
+                    Ok(ip) if u32::from(ip).wrapping_sub(base) >= size => problems.push((
+                        p.at.clone(),
+                        format!(
+                            "{what}: clusterIP {ip} is outside the cluster's service range {}/{len}",
+                            SERVICE_RANGE.0
+                        ),
+                    )),
+                    Ok(ip) => {
+                        if let Some(other) = taken.get(&u32::from(ip)) {
+                            problems.push((p.at.clone(), format!("{what}: clusterIP {ip} is taken by {other}")));
+                        } else {
+                            taken.insert(u32::from(ip), what);
+                        }
+                    }
+                },
+            }
+        }
+        for (at, problem) in problems {
+            self.fail(&at, problem);
+        }
+        // In name order, so that what a Service gets does not depend on the order of files.
+        wanting.sort_by(|a, b| {
+            let (a, b) = (&self.out.passed[*a], &self.out.passed[*b]);
+            (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name))
+        });
+        let half = size / 2;
+        for i in wanting {
+            let p = &mut self.out.passed[i];
+            // The upper half without its last address (the range's broadcast address).
+            let span = half - 1;
+            let start = u32::try_from(fnv1a(&[&p.namespace, &p.name]) % u64::from(span)).unwrap_or(0);
+            let Some(offset) =
+                (0..span).map(|k| half + (start + k) % span).find(|o| !taken.contains_key(&(base + o)))
+            else {
+                let at = p.at.clone();
+                let problem = format!("Service {}/{}: the service range is full", p.namespace, p.name);
+                self.fail(&at, problem);
+                continue;
+            };
+            let ip = Ipv4Addr::from(base + offset);
+            taken.insert(base + offset, format!("Service {}/{}", p.namespace, p.name));
+            if let Some(spec) = p.value.get_mut("spec").and_then(Value::as_object_mut) {
+                spec.insert("clusterIP".into(), Value::String(ip.to_string()));
+                spec.insert("clusterIPs".into(), Value::Array(vec![Value::String(ip.to_string())]));
+            }
+        }
+    }
+}
+
+/// A Service's `spec.clusterIP` (else the first of `spec.clusterIPs`); `None` when neither is
+/// set. `"None"` is a headless Service.
+pub fn cluster_ip(service: &Value) -> Option<&str> {
+    let spec = service.get("spec")?;
+    spec.get("clusterIP")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        .or_else(|| spec.pointer("/clusterIPs/0").and_then(Value::as_str).filter(|s| !s.is_empty()))
+}
+
+fn is_service(v: &Value) -> bool {
+    v.get("apiVersion").and_then(Value::as_str) == Some("v1")
+        && v.get("kind").and_then(Value::as_str) == Some("Service")
+}
+
+/// Gives each Service of `ours` without a cluster IP the one its object in `current` has (as the
+/// API server keeps a Service's address when it is applied again without one).
+pub fn keep_cluster_ips(ours: &mut [(Value, Location)], current: &[(Value, Location)]) {
+    for (v, _) in ours.iter_mut().filter(|(v, _)| is_service(v) && cluster_ip(v).is_none()) {
+        let file = object_file(v);
+        let kept =
+            current.iter().find(|(c, _)| is_service(c) && object_file(c) == file).and_then(|(c, _)| {
+                Some((c.pointer("/spec/clusterIP")?.clone(), c.pointer("/spec/clusterIPs").cloned()))
+            });
+        if let Some((ip, ips)) = kept
+            && let Some(spec) = v.get_mut("spec").and_then(Value::as_object_mut)
+        {
+            spec.insert("clusterIP".into(), ip);
+            if let Some(ips) = ips {
+                spec.insert("clusterIPs".into(), ips);
+            }
+        }
+    }
+}
+
+/// Writes into each Service of `documents` without a cluster IP the one the check gave it in
+/// `d`, so that the object kept is the one that runs.
+pub fn fill_cluster_ips(documents: &mut [(Value, Location)], d: &Desired) {
+    for (v, _) in documents.iter_mut().filter(|(v, _)| is_service(v) && cluster_ip(v).is_none()) {
+        let ns = v.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or(DEFAULT_NAMESPACE);
+        let name = v.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+        let Some(p) =
+            d.passed.iter().find(|p| p.kind == Kind::Service && p.namespace == ns && p.name == name)
+        else {
+            continue;
+        };
+        let Some(given) = p.value.get("spec").cloned() else { continue };
+        if let Some(spec) = v.get_mut("spec").and_then(Value::as_object_mut) {
+            for field in ["clusterIP", "clusterIPs"] {
+                if let Some(x) = given.get(field) {
+                    spec.insert(field.into(), x.clone());
+                }
+            }
+        }
     }
 }
 

@@ -176,3 +176,104 @@ fn fields_are_decoded_strictly_and_errors_point_at_the_field() {
     let broken = "apiVersion: v1\nkind: Namespace\nmetadata: [unclosed\n";
     assert_eq!(shown(&[("b.yaml", broken)]), ["b.yaml:3:11: not valid YAML: unclosed bracket '['"]);
 }
+
+fn service(name: &str, spec: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: demo\nspec:\n{spec}  ports: [{{port: 80}}]\n"
+    )
+}
+
+fn cluster_ips(d: &Desired) -> Vec<String> {
+    d.passed
+        .iter()
+        .filter(|p| p.kind == Kind::Service)
+        .map(|p| {
+            format!(
+                "{} {} {}",
+                p.name,
+                p.value["spec"]["clusterIP"].as_str().unwrap_or("-"),
+                p.value["spec"]["clusterIPs"]
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn services_without_a_cluster_ip_get_one_of_the_service_range() {
+    let files = [
+        ("a.yaml", format!("{NS}---\n{}", service("given", "  clusterIP: 10.96.0.10\n"))),
+        ("b.yaml", format!("{}---\n{}", service("auto", ""), service("headless", "  clusterIP: None\n"))),
+        ("c.yaml", service("other", "  clusterIP: \"\"\n")),
+    ];
+    let files: Vec<(&str, &str)> = files.iter().map(|(n, t)| (*n, t.as_str())).collect();
+    let d = Desired::load(folder(&files).path(), &nodes()).expect("load");
+    let want = [
+        "given 10.96.0.10 null",
+        "auto 10.96.187.140 [\"10.96.187.140\"]",
+        "headless None null",
+        "other 10.96.189.103 [\"10.96.189.103\"]",
+    ];
+    assert_eq!(cluster_ips(&d), want);
+    // The same objects in other files and another order get the same addresses.
+    let reordered = [
+        ("z.yaml", service("other", "")),
+        ("y.yaml", format!("{}---\n{NS}", service("auto", ""))),
+        ("x.yaml", service("headless", "  clusterIP: None\n")),
+        ("w.yaml", service("given", "  clusterIP: 10.96.0.10\n")),
+    ];
+    let reordered: Vec<(&str, &str)> = reordered.iter().map(|(n, t)| (*n, t.as_str())).collect();
+    let again = Desired::load(folder(&reordered).path(), &nodes()).expect("load");
+    let mut a = cluster_ips(&again);
+    let mut b = want.map(String::from).to_vec();
+    a.sort();
+    b.sort();
+    assert_eq!(a, b);
+    // An address given that the automatic one would have had: the automatic one moves on.
+    let taken = [(
+        "a.yaml",
+        format!("{NS}---\n{}---\n{}", service("auto", ""), service("first", "  clusterIP: 10.96.187.140\n")),
+    )];
+    let taken: Vec<(&str, &str)> = taken.iter().map(|(n, t)| (*n, t.as_str())).collect();
+    let d = Desired::load(folder(&taken).path(), &nodes()).expect("load");
+    assert_eq!(cluster_ips(&d), ["auto 10.96.187.141 [\"10.96.187.141\"]", "first 10.96.187.140 null"]);
+}
+
+#[test]
+fn a_cluster_ip_given_must_be_an_address_of_the_range_and_not_taken() {
+    let text = format!(
+        "{NS}---\n{}---\n{}---\n{}---\n{}",
+        service("a", "  clusterIP: 10.96.0.10\n"),
+        service("b", "  clusterIP: 10.96.0.10\n"),
+        service("c", "  clusterIP: 10.0.0.1\n"),
+        service("d", "  clusterIP: nope\n"),
+    );
+    assert_eq!(
+        errors(&[("s.yaml", &text)]),
+        [
+            "s.yaml:17: Service demo/b: clusterIP 10.96.0.10 is taken by Service demo/a",
+            "s.yaml:26: Service demo/c: clusterIP 10.0.0.1 is outside the cluster's service range 10.96.0.0/16",
+            "s.yaml:35: Service demo/d: clusterIP \"nope\" is not an IPv4 address (or None, for a headless Service)",
+        ]
+    );
+}
+
+#[test]
+fn applied_again_without_its_address_a_service_keeps_it() {
+    let at = Location::new("x.yaml", 1);
+    let yaml = |s: &str| ambit_objects::file::yaml_value(s).expect("yaml");
+    let current =
+        vec![(yaml(&service("auto", "  clusterIP: 10.96.200.1\n  clusterIPs: [10.96.200.1]\n")), at.clone())];
+    let mut ours = vec![(yaml(&service("auto", "")), at.clone()), (yaml(&service("new", "")), at.clone())];
+    keep_cluster_ips(&mut ours, &current);
+    assert_eq!(ours[0].0["spec"]["clusterIP"], "10.96.200.1");
+    assert_eq!(ours[0].0["spec"]["clusterIPs"], serde_json::json!(["10.96.200.1"]));
+    assert_eq!(ours[1].0["spec"].get("clusterIP"), None, "a new Service is given one by the check");
+    let mut all = current.clone();
+    all.push((yaml(NS), at.clone()));
+    all.push(ours[1].clone());
+    let d = Desired::check(all, Vec::new(), &nodes()).expect("check");
+    fill_cluster_ips(&mut ours, &d);
+    let given = d.passed.iter().find(|p| p.name == "new").expect("new");
+    assert_eq!(ours[1].0["spec"]["clusterIP"], given.value["spec"]["clusterIP"]);
+    assert!(cluster_ip(&ours[1].0).is_some_and(|ip| ip.starts_with("10.96.")), "{}", ours[1].0);
+}
