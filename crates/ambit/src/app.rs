@@ -4,9 +4,11 @@
 //!   `{"server":"<pod>","peer":"<ip:port>","local":"<ip:port>"}` (who answered, and the peer
 //!   address it saw: in the mesh, the client pod's own address), then echoes what it receives.
 //!   An HTTP request (`GET …`) gets the same JSON as an HTTP/1.1 response instead.
-//! - `ambit app client ADDR [--count N] [--timeout D]`: opens N connections to ADDR one after
-//!   the other and prints one JSON line per connection: the server's line when one came, or how
-//!   the connection ended (`refused`, `reset`, `closed` with no reply, `timeout`).
+//! - `ambit app client ADDR [--count N] [--timeout D]`: opens N connections to ADDR (`ip:port`
+//!   or `name:port`, the name resolved for each connection as curl does, through the pod's
+//!   resolver) one after the other and prints one JSON line per connection: the server's line
+//!   when one came, or how the connection ended (`refused`, `reset`, `closed` with no reply,
+//!   `timeout`, `dns` when the name did not resolve).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -32,8 +34,8 @@ enum AppCommand {
     },
     /// Connects to ADDR and prints what came back, one JSON line per connection.
     Client {
-        /// `ip:port` to connect to.
-        addr: SocketAddr,
+        /// `ip:port` or `name:port` to connect to.
+        addr: String,
         /// How many connections, one after the other.
         #[arg(long, default_value_t = 1)]
         count: u32,
@@ -65,7 +67,10 @@ pub fn run(args: AppArgs) -> Result<(), String> {
         AppCommand::Client { addr, count, timeout } => {
             let mut failed = 0;
             for _ in 0..count {
-                let line = client(addr, timeout);
+                let line = match resolve(&addr) {
+                    Ok(a) => client(a, timeout),
+                    Err(e) => json!({ "addr": addr, "error": "dns", "detail": e }),
+                };
                 if line.get("reply").is_none() {
                     failed += 1;
                 }
@@ -131,6 +136,17 @@ fn unmapped(a: SocketAddr) -> String {
         },
         SocketAddr::V4(_) => a.to_string(),
     }
+}
+
+/// `ip:port`, or `name:port` through the system's resolver (its first IPv4 address, else its
+/// first address).
+fn resolve(addr: &str) -> Result<SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    if let Ok(a) = addr.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    let all: Vec<SocketAddr> = addr.to_socket_addrs().map_err(|e| format!("{addr}: {e}"))?.collect();
+    all.iter().find(|a| a.is_ipv4()).or(all.first()).copied().ok_or_else(|| format!("{addr}: no address"))
 }
 
 fn client(addr: SocketAddr, timeout: Duration) -> serde_json::Value {
