@@ -17,7 +17,7 @@ use ambit_cluster::state::ClusterState;
 use ambit_cluster::up;
 use serde_json::Value;
 
-use crate::up::Where;
+use crate::context::Target;
 
 /// The demo's objects, as in `examples/demo/demo.yaml`.
 pub const DEMO_YAML: &str = include_str!("../../../examples/demo/demo.yaml");
@@ -290,7 +290,7 @@ fn observe(flow: &Flow, state: &ClusterState, ambit: &PathBuf) -> Observed {
 }
 
 /// Runs the flows on the cluster at `at` and prints the verdict table.
-pub fn run(at: &Where) -> ExitCode {
+pub fn run(at: &Target) -> ExitCode {
     let state = match ClusterState::load(&at.run_dir) {
         Ok(s) => s,
         Err(e) => {
@@ -371,7 +371,9 @@ pub fn run(at: &Where) -> ExitCode {
     println!();
     if bad == 0 {
         println!(
-            "every flow behaved as expected. The cluster is still up: `ambit status`, then `ambit down`."
+            "every flow behaved as expected. The cluster is still up: `{}`, then `{}`.",
+            at.command("status"),
+            at.command("down")
         );
         ExitCode::SUCCESS
     } else {

@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 
 mod app;
 mod config_reference;
+mod context;
 mod demo;
 mod inspect;
 mod policies;

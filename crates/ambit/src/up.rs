@@ -18,24 +18,43 @@ use ambit_cluster::up::{self, Layout, UpConfig};
 use clap::Args;
 use serde_json::Value;
 
+use crate::context::{self, Target};
 use crate::demo;
 
-/// Where `ambit up` keeps a cluster's files by default.
-pub const RUN_DIR: &str = "/run/ambit-up";
-/// The namespaces' prefix by default (`ambit-node1`, `ambit-control`, …).
-pub const TAG: &str = "ambit";
+pub use crate::context::{RUN_DIR, TAG};
 /// How long `ambit up` waits for the cluster to be ready.
 pub const UP_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// Where a cluster is.
+/// Where a cluster is. Without either flag, the commands other than `ambit up` act on the last
+/// cluster `ambit up` brought up (see [`crate::context`]).
 #[derive(Args, Clone, Debug)]
 pub struct Where {
-    /// The cluster's run directory.
-    #[arg(long, env = "AMBIT_UP_RUN_DIR", default_value = RUN_DIR)]
-    pub run_dir: PathBuf,
-    /// The prefix of the cluster's network namespaces.
-    #[arg(long, env = "AMBIT_UP_TAG", default_value = TAG)]
-    pub tag: String,
+    /// The cluster's run directory [default: the last cluster `ambit up` brought up, else
+    /// /run/ambit-up].
+    #[arg(long, env = "AMBIT_UP_RUN_DIR")]
+    pub run_dir: Option<PathBuf>,
+    /// The prefix of the cluster's network namespaces [default: the run directory's cluster's,
+    /// else ambit].
+    #[arg(long, env = "AMBIT_UP_TAG")]
+    pub tag: Option<String>,
+}
+
+impl Where {
+    /// The cluster `ambit up` builds: the flags, else the defaults (never the context).
+    fn for_up(&self) -> Target {
+        let run_dir =
+            self.run_dir.as_deref().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(RUN_DIR));
+        Target {
+            run_dir: context::absolute(run_dir),
+            tag: self.tag.clone().filter(|t| !t.is_empty()).unwrap_or_else(|| TAG.to_owned()),
+            remembered: false,
+        }
+    }
+
+    /// The cluster the other commands act on.
+    fn resolve(&self) -> Result<Target, String> {
+        context::resolve(self.run_dir.as_deref(), self.tag.as_deref())
+    }
 }
 
 /// `ambit up`.
@@ -44,8 +63,8 @@ pub struct UpArgs {
     /// How many nodes (`node1` … `nodeN`), 1 to 200.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=200))]
     pub nodes: u16,
-    /// A folder of Kubernetes YAML to run (Namespaces, Pods, Deployments, Services,
-    /// ServiceAccounts, Istio policies).
+    /// Kubernetes YAML to run (Namespaces, Pods, Deployments, Services, ServiceAccounts, Istio
+    /// policies): a file, or a folder (its .yaml and .yml files).
     #[arg(long, conflicts_with = "demo")]
     pub config: Option<PathBuf>,
     /// Run the demo (examples/demo): its objects, then every flow, with a verdict table; exits
@@ -89,7 +108,8 @@ pub struct StatusArgs {
 /// `ambit apply` / `ambit delete`.
 #[derive(Args, Debug)]
 pub struct ApplyArgs {
-    /// A YAML file of objects.
+    /// The objects: a YAML file, a folder (its .yaml and .yml files, as kubectl reads one), or
+    /// `-` for standard input.
     #[arg(short = 'f', long = "filename")]
     pub file: PathBuf,
     #[command(flatten)]
@@ -140,34 +160,49 @@ fn find_ambit_cni() -> Result<PathBuf, String> {
 }
 
 /// Whether a cluster (or what is left of one) is at `at`: the message to give, if so.
-fn already_up(at: &Where) -> Option<String> {
+fn already_up(at: &Target) -> Option<String> {
     match ClusterState::load(&at.run_dir) {
         Ok(s) if s.owner_alive() => {
             return Some(format!(
-                "a cluster is already up (run dir {}, owner pid {}, {}): `ambit status` shows it, `ambit down` removes it",
+                "a cluster is already up (run dir {}, owner pid {}, {}): `{}` shows it, `{}` removes it",
                 at.run_dir.display(),
                 s.owner,
-                s.phase
+                s.phase,
+                at.command("status"),
+                at.command("down")
             ));
         }
         Ok(_) | Err(StateError::Invalid { .. } | StateError::Io { .. }) => {
             return Some(format!(
-                "{} holds a cluster whose owner is gone (a crash or a killed `ambit up`); remove what is left with `ambit down`",
-                at.run_dir.display()
+                "{} holds a cluster whose owner is gone (a crash or a killed `ambit up`); remove what is left with `{}`",
+                at.run_dir.display(),
+                at.command("down")
             ));
         }
         Err(StateError::Missing(_)) => {}
     }
+    if let Some(o) = ambit_cluster::down::live_owners(&at.tag).into_iter().next() {
+        let theirs =
+            Target { run_dir: context::absolute(&o.run_dir), tag: at.tag.clone(), remembered: false };
+        return Some(format!(
+            "tag {} is taken by the cluster up in run dir {} (owner pid {}): `{}` shows it; choose another --tag",
+            at.tag,
+            theirs.run_dir.display(),
+            o.pid,
+            theirs.command("status")
+        ));
+    }
     let left = ambit_cluster::ip::netns_with_prefix(&format!("{}-", at.tag));
     if !left.is_empty() {
         return Some(format!(
-            "network namespaces of tag {:?} exist ({}); remove them with `ambit down`",
+            "network namespaces of tag {:?} exist ({}); remove them with `{}`",
             at.tag,
-            left.join(", ")
+            left.join(", "),
+            at.command("down")
         ));
     }
     if at.run_dir.exists() {
-        return Some(format!("{} exists; remove it with `ambit down`", at.run_dir.display()));
+        return Some(format!("{} exists; remove it with `{}`", at.run_dir.display(), at.command("down")));
     }
     None
 }
@@ -199,7 +234,8 @@ pub fn up(args: UpArgs) -> ExitCode {
     if let Err(e) = require_root("up") {
         return fail("up", e);
     }
-    if let Some(why) = already_up(&args.at) {
+    let at = args.at.for_up();
+    if let Some(why) = already_up(&at) {
         return fail("up", why);
     }
     let cni = match find_ambit_cni() {
@@ -218,27 +254,28 @@ pub fn up(args: UpArgs) -> ExitCode {
     let nodes = node_names(args.nodes);
     let (documents, errors) = if args.demo {
         demo::documents()
-    } else if let Some(dir) = &args.config {
-        match desired::yaml_files(dir) {
-            Ok(files) => desired::read_files(&files),
-            Err(e) => (Vec::new(), vec![e]),
-        }
+    } else if let Some(path) = &args.config {
+        read_source(path)
     } else {
         (Vec::new(), Vec::new())
     };
-    if let Err(e) = Desired::check(documents.clone(), errors, &nodes) {
-        print_errors("up", &e);
-        return ExitCode::FAILURE;
+    let mut documents = documents;
+    match Desired::check(documents.clone(), errors, &nodes) {
+        Ok(d) => desired::fill_cluster_ips(&mut documents, &d),
+        Err(e) => {
+            print_errors("up", &e);
+            return ExitCode::FAILURE;
+        }
     }
     crate::policies::print_warnings(documents.iter().map(|(v, _)| v));
-    let layout = Layout(args.at.run_dir.clone());
+    let layout = Layout(at.run_dir.clone());
     let started = Instant::now();
     let prepared = std::fs::create_dir_all(layout.desired())
         .and_then(|()| std::fs::create_dir_all(layout.logs()))
-        .map_err(|e| format!("{}: {e}", args.at.run_dir.display()))
+        .map_err(|e| format!("{}: {e}", at.run_dir.display()))
         .and_then(|()| write_objects(&layout.desired(), &documents));
     if let Err(e) = prepared {
-        let _ = std::fs::remove_dir_all(&args.at.run_dir);
+        let _ = std::fs::remove_dir_all(&at.run_dir);
         return fail("up", e);
     }
     let me = match std::env::current_exe() {
@@ -256,8 +293,8 @@ pub fn up(args: UpArgs) -> ExitCode {
     };
     let mut cmd = Command::new(&me);
     cmd.args(["up", "--supervise", "--nodes", &args.nodes.to_string(), "--run-dir"])
-        .arg(&args.at.run_dir)
-        .args(["--tag", &args.at.tag])
+        .arg(&at.run_dir)
+        .args(["--tag", &at.tag])
         .arg("--ambit-cni")
         .arg(&cni)
         .args(
@@ -270,11 +307,23 @@ pub fn up(args: UpArgs) -> ExitCode {
         .stderr(log_err);
     // Its own session: the cluster outlives this terminal.
     unsafe_setsid(&mut cmd);
+    // Remembered before the owner starts: an interrupted `ambit up` leaves a cluster that the
+    // other commands must find.
+    if let Err(e) =
+        context::remember(&context::Remembered { run_dir: at.run_dir.clone(), tag: at.tag.clone() })
+    {
+        let _ = std::fs::remove_dir_all(&at.run_dir);
+        return fail("up", e);
+    }
     let mut owner = match cmd.spawn() {
         Ok(c) => c,
-        Err(e) => return fail("up", format!("cannot start the cluster's owner: {e}")),
+        Err(e) => {
+            context::forget(&at.run_dir);
+            let _ = std::fs::remove_dir_all(&at.run_dir);
+            return fail("up", format!("cannot start the cluster's owner: {e}"));
+        }
     };
-    println!("ambit up: {} nodes, run dir {}", args.nodes, args.at.run_dir.display());
+    println!("ambit up: {} nodes, run dir {}", args.nodes, at.run_dir.display());
     let mut shown = 0;
     let outcome = loop {
         let text = std::fs::read_to_string(layout.progress()).unwrap_or_default();
@@ -308,22 +357,23 @@ pub fn up(args: UpArgs) -> ExitCode {
             eprintln!("--- last lines of {} ---\n{tail}", log_path.display());
         }
         eprintln!("ambit up: taking down what was built");
-        let removed = ambit_cluster::down::down(&args.at.run_dir, &args.at.tag, Duration::from_secs(5));
+        let removed = ambit_cluster::down::down(&at.run_dir, &at.tag, Duration::from_secs(5));
         for e in removed.errors {
             eprintln!("  {e}");
         }
+        context::forget(&at.run_dir);
         let _ = owner.wait();
         return ExitCode::FAILURE;
     }
     // The owner runs on by itself; it is not our child to wait for.
     std::mem::forget(owner);
     println!("ambit up: ready in {:.1} s\n", started.elapsed().as_secs_f64());
-    match ClusterState::load(&args.at.run_dir) {
-        Ok(s) => print!("{}", summary(&s, &layout)),
+    match ClusterState::load(&at.run_dir) {
+        Ok(s) => print!("{}", summary(&s, &layout, &at)),
         Err(e) => eprintln!("ambit up: {e}"),
     }
     if args.demo {
-        return demo::run(&args.at);
+        return demo::run(&at);
     }
     ExitCode::SUCCESS
 }
@@ -347,7 +397,7 @@ fn tail_file(path: &Path, n: usize) -> String {
 }
 
 /// Where everything is, after `ambit up`.
-fn summary(s: &ClusterState, layout: &Layout) -> String {
+fn summary(s: &ClusterState, layout: &Layout, at: &Target) -> String {
     let mut out = String::new();
     let control = s.network.hosts.iter().find(|h| h.name == up::CONTROL_HOST);
     if let Some(c) = control {
@@ -382,9 +432,13 @@ fn summary(s: &ClusterState, layout: &Layout) -> String {
         );
     }
     out += &format!(
-        "\nlogs        {}\nobjects     {} (edit with `ambit apply -f FILE` / `ambit delete -f FILE`)\nstatus      ambit status\nin a pod    ip netns exec <netns> <command>\nremove all  ambit down\n",
+        "\nlogs        {}\nobjects     {} (edit with `{}` / `{}`)\nstatus      {}\nin a pod    ip netns exec <netns> <command>\nremove all  {}\n",
         layout.logs().display(),
-        layout.desired().display()
+        layout.desired().display(),
+        at.command("apply -f FILE"),
+        at.command("delete -f FILE"),
+        at.command("status"),
+        at.command("down")
     );
     out
 }
@@ -406,9 +460,10 @@ fn supervise(args: &UpArgs) -> ExitCode {
         Err(e) => return fail("up", e),
     };
     let cni = args.ambit_cni.clone().unwrap_or_else(|| ambit.with_file_name("ambit-cni"));
+    let at = args.at.for_up();
     let cfg = UpConfig {
-        run_dir: args.at.run_dir.clone(),
-        tag: args.at.tag.clone(),
+        run_dir: at.run_dir.clone(),
+        tag: at.tag.clone(),
         nodes: usize::from(args.nodes),
         ambit,
         ambit_cni: cni,
@@ -427,12 +482,20 @@ pub fn down(args: DownArgs) -> ExitCode {
     if let Err(e) = require_root("down") {
         return fail("down", e);
     }
-    let removed = ambit_cluster::down::down(&args.at.run_dir, &args.at.tag, up::STOP_GRACE * 2);
+    let at = match args.at.resolve() {
+        Ok(t) => t,
+        Err(e) => return fail("down", e),
+    };
+    if let Some(why) = owned_elsewhere(&at) {
+        return fail("down", why);
+    }
+    let removed = ambit_cluster::down::down(&at.run_dir, &at.tag, up::STOP_GRACE * 2);
+    context::forget(&at.run_dir);
     if removed.nothing() {
         println!(
             "ambit down: nothing was up (no {} and no network namespace {}-*)",
-            args.at.run_dir.display(),
-            args.at.tag
+            at.run_dir.display(),
+            at.tag
         );
     } else {
         if let Some(pid) = removed.owner {
@@ -447,7 +510,7 @@ pub fn down(args: DownArgs) -> ExitCode {
             println!("removed {} cgroups", removed.cgroups);
         }
         if removed.run_dir {
-            println!("removed {}", args.at.run_dir.display());
+            println!("removed {}", at.run_dir.display());
         }
     }
     if removed.errors.is_empty() {
@@ -460,29 +523,64 @@ pub fn down(args: DownArgs) -> ExitCode {
     }
 }
 
+/// Why `ambit down` of `at` must not run: a tag whose namespaces it would remove (the one given,
+/// and the one of the run directory's record) belongs to a cluster whose owner runs in another
+/// run directory. Removing them would take the network from under that cluster while its owner
+/// goes on.
+fn owned_elsewhere(at: &Target) -> Option<String> {
+    let mut tags = vec![at.tag.clone()];
+    if let Ok(s) = ClusterState::load(&at.run_dir)
+        && !tags.contains(&s.network.tag)
+    {
+        tags.push(s.network.tag);
+    }
+    for tag in tags {
+        for o in ambit_cluster::down::live_owners(&tag) {
+            let theirs =
+                Target { run_dir: context::absolute(&o.run_dir), tag: tag.clone(), remembered: false };
+            if theirs.run_dir != at.run_dir {
+                return Some(format!(
+                    "the network namespaces {tag}-* belong to the cluster up in run dir {} (owner pid {}), not to {}; nothing was removed. To take that cluster down: {}",
+                    theirs.run_dir.display(),
+                    o.pid,
+                    at.run_dir.display(),
+                    theirs.command("down")
+                ));
+            }
+        }
+    }
+    None
+}
+
 /// `ambit apply -f FILE` and `ambit delete -f FILE`: the desired folder with FILE's objects
 /// written (or removed), checked as a whole first; nothing changes when it does not check.
 pub fn apply(args: ApplyArgs, delete: bool) -> ExitCode {
     let what = if delete { "delete" } else { "apply" };
-    let state = match ClusterState::load(&args.at.run_dir) {
-        Ok(s) if s.owner_alive() => s,
-        Ok(_) => return fail(what, "the cluster's owner is gone; `ambit down`, then `ambit up`"),
+    let target = match args.at.resolve() {
+        Ok(t) => t,
         Err(e) => return fail(what, e),
     };
-    let layout = Layout(args.at.run_dir.clone());
-    let (ours, errors) = desired::read_files(std::slice::from_ref(&args.file));
+    let state = match live_state(&target) {
+        Ok(s) => s,
+        Err(e) => return fail(what, e),
+    };
+    let layout = Layout(target.run_dir.clone());
+    let (mut ours, errors) = read_source(&args.file);
     if !errors.is_empty() {
         print_errors(what, &DesiredErrors(errors));
         return ExitCode::FAILURE;
     }
     if ours.is_empty() {
-        return fail(what, format!("{}: no objects", args.file.display()));
+        return fail(what, format!("{}: no objects", source_name(&args.file)));
     }
     let current_files = match desired::yaml_files(&layout.desired()) {
         Ok(f) => f,
         Err(e) => return fail(what, e),
     };
     let (current, errors) = desired::read_files(&current_files);
+    if !delete {
+        desired::keep_cluster_ips(&mut ours, &current);
+    }
     let mut names = Vec::new();
     for (value, at) in &ours {
         match desired::object_file(value) {
@@ -517,13 +615,21 @@ pub fn apply(args: ApplyArgs, delete: bool) -> ExitCode {
         next.extend(ours.iter().cloned());
     }
     let nodes: Vec<String> = state.network.nodes.iter().map(|n| n.name.clone()).collect();
-    if let Err(e) = Desired::check(next, errors, &nodes) {
-        print_errors(what, &e);
-        return ExitCode::FAILURE;
+    match Desired::check(next, errors, &nodes) {
+        Ok(d) => desired::fill_cluster_ips(&mut ours, &d),
+        Err(e) => {
+            print_errors(what, &e);
+            return ExitCode::FAILURE;
+        }
     }
     for ((value, _), name) in ours.iter().zip(&names) {
         let path = layout.desired().join(name);
         let existed = path.exists();
+        let same = |(v, at): &(Value, Location)| v == value && at.path == path;
+        if !delete && current.iter().any(same) {
+            println!("{} {} unchanged", kind_of(value), name_of(value));
+            continue;
+        }
         let done = if delete {
             std::fs::remove_file(&path).map_err(|e| format!("{}: {e}", path.display()))
         } else {
@@ -545,6 +651,47 @@ pub fn apply(args: ApplyArgs, delete: bool) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// The record of the cluster at `target`, whose owner must be running.
+fn live_state(target: &Target) -> Result<ClusterState, String> {
+    let s = target.load()?;
+    if s.owner_alive() {
+        Ok(s)
+    } else {
+        Err(format!(
+            "the cluster's owner is gone (a crash or a killed `ambit up`); `{}`, then `{}`",
+            target.command("down"),
+            target.command("up")
+        ))
+    }
+}
+
+/// How `-f`'s argument is named in messages.
+fn source_name(path: &Path) -> String {
+    if path == Path::new("-") { STDIN.to_owned() } else { path.display().to_string() }
+}
+
+/// What errors and locations call standard input.
+const STDIN: &str = "<stdin>";
+
+/// The documents of `-f PATH` (or `--config PATH`), as kubectl reads them: a file, every
+/// `.yaml`/`.yml` file of a folder (not hidden, in name order), or `-`, standard input.
+fn read_source(path: &Path) -> (Vec<(Value, Location)>, Vec<DesiredError>) {
+    if path == Path::new("-") {
+        let (mut docs, mut errors) = desired::read_files(&[PathBuf::from("/dev/stdin")]);
+        for at in docs.iter_mut().map(|(_, at)| at).chain(errors.iter_mut().map(|e| &mut e.at)) {
+            at.path = PathBuf::from(STDIN);
+        }
+        return (docs, errors);
+    }
+    if path.is_dir() {
+        return match desired::yaml_files(path) {
+            Ok(files) => desired::read_files(&files),
+            Err(e) => (Vec::new(), vec![e]),
+        };
+    }
+    desired::read_files(&[path.to_owned()])
+}
+
 fn kind_of(v: &Value) -> String {
     v.get("kind").and_then(Value::as_str).unwrap_or_default().to_owned()
 }
@@ -560,12 +707,16 @@ fn name_of(v: &Value) -> String {
 
 /// `ambit status`.
 pub fn status(args: StatusArgs) -> ExitCode {
+    let at = match args.at.resolve() {
+        Ok(t) => t,
+        Err(e) => return fail("status", e),
+    };
     loop {
-        let state = match ClusterState::load(&args.at.run_dir) {
+        let state = match at.load() {
             Ok(s) => s,
             Err(e) => return fail("status", e),
         };
-        let report = crate::status::gather(&state, &Layout(args.at.run_dir.clone()));
+        let report = crate::status::gather(&state, &Layout(at.run_dir.clone()));
         if args.output == "json" {
             println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
         } else if args.output == "yaml" {
@@ -602,8 +753,15 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// `ambit restart|stop|start NAME`: done by the cluster's owner, which answers.
 pub fn request(op: &str, args: ProcessArgs) -> ExitCode {
-    let req = up::Request { op: op.to_owned(), name: args.name, kill: args.kill };
-    match up::submit(&args.at.run_dir, &req, REQUEST_TIMEOUT) {
+    let at = match args.at.resolve() {
+        Ok(t) => t,
+        Err(e) => return fail(op, e),
+    };
+    if let Err(e) = live_state(&at) {
+        return fail(op, e);
+    }
+    let req = up::Request { op: op.to_owned(), name: args.name, kill: args.kill, flags: at.flags() };
+    match up::submit(&at.run_dir, &req, REQUEST_TIMEOUT) {
         Ok(r) if r.ok => {
             println!("{}", r.message);
             ExitCode::SUCCESS

@@ -527,7 +527,7 @@ impl Cluster {
             ("stop", _) => {
                 self.sup.hold(&req.name, STOP_GRACE, req.kill);
                 let how = if req.kill { "killed (SIGKILL)" } else { "stopped" };
-                Ok(format!("{} {how}; it stays down until `ambit start {}`", req.name, req.name))
+                Ok(format!("{} {how}; it stays down until `ambit start {}{}`", req.name, req.name, req.flags))
             }
             ("start", _) => {
                 self.sup.release(&req.name).map_err(|e| e.to_string())?;
@@ -1152,6 +1152,10 @@ pub struct Request {
     /// SIGKILL instead of SIGTERM (`stop`, `restart`).
     #[serde(default)]
     pub kill: bool,
+    /// How the requester names this cluster on a command line (` --run-dir D --tag T`, or empty
+    /// for the default one), for the commands the answer suggests.
+    #[serde(default)]
+    pub flags: String,
 }
 
 /// The owner's answer.
