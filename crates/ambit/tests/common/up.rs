@@ -62,6 +62,9 @@ pub struct LocalCluster {
     pub tag: String,
     /// The test's scratch directory (objects to apply, …).
     pub scratch: tempfile::TempDir,
+    /// The context file every command of this cluster uses (`AMBIT_UP_CONTEXT`): the test's own,
+    /// never the host's.
+    pub context: PathBuf,
     up: bool,
 }
 
@@ -71,7 +74,8 @@ impl LocalCluster {
         // ambit-cni next to ambit, where `ambit up` finds it.
         ambit_cni_path();
         let scratch = tempfile::tempdir().expect("tempdir");
-        LocalCluster { run_dir: scratch.path().join("run"), tag: cluster_tag(), scratch, up: false }
+        let context = scratch.path().join("context");
+        LocalCluster { run_dir: scratch.path().join("run"), tag: cluster_tag(), scratch, context, up: false }
     }
 
     /// `ambit <args…>` on this cluster (its run directory and tag).
@@ -80,8 +84,38 @@ impl LocalCluster {
             .args(args)
             .env("AMBIT_UP_RUN_DIR", &self.run_dir)
             .env("AMBIT_UP_TAG", &self.tag)
+            .env("AMBIT_UP_CONTEXT", &self.context)
             .output();
         Ran::of(out, &format!("ambit {}", args.join(" ")))
+    }
+
+    /// `ambit <args…>` as a user types it: no run directory or tag in the environment (only the
+    /// test's context file), `stdin` as its standard input.
+    pub fn typed(&self, args: &[&str], stdin: Option<&str>) -> Ran {
+        use std::io::Write;
+        let mut cmd = Command::new(ambit_bin());
+        cmd.args(args)
+            .env_remove("AMBIT_UP_RUN_DIR")
+            .env_remove("AMBIT_UP_TAG")
+            .env("AMBIT_UP_CONTEXT", &self.context)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let what = format!("ambit {}", args.join(" "));
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
+        if let Some(mut input) = child.stdin.take() {
+            input.write_all(stdin.unwrap_or_default().as_bytes()).expect("stdin");
+        }
+        Ran::of(child.wait_with_output(), &what)
+    }
+
+    /// `ambit up <args…>` as a user types it (see [`LocalCluster::typed`]); `ambit down` runs
+    /// when the test ends.
+    pub fn up_typed(&mut self, args: &[&str]) -> Ran {
+        self.up = true;
+        let mut all = vec!["up"];
+        all.extend_from_slice(args);
+        self.typed(&all, None)
     }
 
     /// `ambit up --nodes N --config DIR`, which must succeed.
@@ -228,6 +262,11 @@ impl LocalCluster {
                 &format!("--- {} ---\n{}\n", f.display(), lines[lines.len().saturating_sub(30)..].join("\n"));
         }
         out
+    }
+
+    /// The test took the cluster down itself: nothing to do when it ends.
+    pub fn down_done(&mut self) {
+        self.up = false;
     }
 
     /// `ambit down`, which must succeed.
