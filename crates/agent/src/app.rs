@@ -312,7 +312,9 @@ fn plugin_entry(args: &AgentArgs, paths: &args::Paths, conf_dir: PathBuf) -> Res
     if let Some(ns) = args.proxy_namespace() {
         allowed.push((SystemRole::Proxy, ns));
     }
-    if args.pod_name.as_deref().is_none_or(str::is_empty) {
+    // Only an agent that runs as a pod (its objects from the Kubernetes API) has pods of its own
+    // to recognise; with a folder of objects (`ambit up`) it is a process of the node.
+    if args.pod_name.as_deref().is_none_or(str::is_empty) && args.source_dir.is_none() {
         tracing::warn!(
             "POD_NAME or POD_NAMESPACE is not set: the plugin cannot recognise this agent's pods, so while \
              no agent runs a replacement agent pod starts only if the enrollment cache admits it"

@@ -573,8 +573,11 @@ impl Manager {
     }
 }
 
-/// The host's network namespace, or `None` (logged) when pid 1's namespace cannot be read, as in
-/// a sandbox or a container without the host's pid namespace; the proxy's own is refused anyway.
+/// The host's network namespace, or `None` when pid 1's namespace cannot be read, as in a
+/// sandbox that hides pid 1's namespaces even from root; the proxy's own is refused anyway. That
+/// is no fault (a node proxy without the host's pid namespace, as in its DaemonSet, or in a
+/// node's namespace under `ambit up`, runs beside pods whose namespaces are never pid 1's), so it
+/// is logged at info, not as a warning.
 fn host_netns(proc_root: &Path) -> Option<NetnsId> {
     match ambit_netns::host_id(proc_root) {
         Ok(id) => {
@@ -582,7 +585,7 @@ fn host_netns(proc_root: &Path) -> Option<NetnsId> {
             Some(id)
         }
         Err(e) => {
-            tracing::warn!(path = %proc_root.join("1/ns/net").display(), error = %e,
+            tracing::info!(path = %proc_root.join("1/ns/net").display(), error = %e,
                 "cannot read the host's network namespace; only the proxy's own namespace can be refused as a pod's");
             None
         }
