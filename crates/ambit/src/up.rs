@@ -52,7 +52,7 @@ impl Where {
     }
 
     /// The cluster the other commands act on.
-    fn resolve(&self) -> Result<Target, String> {
+    pub fn resolve(&self) -> Result<Target, String> {
         context::resolve(self.run_dir.as_deref(), self.tag.as_deref())
     }
 }

@@ -15,7 +15,6 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::process::ExitCode;
 
 use ambit_cluster::probe;
-use ambit_cluster::state::ClusterState;
 use clap::{Args, Subcommand};
 use serde::Serialize;
 use serde_json::Value;
@@ -149,13 +148,15 @@ fn targets(args: &InspectArgs) -> Result<(Vec<Target>, Option<Target>), String> 
     if let Some(url) = &args.admin {
         return Ok((vec![Target { node: url.clone(), netns: None, admin: address(url)? }], control));
     }
-    let state = ClusterState::load(&args.at.run_dir).map_err(|e| {
+    // The cluster named by --run-dir/--tag, else the last one `ambit up` brought up.
+    let at = args.at.resolve()?;
+    let state = at.load().map_err(|e| {
         format!("{e}; point at a proxy with --admin http://HOST:15000 (kubectl port-forward works)")
     })?;
     if !state.owner_alive() {
         return Err(format!(
             "the local cluster in {} is not running (its owner is gone)",
-            args.at.run_dir.display()
+            at.run_dir.display()
         ));
     }
     let nodes: Vec<Target> = state
