@@ -731,7 +731,13 @@ fn a_cluster_with_its_own_run_dir_and_tag_is_hard_to_misuse() {
     let services = c.status()["services"].clone();
     assert_eq!(
         services,
-        serde_json::json!([format!("demo/web  {vip}  ports 80→8080  selector {{\"app\":\"web\"}}")])
+        serde_json::json!([{
+            "namespace": "demo",
+            "name": "web",
+            "clusterIp": vip,
+            "ports": [{ "name": "tcp-echo", "port": 80, "targetPort": "8080" }],
+            "selector": { "app": "web" },
+        }])
     );
     // Reachable by address and by name (the pod's DNS answered by its node proxy).
     let by_vip = c.client("demo/client", &format!("{vip}:80"), 1).remove(0);
