@@ -56,7 +56,7 @@ pub use runtime::{CniFailure, CniRuntime, Sandbox, ambit_cni_path};
 pub use sockets::{connect_tcp_in, listen_tcp_in, original_dst, run_in};
 pub use up::{
     Counted, LocalCluster, Ran, ambit_bin, assert_mtls, assert_plaintext, cluster_tag, connect, counted,
-    enrolled, pod_status, try_denied, wait_counted,
+    desired_files, enrolled, pod_status, try_denied, wait_counted,
 };
 
 /// Timeout applied to every connect made by the harness.

@@ -411,3 +411,19 @@ pub fn enrolled(c: &LocalCluster, name: &str) -> bool {
     let p = pod_status(c, name);
     p["redirection"] == "enabled" && p["proxyListening"] == true
 }
+
+/// The desired folder's files: (name, content), sorted.
+pub fn desired_files(c: &LocalCluster) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = std::fs::read_dir(c.run_dir.join("desired"))
+        .expect("desired")
+        .flatten()
+        .map(|e| {
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read_to_string(e.path()).unwrap_or_default(),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
