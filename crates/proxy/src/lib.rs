@@ -39,6 +39,15 @@ pub use config::{
     UNSUPPORTED_SETTINGS,
 };
 
+/// One policy of `/config_dump` (ztunnel's local-config shape, as the proxy writes it) as the
+/// xDS resource it stands for, so tools can describe what a proxy holds (`ambit inspect`).
+pub fn dumped_policy(
+    value: serde_json::Value,
+) -> Result<ambit_api::security::Authorization, serde_json::Error> {
+    let policy: authz::Authorization = serde_json::from_value(value)?;
+    Ok((&policy).into())
+}
+
 /// Entry points for the fuzz targets in `fuzz/` (feature `fuzzing`, never on in a normal build):
 /// the parsers of untrusted input and what it takes to drive them.
 #[cfg(feature = "fuzzing")]
