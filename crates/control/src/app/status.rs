@@ -47,6 +47,8 @@ impl StatusWriter {
 async fn run(client: kube::Client, mut rx: watch::Receiver<Arc<Conditions>>) {
     let mut written: BTreeMap<(String, String), (i64, Option<Accepted>)> = BTreeMap::new();
     let mut pending = false;
+    // The error last logged: a refusal that lasts (RBAC) is logged once, not every retry.
+    let mut logged: Option<String> = None;
     loop {
         if pending {
             // A failed write is tried again after RETRY, or sooner when the set changes.
@@ -65,15 +67,20 @@ async fn run(client: kube::Client, mut rx: watch::Receiver<Arc<Conditions>>) {
             match write(&client, namespace, name, value.0, value.1.as_ref()).await {
                 Ok(()) => {
                     written.insert(key.clone(), value.clone());
+                    if logged.take().is_some() {
+                        tracing::info!("{ZTUNNEL_ACCEPTED} conditions are written again");
+                    }
                 }
                 // Deleted meanwhile: its removal will arrive as a change.
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
                 Err(e) => {
-                    if !pending {
+                    let error = e.to_string();
+                    if logged.as_deref() != Some(error.as_str()) {
                         tracing::warn!(
                             policy = %format!("{namespace}/{name}"),
-                            "cannot write the {ZTUNNEL_ACCEPTED} condition ({e}); trying again in {RETRY:?}"
+                            "cannot write the {ZTUNNEL_ACCEPTED} condition ({error}); trying again every {RETRY:?}"
                         );
+                        logged = Some(error);
                     }
                     pending = true;
                 }
