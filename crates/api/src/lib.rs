@@ -26,6 +26,26 @@ pub mod ca {
     include!(concat!(env!("OUT_DIR"), "/istio.v1.auth.rs"));
 }
 
+/// `ambit.waypoint.v1`: the waypoint's configuration (Destination, Policy), Ambit's own.
+pub use self::ambit::waypoint::v1 as waypoint;
+
+/// The generated module tree of package `ambit.waypoint.v1` (its references to `istio.workload`
+/// resolve through [`istio`]).
+#[doc(hidden)]
+pub mod ambit {
+    pub mod waypoint {
+        pub mod v1 {
+            include!(concat!(env!("OUT_DIR"), "/ambit.waypoint.v1.rs"));
+        }
+    }
+}
+
+/// Package paths as the code generated for other packages names them.
+#[doc(hidden)]
+pub mod istio {
+    pub use crate::workload;
+}
+
 /// `envoy.service.discovery.v3`: delta ADS.
 pub mod xds {
     include!(concat!(env!("OUT_DIR"), "/envoy.service.discovery.v3.rs"));
@@ -42,6 +62,10 @@ pub mod type_url {
     pub const ADDRESS: &str = "type.googleapis.com/istio.workload.Address";
     /// `istio.security.Authorization`.
     pub const AUTHORIZATION: &str = "type.googleapis.com/istio.security.Authorization";
+    /// `ambit.waypoint.v1.Destination`.
+    pub const WAYPOINT_DESTINATION: &str = "type.googleapis.com/ambit.waypoint.v1.Destination";
+    /// `ambit.waypoint.v1.Policy`.
+    pub const WAYPOINT_POLICY: &str = "type.googleapis.com/ambit.waypoint.v1.Policy";
 }
 
 #[cfg(test)]
