@@ -156,3 +156,25 @@ async fn a_transfer_many_times_the_windows_goes_through_flow_control_intact() {
     assert_eq!(got.len(), payload.len());
     assert!(got == payload, "the bytes came back changed");
 }
+
+#[tokio::test]
+async fn a_complete_answer_before_the_clients_end_is_read_whole_despite_the_no_error_reset() {
+    // The server answers, ends its side and drops the stream while the client's side is open:
+    // RST_STREAM(NO_ERROR) follows its END_STREAM (RFC 9113 §8.1). The client must still read
+    // the whole answer, then the end.
+    let ca = Arc::new(FakeCa::generate());
+    let addr = server(&ca, settings(), |req: ConnectRequest| async move {
+        if req.stream.respond(200, &HeaderMap::new(), false).is_err() {
+            return;
+        }
+        let mut io = req.stream.into_io();
+        let _ = io.write_all(b"the whole answer").await;
+        let _ = io.shutdown().await;
+    })
+    .await;
+    let mut io = open(ca, addr, settings()).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut answer = String::new();
+    tokio::time::timeout(T, io.read_to_string(&mut answer)).await.expect("in time").expect("read");
+    assert_eq!(answer, "the whole answer");
+}
