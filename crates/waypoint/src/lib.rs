@@ -7,8 +7,10 @@
 //! produces these policies) is to come.
 
 pub mod authz;
+pub mod config;
 
 pub use authz::{
     Action, Condition, Decision, DenyReason, Glob, Operation, PathError, Pattern, Policy, PolicySet, Request,
     Rule, Source, Unenforceable, UnsupportedAction, Verdict, normalize_path, remote_ip,
 };
+pub use config::{ConfigError, Snapshot};
