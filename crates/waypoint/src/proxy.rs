@@ -7,7 +7,10 @@
 //! matches, 500 when the chosen route has no usable backend (Gateway API), 503 `no healthy
 //! upstream` when the backend has no healthy endpoint, 503 `upstream connect error or
 //! disconnect/reset before headers` when the last attempt failed before a response, 504
-//! `upstream request timeout` when a timeout ran out.
+//! `upstream request timeout` when a timeout ran out. A gRPC request gets these as Envoy sends
+//! them: trailers-only, HTTP 200, `grpc-status` mapped from the HTTP status (403 → 7
+//! PERMISSION_DENIED, 503 and 504 → 14 UNAVAILABLE, …) and the text in `grpc-message`; the
+//! counters keep the HTTP status.
 //!
 //! Headers added upstream, as Istio's waypoint (Envoy's HTTP connection manager) does: the
 //! downstream address appended to `x-forwarded-for` (`remote.ip` reads it back with
@@ -54,15 +57,56 @@ pub(crate) async fn handle(
     conflict: Arc<AtomicBool>,
     req: Request<Incoming>,
 ) -> Response<Body> {
+    let grpc = is_grpc(req.headers());
     let resp = answer(&shared, &downstream, &conflict, req).await;
     shared.counters.response(resp.status());
-    resp
+    if grpc && resp.extensions().get::<Local>().is_some() { grpc_local(resp) } else { resp }
 }
+
+/// Marks an answer the waypoint made itself (not an endpoint's).
+#[derive(Clone, Copy, Debug)]
+struct Local;
+
+fn is_grpc(headers: &HeaderMap) -> bool {
+    headers.get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
+/// A local answer to a gRPC request as Envoy sends it: a trailers-only response (HTTP 200) whose
+/// `grpc-status` is the HTTP status mapped as gRPC's spec maps it, the text in `grpc-message`.
+fn grpc_local(resp: Response<Body>) -> Response<Body> {
+    let status = match resp.status().as_u16() {
+        400 => "13",
+        401 => "16",
+        403 => "7",
+        404 => "12",
+        429 | 502 | 503 | 504 => "14",
+        _ => "2",
+    };
+    let message = resp
+        .extensions()
+        .get::<LocalText>()
+        .filter(|t| !t.0.is_empty())
+        .and_then(|t| HeaderValue::from_str(t.0).ok());
+    let mut out = Response::new(full(Bytes::new()));
+    let headers = out.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert("grpc-status", HeaderValue::from_static(status));
+    if let Some(m) = message {
+        headers.insert("grpc-message", m);
+    }
+    out
+}
+
+/// The text of a local answer.
+#[derive(Clone, Copy, Debug)]
+struct LocalText(&'static str);
 
 /// A local answer with a text body.
 fn local(status: StatusCode, body: &'static str) -> Response<Body> {
     let mut resp = Response::new(full(Bytes::from_static(body.as_bytes())));
     *resp.status_mut() = status;
+    resp.extensions_mut().insert(Local);
+    resp.extensions_mut().insert(LocalText(body));
     if !body.is_empty() {
         resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
     }

@@ -567,3 +567,98 @@ async fn no_endpoints_answers_503_and_an_invalid_backend_500() {
     let mut c = h.http1(sock("10.0.0.41:80")).await;
     assert_eq!(send(&mut c, get("/")).await, (StatusCode::INTERNAL_SERVER_ERROR, "no valid backend".into()));
 }
+
+#[tokio::test]
+async fn a_denied_grpc_request_gets_a_trailers_only_permission_denied() {
+    let ca = Arc::new(FakeCa::generate());
+    let (backends, node) = three_backends(&ca).await;
+    let h = Harness::start(ca, Harness::settings(), node.addr).await;
+    let mut grpc =
+        service("grpc", Some("10.0.0.12"), &[(9090, 8080, api::Protocol::Grpc)], vec![endpoint("10.1.0.2")]);
+    let policies = vec![policy(
+        "deny-forbidden",
+        api::policy::Action::Deny,
+        api::Rule {
+            to: vec![api::Operation { paths: vec!["/pkg.Echo/Forbidden".into()], ..Default::default() }],
+            ..Default::default()
+        },
+    )];
+    grpc.policies = vec![policies[0].0.clone()];
+    h.configure(&[named("app-ns/grpc", grpc)], &policies);
+    let mut c = h.http2(sock("10.0.0.12:9090")).await;
+    let req = Request::post("http://grpc.app-ns/pkg.Echo/Forbidden")
+        .header("content-type", "application/grpc")
+        .body(body(&[0u8, 0, 0, 0, 0][..]))
+        .expect("request");
+    let resp = tokio::time::timeout(T, c.send_request(req)).await.expect("in time").expect("response");
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(resp.headers().get("grpc-status").map(|v| v.as_bytes()), Some(&b"7"[..]));
+    assert_eq!(resp.headers().get("grpc-message").map(|v| v.as_bytes()), Some(&b"RBAC: access denied"[..]));
+    assert_eq!(h.waypoint.counters().denials("app-ns/deny-forbidden"), 1);
+    assert_eq!(h.waypoint.counters().responses(403), 1);
+    assert_eq!(backends[1].requests(), 0);
+}
+
+#[tokio::test]
+async fn an_idle_downstream_connection_is_closed_after_the_idle_timeout() {
+    let ca = Arc::new(FakeCa::generate());
+    let (_backends, node) = three_backends(&ca).await;
+    let mut settings = Harness::settings();
+    settings.limits.idle_timeout = Duration::from_millis(300);
+    let h = Harness::start(ca, settings, node.addr).await;
+    let svc =
+        service("svc", Some("10.0.0.10"), &[(80, 8080, api::Protocol::Http)], vec![endpoint("10.1.0.1")]);
+    h.configure(&[named("app-ns/svc", svc)], &[]);
+    let mut c = h.http1(sock("10.0.0.10:80")).await;
+    assert_eq!(send(&mut c, get("/")).await, (StatusCode::OK, "a".into()));
+    let t0 = Instant::now();
+    let closed = tokio::time::timeout(Duration::from_secs(5), async {
+        while !c.is_closed() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "the idle connection stayed open");
+    let took = t0.elapsed();
+    assert!(took >= Duration::from_millis(250) && took < Duration::from_secs(3), "closed after {took:?}");
+}
+
+#[tokio::test]
+async fn an_http2_rapid_reset_flood_ends_the_connection_with_enhance_your_calm() {
+    use ambit_hbone::testing::wire::{client_preface, frame, literal_block};
+    let ca = Arc::new(FakeCa::generate());
+    let (backends, node) = three_backends(&ca).await;
+    backends[0].delay_ms.store(1000, Ordering::Relaxed);
+    let h = Harness::start(ca, Harness::settings(), node.addr).await;
+    let svc =
+        service("svc", Some("10.0.0.11"), &[(80, 8080, api::Protocol::Http2)], vec![endpoint("10.1.0.1")]);
+    h.configure(&[named("app-ns/svc", svc)], &[]);
+    // 50 requests each reset at once (CVE-2023-44487), in one write: more than the 20 streams a
+    // client may reset before the server accepted them.
+    let mut flood = client_preface();
+    let block =
+        literal_block(&[(":method", "GET"), (":scheme", "http"), (":path", "/"), (":authority", "svc")]);
+    for i in 0..50u32 {
+        let id = 1 + 2 * i;
+        flood.extend(frame(0x1, 0x4 | 0x1, id, &block)); // HEADERS, END_HEADERS | END_STREAM
+        flood.extend(frame(0x3, 0, id, &8u32.to_be_bytes())); // RST_STREAM CANCEL
+    }
+    let mut io = h.connect(sock("10.0.0.11:80")).await.expect("CONNECT");
+    io.write_all(&flood).await.expect("write");
+    let mut got = Vec::new();
+    let _ =
+        tokio::time::timeout(T, io.read_to_end(&mut got)).await.expect("the server ended the stream in time");
+    // The server's frames: find its GOAWAY and read the error code.
+    let mut goaway = None;
+    let mut at = 0;
+    while at + 9 <= got.len() {
+        let len = usize::from(got[at]) << 16 | usize::from(got[at + 1]) << 8 | usize::from(got[at + 2]);
+        let (kind, payload) = (got[at + 3], &got[(at + 9).min(got.len())..(at + 9 + len).min(got.len())]);
+        if kind == 0x7 && payload.len() >= 8 {
+            goaway = Some(u32::from_be_bytes([payload[4], payload[5], payload[6], payload[7]]));
+        }
+        at += 9 + len;
+    }
+    assert_eq!(goaway, Some(0xb), "GOAWAY with ENHANCE_YOUR_CALM (0xb)");
+    assert_eq!(backends[0].requests(), 0);
+}
