@@ -12,6 +12,7 @@
 //! logs, locality-aware balancing, JWT.
 
 pub mod authz;
+mod body;
 pub mod config;
 mod io;
 mod metrics;

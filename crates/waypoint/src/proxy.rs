@@ -32,6 +32,7 @@ use rand::Rng;
 use tokio::time::Instant;
 
 use crate::authz::{self, Decision, remote_ip};
+use crate::body::{Active, UpstreamBody};
 use crate::config::{Backend, Destination, Filter, HeaderModifier, Mirror, Port, Protocol, Route, Snapshot};
 use crate::route::{self, modify_headers, pick_backend, pick_endpoint};
 use crate::server::{Shared, Source};
@@ -394,22 +395,6 @@ fn upstream_h2(port: &Port, route: Option<&Route>, downstream: Version) -> bool 
     }
 }
 
-/// Counts a request in flight to an endpoint for as long as it lives.
-struct Active(Arc<crate::config::Endpoint>);
-
-impl Active {
-    fn new(e: Arc<crate::config::Endpoint>) -> Active {
-        e.active.fetch_add(1, Ordering::Relaxed);
-        Active(e)
-    }
-}
-
-impl Drop for Active {
-    fn drop(&mut self) {
-        self.0.active.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
 /// The attempts of one request: each to a healthy endpoint (another one on a retry), within the
 /// per-attempt and the total timeouts; retried on a failure before a response or a listed
 /// status while attempts remain and the body can be sent again.
@@ -456,7 +441,6 @@ async fn attempts(
             Some(l) => tokio::time::timeout(l, send).await.ok(),
             None => Some(send.await),
         };
-        drop(active);
         match result {
             None => {
                 shared.counters.timeout();
@@ -477,10 +461,10 @@ async fn attempts(
                 if attempt + 1 < attempts && retry.codes.contains(&status) {
                     tracing::debug!(status, "retrying a listed status");
                     previous = Some(endpoint);
-                    last_failure = downstream_response(resp);
+                    last_failure = downstream_response(resp, active, deadline);
                     continue;
                 }
-                return downstream_response(resp);
+                return downstream_response(resp, active, deadline);
             }
         }
         previous = Some(endpoint);
@@ -488,12 +472,17 @@ async fn attempts(
     last_failure
 }
 
-fn downstream_response(resp: Response<Incoming>) -> Response<Body> {
+/// The endpoint's response, its body holding the in-flight count and the total deadline.
+fn downstream_response(
+    resp: Response<Incoming>,
+    active: Active,
+    deadline: Option<Instant>,
+) -> Response<Body> {
     let (mut parts, body) = resp.into_parts();
     for name in HOP_BY_HOP {
         parts.headers.remove(name);
     }
-    Response::from_parts(parts, body.map_err(BoxError::from).boxed_unsync())
+    Response::from_parts(parts, UpstreamBody::new(body, active, deadline).boxed_unsync())
 }
 
 /// Sends a copy of the request to the mirror's destination, fire and forget (its answer is

@@ -253,6 +253,55 @@ mod tests {
         assert_eq!(rewritten_path(&"/v1/users".parse().expect("uri"), &root, Some("/v1")), "/users");
     }
 
+    fn destination(n: usize) -> Destination {
+        let endpoints = (0..n)
+            .map(|i| {
+                Arc::new(Endpoint {
+                    address: std::net::IpAddr::from([10, 0, 0, i as u8]),
+                    identity: None,
+                    tunnel: crate::config::Tunnel::None,
+                    ports: Default::default(),
+                    healthy: true,
+                    uid: String::new(),
+                    active: Default::default(),
+                })
+            })
+            .collect();
+        Destination {
+            resource: "d".into(),
+            kind: crate::config::DestinationKind::Service,
+            name: "d".into(),
+            namespace: "ns".into(),
+            hostname: String::new(),
+            bound: false,
+            addresses: vec![],
+            ports: vec![],
+            endpoints,
+            routes: vec![],
+            policies: Default::default(),
+            subject_alt_names: vec![],
+            cursor: Default::default(),
+        }
+    }
+
+    #[test]
+    fn least_request_prefers_the_idler_endpoint_and_retries_avoid_the_last_one() {
+        let d = destination(2);
+        d.endpoints[0].active.store(5, Ordering::Relaxed);
+        for _ in 0..50 {
+            let e = pick_endpoint(&d, Balance::LeastRequest, None).expect("an endpoint");
+            assert!(Arc::ptr_eq(&e, &d.endpoints[1]));
+        }
+        let d = destination(3);
+        for _ in 0..50 {
+            let e = pick_endpoint(&d, Balance::RoundRobin, Some(&d.endpoints[0])).expect("an endpoint");
+            assert!(!Arc::ptr_eq(&e, &d.endpoints[0]));
+        }
+        // One endpoint: a retry goes to it again rather than nowhere.
+        let d = destination(1);
+        assert!(pick_endpoint(&d, Balance::LeastRequest, Some(&d.endpoints[0])).is_some());
+    }
+
     #[test]
     fn query_values_are_found_by_exact_name() {
         let p = parts("/x?a=1&bb=2&b=3");

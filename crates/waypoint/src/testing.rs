@@ -55,7 +55,8 @@ pub struct Seen {
 }
 
 /// An HTTP/1.1 + HTTP/2 backend on loopback that answers with its name (or a set status, after
-/// a set delay), gRPC requests with `grpc-status: 0` trailers.
+/// a set delay), gRPC requests with `grpc-status: 0` trailers, and `/slow-body` with a head at
+/// once and the rest of the body 2 s later.
 pub struct Backend {
     /// Its name (the body of its answers).
     pub name: String,
@@ -143,6 +144,20 @@ async fn answer(
         let mut resp = Response::new(BodyExt::boxed_unsync(body));
         resp.headers_mut().insert("content-type", http::HeaderValue::from_static("application/grpc"));
         return resp;
+    }
+    if parts.uri.path() == "/slow-body" {
+        // The head at once, the end of the body two seconds later.
+        let frames = futures::stream::unfold(0u8, |step| async move {
+            match step {
+                0 => Some((Ok::<_, BoxError>(Frame::data(Bytes::from_static(b"start "))), 1)),
+                1 => {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    Some((Ok(Frame::data(Bytes::from_static(b"end"))), 2))
+                }
+                _ => None,
+            }
+        });
+        return Response::new(BodyExt::boxed_unsync(StreamBody::new(frames)));
     }
     let code = status.load(Ordering::Relaxed);
     let mut resp =

@@ -226,6 +226,30 @@ async fn a_slow_backend_gets_504_after_the_request_timeout() {
 }
 
 #[tokio::test]
+async fn the_request_timeout_bounds_the_whole_response_not_only_its_head() {
+    let ca = Arc::new(FakeCa::generate());
+    let (_backends, node) = three_backends(&ca).await;
+    let h = Harness::start(ca, Harness::settings(), node.addr).await;
+    let mut svc =
+        service("svc", Some("10.0.0.10"), &[(80, 8080, api::Protocol::Http)], vec![endpoint("10.1.0.1")]);
+    let mut r = route("app-ns/slow#0", vec![backend("app-ns/svc", 80, 1)]);
+    r.request_timeout_ms = 300;
+    svc.routes = vec![r];
+    h.configure(&[named("app-ns/svc", svc)], &[]);
+    let mut c = h.http1(sock("10.0.0.10:80")).await;
+    c.ready().await.expect("ready");
+    let t0 = Instant::now();
+    let resp =
+        tokio::time::timeout(T, c.send_request(get("/slow-body"))).await.expect("in time").expect("head");
+    assert_eq!(resp.status(), StatusCode::OK);
+    let body =
+        tokio::time::timeout(T, http_body_util::BodyExt::collect(resp.into_body())).await.expect("in time");
+    assert!(body.is_err(), "the body completed past the timeout");
+    let took = t0.elapsed();
+    assert!(took >= Duration::from_millis(280) && took < Duration::from_millis(1500), "cut after {took:?}");
+}
+
+#[tokio::test]
 async fn failing_attempts_are_retried_on_another_endpoint() {
     let ca = Arc::new(FakeCa::generate());
     let (backends, node) = three_backends(&ca).await;
