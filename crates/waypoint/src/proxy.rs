@@ -59,8 +59,20 @@ pub(crate) async fn handle(
     req: Request<Incoming>,
 ) -> Response<Body> {
     let grpc = is_grpc(req.headers());
+    let (method, path, started) = (req.method().clone(), req.uri().path().to_owned(), Instant::now());
     let resp = answer(&shared, &downstream, &conflict, req).await;
     shared.counters.response(resp.status());
+    tracing::debug!(
+        target: "ambit_waypoint::access",
+        %method,
+        path,
+        status = resp.status().as_u16(),
+        local = resp.extensions().get::<Local>().is_some(),
+        destination = %downstream.addr,
+        principal = ?downstream.source.principal,
+        duration_ms = started.elapsed().as_millis() as u64,
+        "request"
+    );
     if grpc && resp.extensions().get::<Local>().is_some() { grpc_local(resp) } else { resp }
 }
 
@@ -302,8 +314,24 @@ fn resolve(snapshot: &Snapshot, backend: &Backend, incoming: &Port) -> Option<Ta
 }
 
 fn prepare_upstream_headers(headers: &mut HeaderMap, downstream: &Downstream) {
+    // `te: trailers` is end-to-end in practice: gRPC servers require it.
+    let trailers = headers.get_all(header::TE).iter().any(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
+    // Headers the `Connection` header names are hop-by-hop too.
+    let named: Vec<http::HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| http::HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
     for name in HOP_BY_HOP {
         headers.remove(name);
+    }
+    if trailers {
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
     }
     let ip = downstream.source.ip.to_string();
     let xff = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {

@@ -309,6 +309,8 @@ async fn http2_and_grpc_requests_go_through_as_http2() {
     assert_eq!(trailers.get("grpc-status").map(|v| v.as_bytes()), Some(&b"0"[..]));
     let seen = backends[1].last().expect("seen");
     assert_eq!((seen.version, seen.path.as_str()), (http::Version::HTTP_2, "/pkg.Echo/Say"));
+    // gRPC servers need `te: trailers`; it is the one TE value passed on.
+    assert_eq!(seen.headers.get("te").map(|v| v.as_bytes()), Some(&b"trailers"[..]));
 }
 
 /// Writes raw bytes through a CONNECT to `vip` and reads the answer until the stream ends (or

@@ -178,3 +178,84 @@ fn two_destinations_on_one_address_keep_the_first_by_name() {
     );
     assert_eq!(s.bound("10.0.0.1:80".parse().expect("addr")).expect("bound").0.resource, "a");
 }
+
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn arb_destination() -> impl Strategy<Value = api::Destination> {
+        (
+            prop::collection::vec(prop::collection::vec(any::<u8>(), 0..20), 0..3),
+            prop::collection::vec((any::<u32>(), any::<u32>(), -1i32..6), 0..3),
+            prop::collection::vec((prop::collection::vec(any::<u8>(), 0..20), "\\PC{0,40}", -1i32..4), 0..3),
+            prop::collection::vec(("\\PC{0,20}", "\\PC{0,20}", any::<u32>(), any::<u32>()), 0..3),
+        )
+            .prop_map(|(addresses, ports, endpoints, routes)| api::Destination {
+                bound: true,
+                addresses,
+                ports: ports
+                    .into_iter()
+                    .map(|(port, target_port, protocol)| api::Port {
+                        port,
+                        target_port,
+                        protocol,
+                        name: String::new(),
+                    })
+                    .collect(),
+                endpoints: endpoints
+                    .into_iter()
+                    .map(|(address, identity, tunnel)| api::Endpoint {
+                        address,
+                        identity,
+                        tunnel,
+                        healthy: true,
+                        ..Default::default()
+                    })
+                    .collect(),
+                routes: routes
+                    .into_iter()
+                    .map(|(regex, header, port, status)| api::Route {
+                        name: "r".into(),
+                        matches: vec![api::Match {
+                            path: Some(api::PathMatch { kind: Some(api::path_match::Kind::Regex(regex)) }),
+                            headers: vec![api::ValueMatch {
+                                name: header.clone(),
+                                kind: Some(api::value_match::Kind::Exact(header)),
+                            }],
+                            ..Default::default()
+                        }],
+                        filters: vec![api::Filter {
+                            kind: Some(api::filter::Kind::Redirect(api::Redirect {
+                                port,
+                                status_code: status,
+                                ..Default::default()
+                            })),
+                        }],
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            })
+    }
+
+    proptest! {
+        /// Any resource parses or is refused with a reason, never a panic; what is kept holds
+        /// what the types promise.
+        #[test]
+        fn any_destination_is_parsed_or_refused(d in arb_destination()) {
+            let (s, errors) = Snapshot::build(&[("d".into(), d.clone())], &[]);
+            match s.destination("d") {
+                Some(kept) => {
+                    prop_assert_eq!(kept.addresses.len(), d.addresses.len());
+                    prop_assert!(kept.ports.iter().all(|p| p.port != 0 && p.target_port != 0));
+                    prop_assert!(kept.endpoints.iter().all(|e| e.tunnel == Tunnel::None || e.identity.is_some()));
+                }
+                None => {
+                    let refused = errors.iter().any(|e| matches!(e, ConfigError::Destination { .. }));
+                    prop_assert!(refused, "left out without a reason: {:?}", errors);
+                }
+            }
+        }
+    }
+}
