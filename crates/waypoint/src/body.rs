@@ -25,6 +25,13 @@ impl Active {
     }
 }
 
+impl Active {
+    /// The endpoint.
+    pub(crate) fn endpoint(&self) -> &Arc<Endpoint> {
+        &self.0
+    }
+}
+
 impl Drop for Active {
     fn drop(&mut self) {
         self.0.active.fetch_sub(1, Ordering::Relaxed);

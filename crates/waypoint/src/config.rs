@@ -129,6 +129,10 @@ pub struct Endpoint {
     pub healthy: bool,
     /// Its uid (telemetry).
     pub uid: String,
+    /// Its workload's name (telemetry: `destination_workload`).
+    pub workload_name: String,
+    /// Its namespace (telemetry: `destination_workload_namespace`).
+    pub namespace: String,
     /// Requests in flight to it (least-request balancing).
     pub(crate) active: AtomicUsize,
 }
@@ -422,6 +426,8 @@ fn parse_endpoint(e: &api::Endpoint) -> Result<Endpoint, String> {
         ports,
         healthy: e.healthy,
         uid: e.uid.clone(),
+        workload_name: e.workload_name.clone(),
+        namespace: e.namespace.clone(),
         active: AtomicUsize::new(0),
     })
 }

@@ -29,7 +29,7 @@ pub use authz::{
     Rule, Source, Unenforceable, UnsupportedAction, Verdict, normalize_path, remote_ip,
 };
 pub use config::{ConfigError, Snapshot};
-pub use metrics::{Counters, NO_ALLOW_MATCHED};
+pub use metrics::{Counters, Label, NO_ALLOW_MATCHED, RequestLabels};
 pub use route::Balance;
 pub use server::{Limits, Settings, Waypoint};
 pub use upstream::{Body, BoxError, UpstreamError};

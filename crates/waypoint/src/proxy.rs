@@ -33,7 +33,9 @@ use tokio::time::Instant;
 
 use crate::authz::{self, Decision, remote_ip};
 use crate::body::{Active, UpstreamBody};
+use crate::config::Endpoint;
 use crate::config::{Backend, Destination, Filter, HeaderModifier, Mirror, Port, Protocol, Route, Snapshot};
+use crate::metrics::{Label, RequestLabels};
 use crate::route::{self, modify_headers, pick_backend, pick_endpoint};
 use crate::server::{Shared, Source};
 use crate::upstream::{Body, BoxError};
@@ -61,7 +63,13 @@ pub(crate) async fn handle(
     let grpc = is_grpc(req.headers());
     let (method, path, started) = (req.method().clone(), req.uri().path().to_owned(), Instant::now());
     let resp = answer(&shared, &downstream, &conflict, req).await;
-    shared.counters.response(resp.status());
+    let status = resp.status();
+    shared.counters.response(status);
+    let flags = match resp.extensions().get::<LocalText>() {
+        Some(LocalText(text)) => response_flags(status, text),
+        None => "-",
+    };
+    let endpoint = resp.extensions().get::<ServedBy>().map(|s| s.0.clone());
     tracing::debug!(
         target: "ambit_waypoint::access",
         %method,
@@ -73,7 +81,66 @@ pub(crate) async fn handle(
         duration_ms = started.elapsed().as_millis() as u64,
         "request"
     );
-    if grpc && resp.extensions().get::<Local>().is_some() { grpc_local(resp) } else { resp }
+    let resp = if grpc && resp.extensions().get::<Local>().is_some() { grpc_local(resp) } else { resp };
+    let labels = request_labels(&shared, &downstream, endpoint.as_deref(), grpc, status, flags, &resp);
+    shared.counters.request(&labels);
+    resp
+}
+
+/// The endpoint that answered (for telemetry).
+#[derive(Clone)]
+struct ServedBy(Arc<Endpoint>);
+
+/// Envoy's response flag of a local answer.
+fn response_flags(status: StatusCode, text: &str) -> &'static str {
+    match (status.as_u16(), text) {
+        (403, _) => "RBAC",
+        (404, _) => "NR",
+        (503, "no healthy upstream") => "UH",
+        (503, _) => "UF",
+        (504, _) => "UT",
+        _ => "-",
+    }
+}
+
+/// `istio_requests_total`'s labels of one answered request.
+fn request_labels(
+    shared: &Shared,
+    downstream: &Downstream,
+    endpoint: Option<&Endpoint>,
+    grpc: bool,
+    status: StatusCode,
+    flags: &str,
+    resp: &Response<Body>,
+) -> RequestLabels {
+    let principal = downstream.source.principal.as_deref().unwrap_or_default();
+    let source_namespace =
+        principal.split_once("/ns/").map(|(_, rest)| rest.split('/').next().unwrap_or(rest));
+    let snapshot = shared.config.load();
+    let service = snapshot.bound(downstream.addr).map(|(d, _)| d);
+    let text = |s: Option<&str>| Label(s.unwrap_or_default().to_owned());
+    RequestLabels {
+        reporter: "waypoint".into(),
+        source_workload_namespace: text(source_namespace),
+        source_principal: principal.into(),
+        destination_service: text(service.map(|d| d.hostname.as_str())),
+        destination_service_name: text(service.map(|d| d.name.as_str())),
+        destination_service_namespace: text(service.map(|d| d.namespace.as_str())),
+        destination_workload: text(endpoint.map(|e| e.workload_name.as_str())),
+        destination_workload_namespace: text(endpoint.map(|e| e.namespace.as_str())),
+        destination_principal: Label(
+            endpoint.and_then(|e| e.identity.as_ref()).map(|i| i.to_string()).unwrap_or_default(),
+        ),
+        request_protocol: if grpc { "grpc".into() } else { "http".into() },
+        response_code: Label(status.as_u16().to_string()),
+        grpc_response_status: text(if grpc {
+            resp.headers().get("grpc-status").and_then(|v| v.to_str().ok())
+        } else {
+            None
+        }),
+        response_flags: flags.into(),
+        connection_security_policy: "mutual_tls".into(),
+    }
 }
 
 /// Marks an answer the waypoint made itself (not an endpoint's).
@@ -510,6 +577,7 @@ fn downstream_response(
     for name in HOP_BY_HOP {
         parts.headers.remove(name);
     }
+    parts.extensions.insert(ServedBy(active.endpoint().clone()));
     Response::from_parts(parts, UpstreamBody::new(body, active, deadline).boxed_unsync())
 }
 

@@ -263,6 +263,8 @@ mod tests {
                     ports: Default::default(),
                     healthy: true,
                     uid: String::new(),
+                    workload_name: String::new(),
+                    namespace: String::new(),
                     active: Default::default(),
                 })
             })

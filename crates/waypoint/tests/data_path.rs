@@ -135,6 +135,37 @@ async fn policies_allow_and_deny_by_method_path_and_header_and_denials_are_count
     assert_eq!(counters.denials(ambit_waypoint::NO_ALLOW_MATCHED), 2);
     assert_eq!(counters.responses(403), 4);
     assert_eq!(counters.responses(200), 1);
+
+    // istio_requests_total, reporter="waypoint".
+    let labels = |code: &str, flags: &str, principal: &str| ambit_waypoint::RequestLabels {
+        reporter: "waypoint".into(),
+        source_workload_namespace: "default".into(),
+        source_principal: "spiffe://cluster.local/ns/default/sa/client".into(),
+        destination_service: "svc.app-ns.svc.cluster.local".into(),
+        destination_service_name: "svc".into(),
+        destination_service_namespace: "app-ns".into(),
+        destination_principal: principal.into(),
+        request_protocol: "http".into(),
+        response_code: code.into(),
+        response_flags: flags.into(),
+        connection_security_policy: "mutual_tls".into(),
+        ..Default::default()
+    };
+    assert_eq!(counters.requests_total(&labels("403", "RBAC", "")), 4);
+    assert_eq!(
+        counters.requests_total(&labels("200", "-", "spiffe://cluster.local/ns/app-ns/sa/backend")),
+        1
+    );
+    let mut registry = prometheus_client::registry::Registry::default();
+    counters.register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+    let line = text.lines().find(|l| l.contains("response_code=\"403\"")).expect("a 403 line");
+    assert!(
+        line.starts_with("istio_requests_total{reporter=\"waypoint\",source_workload_namespace=\"default\","),
+        "{line}"
+    );
+    assert!(line.contains("destination_workload=\"unknown\"") && line.ends_with("} 4"), "{line}");
 }
 
 #[tokio::test]
