@@ -192,6 +192,8 @@ pub struct NodeProxy {
     pub addr: SocketAddr,
     /// CONNECTs per `:authority`.
     pub connects: Arc<Mutex<HashMap<String, usize>>>,
+    /// The headers of every CONNECT, in order.
+    pub headers: Arc<Mutex<Vec<HeaderMap>>>,
 }
 
 impl NodeProxy {
@@ -201,18 +203,20 @@ impl NodeProxy {
         let l = TcpListener::bind("127.0.0.1:0").await.expect("bind node proxy");
         let addr = l.local_addr().expect("addr");
         let connects: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+        let headers: Arc<Mutex<Vec<HeaderMap>>> = Arc::default();
         let apps = Arc::new(apps);
-        let c = connects.clone();
+        let (c, hs) = (connects.clone(), headers.clone());
         tokio::spawn(async move {
             while let Ok((tcp, _)) = l.accept().await {
-                let (config, apps, c) = (cert.server_config(), apps.clone(), c.clone());
+                let (config, apps, c, hs) = (cert.server_config(), apps.clone(), c.clone(), hs.clone());
                 tokio::spawn(async move {
                     let Ok(tls) = ambit_hbone::accept(&tcp, config).await else { return };
                     let budget = TestBudget::unlimited(settings());
                     let cfg = ServerConfig::new(settings());
                     let _ = ambit_hbone::serve(tcp, tls, cfg, budget, &TestDrain::default(), move |req| {
-                        let (apps, c) = (apps.clone(), c.clone());
+                        let (apps, c, hs) = (apps.clone(), c.clone(), hs.clone());
                         async move {
+                            hs.lock().unwrap_or_else(|p| p.into_inner()).push(req.head.headers.clone());
                             let authority = req.head.authority.clone().unwrap_or_default();
                             *c.lock()
                                 .unwrap_or_else(|p| p.into_inner())
@@ -233,7 +237,7 @@ impl NodeProxy {
                 });
             }
         });
-        NodeProxy { addr, connects }
+        NodeProxy { addr, connects, headers }
     }
 
     /// CONNECTs it got for `authority`.

@@ -719,3 +719,69 @@ async fn an_http2_rapid_reset_flood_ends_the_connection_with_enhance_your_calm()
     assert_eq!(goaway, Some(0xb), "GOAWAY with ENHANCE_YOUR_CALM (0xb)");
     assert_eq!(backends[0].requests(), 0);
 }
+
+#[tokio::test]
+async fn mirrors_get_a_copy_plain_tcp_endpoints_are_reached_directly_and_connects_carry_baggage() {
+    let ca = Arc::new(FakeCa::generate());
+    let (backends, node) = three_backends(&ca).await;
+    let outside = Backend::start("outside").await;
+    let mut settings = Harness::settings();
+    settings.baggage =
+        Some(http::HeaderValue::from_static("k8s.deployment.name=waypoint,service.name=waypoint"));
+    let h = Harness::start(ca, settings, node.addr).await;
+    let mut svc =
+        service("svc", Some("10.0.0.10"), &[(80, 8080, api::Protocol::Http)], vec![endpoint("10.1.0.1")]);
+    let mut r = route("app-ns/mirror#0", vec![backend("app-ns/svc", 80, 1)]);
+    r.filters = vec![api::Filter {
+        kind: Some(api::filter::Kind::Mirror(api::Mirror {
+            destination: "gw-ns/waypoint/app-ns/shadow".into(),
+            port: 80,
+            percent: 100,
+        })),
+    }];
+    svc.routes = vec![r];
+    let shadow = service("shadow", None, &[(80, 8080, api::Protocol::Http)], vec![endpoint("10.1.0.2")]);
+    // An endpoint outside the mesh: plain TCP to 127.0.0.1 on the backend's port.
+    let plain = service(
+        "plain",
+        Some("10.0.0.50"),
+        &[(80, u32::from(outside.addr.port()), api::Protocol::Http)],
+        vec![api::Endpoint {
+            address: vec![127, 0, 0, 1],
+            tunnel: ambit_api::workload::TunnelProtocol::None as i32,
+            healthy: true,
+            ..Default::default()
+        }],
+    );
+    let errors = h.configure(
+        &[named("app-ns/svc", svc), named("app-ns/shadow", shadow), named("app-ns/plain", plain)],
+        &[],
+    );
+    assert!(errors.is_empty(), "{errors:?}");
+
+    let mut c = h.http1(sock("10.0.0.10:80")).await;
+    assert_eq!(send(&mut c, get("/copied")).await, (StatusCode::OK, "a".into()));
+    // The mirror is fire and forget: wait for its copy.
+    let t0 = Instant::now();
+    while backends[1].requests() == 0 && t0.elapsed() < T {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let copy = backends[1].last().expect("the mirror got a copy");
+    assert_eq!(copy.path, "/copied");
+    assert_eq!(
+        copy.headers.get("host").map(|v| v.as_bytes()),
+        Some(&b"svc.app-ns.svc.cluster.local-shadow"[..])
+    );
+
+    let mut c = h.http1(sock("10.0.0.50:80")).await;
+    assert_eq!(send(&mut c, get("/")).await, (StatusCode::OK, "outside".into()));
+
+    let connects = node.headers.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    assert!(!connects.is_empty());
+    for headers in connects {
+        assert_eq!(
+            headers.get("baggage").map(|v| v.as_bytes()),
+            Some(&b"k8s.deployment.name=waypoint,service.name=waypoint"[..])
+        );
+    }
+}
