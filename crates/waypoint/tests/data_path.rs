@@ -3,7 +3,6 @@
 //! front of plain HTTP backends.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -12,64 +11,11 @@ use ambit_api::waypoint as api;
 use ambit_hbone::TunnelError;
 use ambit_identity::FakeCa;
 use ambit_waypoint::testing::{Backend, Harness, NodeProxy, body, endpoint, service, tally, tcp_echo, text};
+
+mod common;
+use common::*;
 use http::{Method, Request, StatusCode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-const T: Duration = Duration::from_secs(20);
-
-fn sock(s: &str) -> SocketAddr {
-    s.parse().expect("a socket address")
-}
-
-fn named(name: &str, d: api::Destination) -> (String, api::Destination) {
-    (format!("gw-ns/waypoint/{name}"), d)
-}
-
-fn route(name: &str, backends: Vec<api::Backend>) -> api::Route {
-    api::Route { name: name.into(), backends, ..api::Route::default() }
-}
-
-fn backend(dest: &str, port: u32, weight: u32) -> api::Backend {
-    api::Backend { destination: format!("gw-ns/waypoint/{dest}"), port, weight, filters: vec![] }
-}
-
-fn get(path: &str) -> Request<ambit_waypoint::Body> {
-    Request::get(path).header("host", "svc.app-ns.svc.cluster.local").body(body("")).expect("request")
-}
-
-/// Three backends behind one node proxy: endpoints 10.1.0.1–3 on port 8080.
-async fn three_backends(ca: &FakeCa) -> (Vec<Backend>, NodeProxy) {
-    let mut backends = Vec::new();
-    let mut apps = HashMap::new();
-    for (i, name) in ["a", "b", "c"].into_iter().enumerate() {
-        let b = Backend::start(name).await;
-        apps.insert(sock(&format!("10.1.0.{}:8080", i + 1)), b.addr);
-        backends.push(b);
-    }
-    let node = NodeProxy::start(ca, apps).await;
-    (backends, node)
-}
-
-async fn send(
-    client: &mut hyper::client::conn::http1::SendRequest<ambit_waypoint::Body>,
-    req: Request<ambit_waypoint::Body>,
-) -> (StatusCode, String) {
-    client.ready().await.expect("connection ready");
-    let resp = tokio::time::timeout(T, client.send_request(req)).await.expect("in time").expect("response");
-    text(resp).await
-}
-
-fn policy(name: &str, action: api::policy::Action, rule: api::Rule) -> (String, api::Policy) {
-    (
-        format!("gw-ns/waypoint/app-ns/{name}"),
-        api::Policy {
-            name: name.into(),
-            namespace: "app-ns".into(),
-            action: action as i32,
-            rules: vec![rule],
-        },
-    )
-}
 
 #[tokio::test]
 async fn policies_allow_and_deny_by_method_path_and_header_and_denials_are_counted_by_policy() {
@@ -344,68 +290,6 @@ async fn http2_and_grpc_requests_go_through_as_http2() {
     assert_eq!(seen.headers.get("te").map(|v| v.as_bytes()), Some(&b"trailers"[..]));
 }
 
-/// Writes raw bytes through a CONNECT to `vip` and reads the answer until the stream ends (or
-/// `limit`).
-async fn raw(h: &Harness, vip: &str, bytes: &[u8], limit: Duration) -> (String, Duration) {
-    let mut io = h.connect(sock(vip)).await.expect("CONNECT");
-    io.write_all(bytes).await.expect("write");
-    let t0 = Instant::now();
-    let mut out = Vec::new();
-    let _ = tokio::time::timeout(limit, io.read_to_end(&mut out)).await;
-    (String::from_utf8_lossy(&out).into_owned(), t0.elapsed())
-}
-
-#[tokio::test]
-async fn malformed_oversized_and_slow_http1_heads_are_refused() {
-    let ca = Arc::new(FakeCa::generate());
-    let (backends, node) = three_backends(&ca).await;
-    let h = Harness::start(ca, Harness::settings(), node.addr).await;
-    let svc =
-        service("svc", Some("10.0.0.10"), &[(80, 8080, api::Protocol::Http)], vec![endpoint("10.1.0.1")]);
-    h.configure(&[named("app-ns/svc", svc)], &[]);
-
-    // A request that closes the connection gets its whole answer before the stream ends.
-    let (answer, _) =
-        raw(&h, "10.0.0.10:80", b"GET / HTTP/1.1\r\nHost: svc\r\nConnection: close\r\n\r\n", T).await;
-    assert!(answer.starts_with("HTTP/1.1 200 OK\r\n") && answer.ends_with("\r\n\r\na"), "{answer}");
-
-    let smuggle =
-        b"POST / HTTP/1.1\r\nHost: svc\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
-    let (answer, _) = raw(&h, "10.0.0.10:80", smuggle, T).await;
-    assert!(answer.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{answer}");
-    assert!(answer.ends_with("Content-Length and Transfer-Encoding in one request"), "{answer}");
-
-    let big = format!("GET / HTTP/1.1\r\nHost: svc\r\nx-big: {}\r\n\r\n", "a".repeat(70 * 1024));
-    let (answer, _) = raw(&h, "10.0.0.10:80", big.as_bytes(), T).await;
-    assert!(answer.starts_with("HTTP/1.1 431 Request Header Fields Too Large\r\n"), "{answer}");
-
-    let many: String = (0..150).map(|i| format!("x-h{i}: v\r\n")).collect();
-    let many = format!("GET / HTTP/1.1\r\nHost: svc\r\n{many}\r\n");
-    let (answer, _) = raw(&h, "10.0.0.10:80", many.as_bytes(), T).await;
-    assert!(answer.starts_with("HTTP/1.1 431 Request Header Fields Too Large\r\n"), "{answer}");
-
-    // Half a head, then nothing: closed at the header read timeout (500 ms here), unanswered.
-    let (answer, took) =
-        raw(&h, "10.0.0.10:80", b"GET / HTTP/1.1\r\nHost: svc\r\n", Duration::from_secs(5)).await;
-    assert!(took >= Duration::from_millis(450) && took < Duration::from_secs(3), "closed after {took:?}");
-    assert!(!answer.contains("200 OK"), "{answer}");
-    // Only the well-formed request reached the backend.
-    assert_eq!(backends[0].requests(), 1);
-}
-
-#[tokio::test]
-async fn an_unknown_address_is_answered_404_and_a_bad_authority_400() {
-    let ca = Arc::new(FakeCa::generate());
-    let (_backends, node) = three_backends(&ca).await;
-    let h = Harness::start(ca, Harness::settings(), node.addr).await;
-    h.configure(&[], &[]);
-    match h.connect(sock("10.9.9.9:80")).await {
-        Err(TunnelError::Status(s)) => assert_eq!(s, StatusCode::NOT_FOUND),
-        Err(e) => panic!("unexpected error {e}"),
-        Ok(_) => panic!("CONNECT to an unknown address was accepted"),
-    }
-}
-
 #[tokio::test]
 async fn tcp_ports_relay_bytes_and_an_l4_deny_refuses_the_connect() {
     let ca = Arc::new(FakeCa::generate());
@@ -657,70 +541,6 @@ async fn a_denied_grpc_request_gets_a_trailers_only_permission_denied() {
 }
 
 #[tokio::test]
-async fn an_idle_downstream_connection_is_closed_after_the_idle_timeout() {
-    let ca = Arc::new(FakeCa::generate());
-    let (_backends, node) = three_backends(&ca).await;
-    let mut settings = Harness::settings();
-    settings.limits.idle_timeout = Duration::from_millis(300);
-    let h = Harness::start(ca, settings, node.addr).await;
-    let svc =
-        service("svc", Some("10.0.0.10"), &[(80, 8080, api::Protocol::Http)], vec![endpoint("10.1.0.1")]);
-    h.configure(&[named("app-ns/svc", svc)], &[]);
-    let mut c = h.http1(sock("10.0.0.10:80")).await;
-    assert_eq!(send(&mut c, get("/")).await, (StatusCode::OK, "a".into()));
-    let t0 = Instant::now();
-    let closed = tokio::time::timeout(Duration::from_secs(5), async {
-        while !c.is_closed() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
-    assert!(closed.is_ok(), "the idle connection stayed open");
-    let took = t0.elapsed();
-    assert!(took >= Duration::from_millis(250) && took < Duration::from_secs(3), "closed after {took:?}");
-}
-
-#[tokio::test]
-async fn an_http2_rapid_reset_flood_ends_the_connection_with_enhance_your_calm() {
-    use ambit_hbone::testing::wire::{client_preface, frame, literal_block};
-    let ca = Arc::new(FakeCa::generate());
-    let (backends, node) = three_backends(&ca).await;
-    backends[0].delay_ms.store(1000, Ordering::Relaxed);
-    let h = Harness::start(ca, Harness::settings(), node.addr).await;
-    let svc =
-        service("svc", Some("10.0.0.11"), &[(80, 8080, api::Protocol::Http2)], vec![endpoint("10.1.0.1")]);
-    h.configure(&[named("app-ns/svc", svc)], &[]);
-    // 50 requests each reset at once (CVE-2023-44487), in one write: more than the 20 streams a
-    // client may reset before the server accepted them.
-    let mut flood = client_preface();
-    let block =
-        literal_block(&[(":method", "GET"), (":scheme", "http"), (":path", "/"), (":authority", "svc")]);
-    for i in 0..50u32 {
-        let id = 1 + 2 * i;
-        flood.extend(frame(0x1, 0x4 | 0x1, id, &block)); // HEADERS, END_HEADERS | END_STREAM
-        flood.extend(frame(0x3, 0, id, &8u32.to_be_bytes())); // RST_STREAM CANCEL
-    }
-    let mut io = h.connect(sock("10.0.0.11:80")).await.expect("CONNECT");
-    io.write_all(&flood).await.expect("write");
-    let mut got = Vec::new();
-    let _ =
-        tokio::time::timeout(T, io.read_to_end(&mut got)).await.expect("the server ended the stream in time");
-    // The server's frames: find its GOAWAY and read the error code.
-    let mut goaway = None;
-    let mut at = 0;
-    while at + 9 <= got.len() {
-        let len = usize::from(got[at]) << 16 | usize::from(got[at + 1]) << 8 | usize::from(got[at + 2]);
-        let (kind, payload) = (got[at + 3], &got[(at + 9).min(got.len())..(at + 9 + len).min(got.len())]);
-        if kind == 0x7 && payload.len() >= 8 {
-            goaway = Some(u32::from_be_bytes([payload[4], payload[5], payload[6], payload[7]]));
-        }
-        at += 9 + len;
-    }
-    assert_eq!(goaway, Some(0xb), "GOAWAY with ENHANCE_YOUR_CALM (0xb)");
-    assert_eq!(backends[0].requests(), 0);
-}
-
-#[tokio::test]
 async fn mirrors_get_a_copy_plain_tcp_endpoints_are_reached_directly_and_connects_carry_baggage() {
     let ca = Arc::new(FakeCa::generate());
     let (backends, node) = three_backends(&ca).await;
@@ -784,4 +604,28 @@ async fn mirrors_get_a_copy_plain_tcp_endpoints_are_reached_directly_and_connect
             Some(&b"k8s.deployment.name=waypoint,service.name=waypoint"[..])
         );
     }
+}
+
+#[tokio::test]
+async fn a_new_configuration_applies_to_the_next_request_on_an_open_connection() {
+    let ca = Arc::new(FakeCa::generate());
+    let (_backends, node) = three_backends(&ca).await;
+    let h = Harness::start(ca, Harness::settings(), node.addr).await;
+    let svc =
+        service("svc", Some("10.0.0.10"), &[(80, 8080, api::Protocol::Http)], vec![endpoint("10.1.0.1")]);
+    h.configure(&[named("app-ns/svc", svc.clone())], &[]);
+    let mut c = h.http1(sock("10.0.0.10:80")).await;
+    assert_eq!(send(&mut c, get("/")).await, (StatusCode::OK, "a".into()));
+
+    // A DENY policy arrives while the connection stays open.
+    let policies = vec![policy("deny-all", api::policy::Action::Deny, api::Rule::default())];
+    let mut denied = svc;
+    denied.policies = vec![policies[0].0.clone()];
+    h.configure(&[named("app-ns/svc", denied)], &policies);
+    assert_eq!(send(&mut c, get("/")).await, (StatusCode::FORBIDDEN, "RBAC: access denied".into()));
+    assert_eq!(h.waypoint.counters().denials("app-ns/deny-all"), 1);
+
+    // And the destination goes away: its requests have nowhere to go.
+    h.configure(&[], &[]);
+    assert_eq!(send(&mut c, get("/")).await, (StatusCode::SERVICE_UNAVAILABLE, "no healthy upstream".into()));
 }
