@@ -11,11 +11,11 @@ use ambit_api::waypoint as api;
 use ambit_hbone::TunnelError;
 use ambit_identity::FakeCa;
 use ambit_waypoint::testing::{Backend, Harness, NodeProxy, body, endpoint, service, tally, tcp_echo, text};
+use http::{Method, Request, StatusCode};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 mod common;
 use common::*;
-use http::{Method, Request, StatusCode};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[tokio::test]
 async fn policies_allow_and_deny_by_method_path_and_header_and_denials_are_counted_by_policy() {
