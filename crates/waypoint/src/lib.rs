@@ -32,4 +32,4 @@ pub use config::{ConfigError, Snapshot};
 pub use metrics::{Counters, Label, NO_ALLOW_MATCHED, RequestLabels};
 pub use route::Balance;
 pub use server::{Limits, Settings, Waypoint};
-pub use upstream::{Body, BoxError, UpstreamError};
+pub use upstream::{Body, BoxError};

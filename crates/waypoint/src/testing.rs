@@ -275,12 +275,12 @@ pub struct Harness {
 impl Harness {
     /// Starts a waypoint with `settings` (see [`Harness::settings`]) sending upstream HBONE to
     /// `node_proxy`.
-    pub async fn start(ca: Arc<FakeCa>, settings_: Settings, node_proxy: SocketAddr) -> Harness {
+    pub async fn start(ca: Arc<FakeCa>, waypoint_settings: Settings, node_proxy: SocketAddr) -> Harness {
         let signer: Arc<dyn CertSigner> = ca.clone();
         let certs = CertManager::new(signer.clone(), Duration::from_secs(3600));
         let pool =
             Pool::new(certs.clone(), Box::new(ToNodeProxy(node_proxy)), settings(), Duration::from_secs(300));
-        let waypoint = Waypoint::new(settings_, certs, pool);
+        let waypoint = Waypoint::new(waypoint_settings, certs, pool);
         let l = TcpListener::bind("127.0.0.1:0").await.expect("bind waypoint");
         let addr = l.local_addr().expect("addr");
         let w = waypoint.clone();
