@@ -56,7 +56,7 @@ pub struct Seen {
 
 /// An HTTP/1.1 + HTTP/2 backend on loopback that answers with its name (or a set status, after
 /// a set delay), gRPC requests with `grpc-status: 0` trailers, and `/slow-body` with a head at
-/// once and the rest of the body 2 s later.
+/// once and the rest of the body 5 s later.
 pub struct Backend {
     /// Its name (the body of its answers).
     pub name: String,
@@ -146,12 +146,12 @@ async fn answer(
         return resp;
     }
     if parts.uri.path() == "/slow-body" {
-        // The head at once, the end of the body two seconds later.
+        // The head at once, the end of the body five seconds later.
         let frames = futures::stream::unfold(0u8, |step| async move {
             match step {
                 0 => Some((Ok::<_, BoxError>(Frame::data(Bytes::from_static(b"start "))), 1)),
                 1 => {
-                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    tokio::time::sleep(Duration::from_secs(5)).await;
                     Some((Ok(Frame::data(Bytes::from_static(b"end"))), 2))
                 }
                 _ => None,

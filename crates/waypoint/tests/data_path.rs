@@ -182,7 +182,7 @@ async fn requests_on_one_connection_go_round_robin_over_the_endpoints_with_forwa
 async fn a_slow_backend_gets_504_after_the_request_timeout() {
     let ca = Arc::new(FakeCa::generate());
     let (backends, node) = three_backends(&ca).await;
-    backends[0].delay_ms.store(3000, Ordering::Relaxed);
+    backends[0].delay_ms.store(5000, Ordering::Relaxed);
     let h = Harness::start(ca, Harness::settings(), node.addr).await;
     let mut svc =
         service("svc", Some("10.0.0.10"), &[(80, 8080, api::Protocol::Http)], vec![endpoint("10.1.0.1")]);
@@ -197,7 +197,7 @@ async fn a_slow_backend_gets_504_after_the_request_timeout() {
         (StatusCode::GATEWAY_TIMEOUT, "upstream request timeout".into())
     );
     let took = t0.elapsed();
-    assert!(took >= Duration::from_millis(280) && took < Duration::from_secs(2), "answered after {took:?}");
+    assert!(took >= Duration::from_millis(280) && took < Duration::from_secs(3), "answered after {took:?}");
     assert_eq!(h.waypoint.counters().timeouts(), 1);
     assert_eq!(h.waypoint.counters().responses(504), 1);
 }
@@ -223,7 +223,7 @@ async fn the_request_timeout_bounds_the_whole_response_not_only_its_head() {
         tokio::time::timeout(T, http_body_util::BodyExt::collect(resp.into_body())).await.expect("in time");
     assert!(body.is_err(), "the body completed past the timeout");
     let took = t0.elapsed();
-    assert!(took >= Duration::from_millis(280) && took < Duration::from_millis(1500), "cut after {took:?}");
+    assert!(took >= Duration::from_millis(280) && took < Duration::from_secs(3), "cut after {took:?}");
 }
 
 #[tokio::test]
@@ -386,8 +386,12 @@ async fn an_undeclared_port_sniffs_http_and_falls_back_to_tcp() {
     let mut c = h.http1(sock("10.0.0.30:80")).await;
     assert_eq!(send(&mut c, get("/")).await, (StatusCode::OK, "a".into()));
 
-    let (answer, _) = raw(&h, "10.0.0.31:7000", b"\x00\x01binary", Duration::from_secs(2)).await;
-    assert_eq!(answer.as_bytes(), b"\x00\x01binary");
+    let mut io = h.connect(sock("10.0.0.31:7000")).await.expect("CONNECT");
+    io.write_all(b"\x00\x01binary").await.expect("write");
+    io.shutdown().await.expect("shutdown");
+    let mut answer = Vec::new();
+    tokio::time::timeout(T, io.read_to_end(&mut answer)).await.expect("in time").expect("read");
+    assert_eq!(answer, b"\x00\x01binary");
 }
 
 #[tokio::test]
