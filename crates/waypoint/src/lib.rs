@@ -19,6 +19,7 @@ mod metrics;
 mod proxy;
 mod route;
 mod server;
+mod upgrade;
 mod upstream;
 
 #[cfg(any(test, feature = "testing"))]

@@ -16,7 +16,8 @@
 //! downstream address appended to `x-forwarded-for` (`remote.ip` reads it back with
 //! `numTrustedProxies`), `x-forwarded-proto: http` when absent (the waypoint's HTTP is plaintext
 //! inside the tunnel), and an `x-request-id` (UUID v4) when absent. Hop-by-hop headers are not
-//! forwarded.
+//! forwarded, except an upgrade's (see [`crate::upgrade`]). `x-forwarded-client-cert` is not
+//! added: Istio's waypoints do not add it either without an EnvoyFilter (istio/istio#54995).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -38,6 +39,7 @@ use crate::config::{Backend, Destination, Filter, HeaderModifier, Mirror, Port, 
 use crate::metrics::{Label, RequestLabels};
 use crate::route::{self, modify_headers, pick_backend, pick_endpoint};
 use crate::server::{Shared, Source};
+use crate::upgrade::Upgrade;
 use crate::upstream::{Body, BoxError};
 
 /// The downstream side of one CONNECT stream: who sent it and to which address.
@@ -207,7 +209,7 @@ async fn answer(
     shared: &Arc<Shared>,
     downstream: &Downstream,
     conflict: &AtomicBool,
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
 ) -> Response<Body> {
     if req.version() == Version::HTTP_11
         && conflict.load(Ordering::Relaxed)
@@ -219,6 +221,7 @@ async fn answer(
     let Some((destination, port)) = snapshot.bound(downstream.addr).cloned() else {
         return local(StatusCode::SERVICE_UNAVAILABLE, "no healthy upstream");
     };
+    let upgrade = Upgrade::requested(&mut req);
     let (mut parts, body) = req.into_parts();
     let authority = authority(&parts);
     if let Some(refusal) = authorize(shared, downstream, &destination, &parts, &authority) {
@@ -269,6 +272,9 @@ async fn answer(
         return resp;
     }
     prepare_upstream_headers(&mut parts.headers, downstream);
+    if let Some(u) = &upgrade {
+        u.restore(&mut parts.headers);
+    }
     let route = route.as_deref();
     let retries = route.map(|r| r.retry.attempts).unwrap_or(0);
     let body =
@@ -283,7 +289,7 @@ async fn answer(
     for m in &mirrors {
         mirror(shared, &snapshot, m, &parts, &body, &port);
     }
-    let mut resp = attempts(shared, route, &target, &parts, body, parts.version).await;
+    let mut resp = attempts(shared, route, &target, &parts, body, upgrade).await;
     for m in &response_modifiers {
         modify_headers(resp.headers_mut(), m);
     }
@@ -499,9 +505,10 @@ async fn attempts(
     target: &Target,
     parts: &Parts,
     mut body: Replay,
-    version: Version,
+    mut upgrade: Option<Upgrade>,
 ) -> Response<Body> {
-    let h2 = upstream_h2(&target.port, route, version);
+    // An upgrade is HTTP/1.1's.
+    let h2 = upgrade.is_none() && upstream_h2(&target.port, route, parts.version);
     let deadline = route.and_then(|r| r.request_timeout).map(|t| Instant::now() + t);
     let retry = route.map(|r| r.retry.clone()).unwrap_or_default();
     let attempts = if body.replayable() { 1 + retry.attempts } else { 1 };
@@ -551,7 +558,12 @@ async fn attempts(
                     "upstream connect error or disconnect/reset before headers",
                 );
             }
-            Some(Ok(resp)) => {
+            Some(Ok(mut resp)) => {
+                if let Some(headers) = upgrade.take().and_then(|u| u.splice(&mut resp)) {
+                    let mut switched = downstream_response(resp, active, None);
+                    switched.headers_mut().extend(headers);
+                    return switched;
+                }
                 let status = resp.status().as_u16();
                 if attempt + 1 < attempts && retry.codes.contains(&status) {
                     tracing::debug!(status, "retrying a listed status");

@@ -323,7 +323,7 @@ async fn http(shared: Arc<Shared>, downstream: Arc<Downstream>, io: StreamIo, pr
         let (shared, downstream, conflict) = (shared.clone(), downstream.clone(), conflict.clone());
         async move { Ok::<_, std::convert::Infallible>(proxy::handle(shared, downstream, conflict, req).await) }
     });
-    if let Err(e) = builder.serve_connection(TokioIo::new(io), service).await {
+    if let Err(e) = builder.serve_connection_with_upgrades(TokioIo::new(io), service).await {
         tracing::debug!(error = %e, "downstream HTTP connection ended");
     }
 }

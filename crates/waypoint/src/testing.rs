@@ -56,7 +56,7 @@ pub struct Seen {
 
 /// An HTTP/1.1 + HTTP/2 backend on loopback that answers with its name (or a set status, after
 /// a set delay), gRPC requests with `grpc-status: 0` trailers, and `/slow-body` with a head at
-/// once and the rest of the body 5 s later.
+/// once and the rest of the body 5 s later, and upgrades with 101 and an echo.
 pub struct Backend {
     /// Its name (the body of its answers).
     pub name: String,
@@ -96,7 +96,7 @@ impl Backend {
                         }
                     });
                     let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(tcp), svc)
+                        .serve_connection_with_upgrades(TokioIo::new(tcp), svc)
                         .await;
                 });
             }
@@ -120,8 +120,11 @@ async fn answer(
     status: &AtomicU16,
     delay: &AtomicU64,
     seen: &Mutex<Vec<Seen>>,
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
 ) -> Response<Body> {
+    // An upgrade: 101, then an echo of the upgraded connection.
+    let upgrade = req.headers().get("upgrade").cloned();
+    let on_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
     let (parts, body) = req.into_parts();
     let _ = body.collect().await;
     seen.lock().unwrap_or_else(|p| p.into_inner()).push(Seen {
@@ -130,6 +133,19 @@ async fn answer(
         version: parts.version,
         headers: parts.headers.clone(),
     });
+    if let (Some(protocol), Some(on_upgrade)) = (upgrade, on_upgrade) {
+        tokio::spawn(async move {
+            if let Ok(upgraded) = on_upgrade.await {
+                let (mut r, mut w) = tokio::io::split(TokioIo::new(upgraded));
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            }
+        });
+        let mut resp = Response::new(Full::new(Bytes::new()).map_err(|never| match never {}).boxed_unsync());
+        *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+        resp.headers_mut().insert("connection", http::HeaderValue::from_static("upgrade"));
+        resp.headers_mut().insert("upgrade", protocol);
+        return resp;
+    }
     let ms = delay.load(Ordering::Relaxed);
     if ms > 0 {
         tokio::time::sleep(Duration::from_millis(ms)).await;
@@ -326,7 +342,7 @@ impl Harness {
         let io = self.connect(vip).await.expect("CONNECT to the waypoint");
         let (send, conn) =
             hyper::client::conn::http1::handshake(TokioIo::new(io)).await.expect("http1 handshake");
-        tokio::spawn(conn);
+        tokio::spawn(conn.with_upgrades());
         send
     }
 

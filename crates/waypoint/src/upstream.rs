@@ -210,7 +210,7 @@ impl Upstream {
             let (send, conn) =
                 http1::Builder::new().handshake(io).await.map_err(|e| UpstreamError::Handshake(addr, e))?;
             tokio::spawn(async move {
-                if let Err(e) = conn.await {
+                if let Err(e) = conn.with_upgrades().await {
                     tracing::debug!(%addr, error = %e, "upstream HTTP/1.1 connection ended");
                 }
             });

@@ -633,3 +633,33 @@ async fn a_new_configuration_applies_to_the_next_request_on_an_open_connection()
     h.configure(&[], &[]);
     assert_eq!(send(&mut c, get("/")).await, (StatusCode::SERVICE_UNAVAILABLE, "no healthy upstream".into()));
 }
+
+#[tokio::test]
+async fn an_upgrade_is_passed_through_and_the_connections_are_joined() {
+    let ca = Arc::new(FakeCa::generate());
+    let (backends, node) = three_backends(&ca).await;
+    let h = Harness::start(ca, Harness::settings(), node.addr).await;
+    let svc =
+        service("svc", Some("10.0.0.10"), &[(80, 8080, api::Protocol::Http)], vec![endpoint("10.1.0.1")]);
+    h.configure(&[named("app-ns/svc", svc)], &[]);
+    let mut c = h.http1(sock("10.0.0.10:80")).await;
+    let req = Request::get("/ws")
+        .header("host", "svc")
+        .header("connection", "upgrade")
+        .header("upgrade", "websocket")
+        .body(body(""))
+        .expect("request");
+    c.ready().await.expect("ready");
+    let resp = tokio::time::timeout(T, c.send_request(req)).await.expect("in time").expect("response");
+    assert_eq!(resp.status(), StatusCode::SWITCHING_PROTOCOLS);
+    assert_eq!(resp.headers().get("upgrade").map(|v| v.as_bytes()), Some(&b"websocket"[..]));
+    let seen = backends[0].last().expect("seen");
+    assert_eq!(seen.headers.get("upgrade").map(|v| v.as_bytes()), Some(&b"websocket"[..]));
+    let upgraded =
+        tokio::time::timeout(T, hyper::upgrade::on(resp)).await.expect("in time").expect("upgraded");
+    let mut io = hyper_util::rt::TokioIo::new(upgraded);
+    io.write_all(b"ping over the upgrade").await.expect("write");
+    let mut got = [0u8; 21];
+    tokio::time::timeout(T, io.read_exact(&mut got)).await.expect("in time").expect("read");
+    assert_eq!(&got, b"ping over the upgrade");
+}
