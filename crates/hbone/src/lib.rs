@@ -4,7 +4,8 @@
 //!
 //! The face: the TLS handshake ([`accept`], [`connect`]), the server side of a connection
 //! ([`serve`], with phase deadlines, a per-peer budget and a drain), the client side through the
-//! [`Pool`], and the [`StreamHandle`] both hand out, which relays a tunnel to an app socket.
+//! [`Pool`], and the [`StreamHandle`] both hand out, which relays a tunnel to an app socket or,
+//! as a [`StreamIo`], carries a protocol spoken over the tunnel itself (the waypoint's HTTP).
 //! Everything else (records, frames, header blocks, the protocol machine) is private; tests and
 //! benches reach helpers through the `testing` feature, the fuzz targets through `fuzzing`.
 
@@ -19,7 +20,7 @@ mod tls;
 use std::io;
 use std::time::Duration;
 
-pub use conn::{ConnError, ConnErrorKind, RelayCounters, StreamError, StreamHandle};
+pub use conn::{ConnError, ConnErrorKind, RelayCounters, StreamError, StreamHandle, StreamIo};
 pub use frame::Reason;
 pub use hpack::{Decoded, HeaderError};
 pub use pool::{Dialed, Dialer, Pool, PoolKey, Tunnel, TunnelError};

@@ -16,7 +16,7 @@ use http::{HeaderMap, StatusCode};
 use rustls_pki_types::ServerName;
 use tokio::net::TcpStream;
 
-use crate::conn::{self, ConnError, Keepalive, StreamError, StreamHandle};
+use crate::conn::{self, ConnError, Keepalive, StreamError, StreamHandle, StreamIo};
 use crate::tls::{self, TlsError};
 use crate::{H2Settings, PING_INTERVAL, PING_TIMEOUT};
 
@@ -108,6 +108,13 @@ pub struct Tunnel {
 }
 
 struct Slot(Arc<AtomicU32>);
+
+impl Tunnel {
+    /// The stream as `AsyncRead + AsyncWrite`, holding the pool slot until it is dropped.
+    pub fn into_io(self) -> StreamIo {
+        StreamIo::with_guard(self.stream, Box::new(self._slot))
+    }
+}
 
 impl Drop for Slot {
     fn drop(&mut self) {

@@ -1,14 +1,36 @@
-//! The Ambit waypoint, Istio's L7 proxy for ambient mode (Envoy in Istio).
+//! The Ambit waypoint, Istio's L7 proxy for ambient mode (Envoy in Istio): HBONE in from the
+//! node proxies, HTTP authorization and routing, HBONE out to the endpoints' node proxies.
 //!
-//! What exists now is its HTTP authorization engine, [`authz`]: AuthorizationPolicies as typed
-//! values, the request attributes they read, Istio's path normalization (`pathNormalization:
-//! BASE`) and Envoy RBAC's evaluation order. It is pure: no sockets, no configuration transport.
-//! The rest of the waypoint (HBONE listener, HTTP proxying, routing, the xDS translation that
-//! produces these policies) is to come.
+//! - [`authz`]: AuthorizationPolicies as typed values and Envoy RBAC's evaluation (pure).
+//! - [`config`]: the control plane's `ambit.waypoint.v1` resources parsed into a [`Snapshot`].
+//! - [`Waypoint`]: the server. Build it with [`Waypoint::new`] from [`Settings`], the
+//!   certificates and an HBONE [`ambit_hbone::Pool`]; give it a configuration with
+//!   [`Waypoint::set_config`] (again on every change); run it on a listener with
+//!   [`Waypoint::run`]; read its [`Counters`].
+//!
+//! Not here yet: the xDS client that feeds [`Waypoint::set_config`], Prometheus metrics, access
+//! logs, locality-aware balancing, JWT.
 
 pub mod authz;
+mod body;
+pub mod config;
+mod io;
+mod metrics;
+mod proxy;
+mod route;
+mod server;
+mod upgrade;
+mod upstream;
+
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 pub use authz::{
     Action, Condition, Decision, DenyReason, Glob, Operation, PathError, Pattern, Policy, PolicySet, Request,
     Rule, Source, Unenforceable, UnsupportedAction, Verdict, normalize_path, remote_ip,
 };
+pub use config::{ConfigError, Snapshot};
+pub use metrics::{Counters, Label, NO_ALLOW_MATCHED, RequestLabels};
+pub use route::Balance;
+pub use server::{Limits, Settings, Waypoint};
+pub use upstream::{Body, BoxError};

@@ -412,7 +412,10 @@ pub(super) fn deliver_run(st: &mut State, id: u32, run: &[(u32, &[u8])]) {
         st.release(None, total);
         return;
     };
-    if s.reset.is_some() || s.local_reset || s.app_failed {
+    // A RST_STREAM(NO_ERROR) after the peer's END_STREAM, read in the same batch as this data,
+    // ends nothing the peer sent (see `Proto::rst_stream`): the data is still delivered.
+    let complete = s.reset == Some(Reason::NO_ERROR) && s.recv_done;
+    if (s.reset.is_some() && !complete) || s.local_reset || s.app_failed {
         st.release(None, total);
         return;
     }

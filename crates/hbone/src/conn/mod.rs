@@ -494,11 +494,13 @@ mod handles;
 mod proto;
 mod state;
 mod stream;
+mod stream_io;
 
 pub use handles::{Client, Incoming, client, server};
 use state::new_connection;
 pub use stream::RelayCounters;
 use stream::read_drained;
+pub use stream_io::StreamIo;
 
 /// Entry points for the fuzz targets in `fuzz/` (feature `fuzzing`, never on in a normal build).
 #[cfg(feature = "fuzzing")]
@@ -506,5 +508,7 @@ pub mod fuzzing;
 
 #[cfg(test)]
 mod red_team_tests;
+#[cfg(test)]
+mod stream_io_tests;
 #[cfg(test)]
 mod tests;

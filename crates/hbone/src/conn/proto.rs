@@ -431,6 +431,13 @@ impl Proto {
             return self.flood.chatter();
         }
         s.reset = Some(reason);
+        if reason == Reason::NO_ERROR && s.recv_done {
+            // The peer sent its whole side and only asks us to stop sending (RFC 9113 §8.1: a
+            // complete response is not discarded): what is queued stays readable.
+            s.wake();
+            st.wake_senders();
+            return Ok(());
+        }
         // Queued bytes will never be written: their window goes back.
         let queued = std::mem::take(&mut s.queued);
         s.queue.clear();

@@ -333,7 +333,10 @@ impl StreamHandle {
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                         self.shared.flush(st);
                         let Some(s) = st.streams.get_mut(&id) else { continue };
-                        if let Some(r) = s.reset {
+                        // A NO_ERROR reset after the peer's END_STREAM leaves its bytes to write.
+                        if let Some(r) = s.reset
+                            && !(r == Reason::NO_ERROR && s.recv_done)
+                        {
                             return Poll::Ready(Err(gone(StreamError::Reset(r))));
                         }
                         if let Some(e) = &closed {

@@ -303,6 +303,10 @@ impl Policy {
     fn matches(&self, request: &Request<'_>, path: &str) -> bool {
         self.rules.iter().any(|rule| rule.matches(request, path, self.action))
     }
+
+    fn matches_connection(&self, request: &Request<'_>) -> bool {
+        self.rules.iter().any(|rule| rule.matches_connection(request, self.action))
+    }
 }
 
 impl Rule {
@@ -310,6 +314,32 @@ impl Rule {
         (self.from.is_empty() || self.from.iter().any(|s| s.matches(request)))
             && (self.to.is_empty() || self.to.iter().any(|o| o.matches(request, path)))
             && self.when.iter().all(|c| c.matches(request, action))
+    }
+
+    /// A TCP connection has no HTTP attributes: as istiod builds a TCP filter chain's RBAC, an
+    /// ALLOW rule that reads one never matches, and DENY and AUDIT rules match with those
+    /// fields left out (the wider deny).
+    fn matches_connection(&self, request: &Request<'_>, action: Action) -> bool {
+        if action == Action::Allow && self.reads_http() {
+            return false;
+        }
+        (self.from.is_empty() || self.from.iter().any(|s| s.matches_connection(request)))
+            && (self.to.is_empty() || self.to.iter().any(|o| o.matches_connection(request)))
+            && self.when.iter().filter(|c| !c.is_http_only()).all(|c| c.matches(request, action))
+    }
+
+    /// Whether the rule reads an attribute only HTTP requests have.
+    fn reads_http(&self) -> bool {
+        self.from.iter().any(|s| !s.request_principals.is_empty() || !s.not_request_principals.is_empty())
+            || self.to.iter().any(|o| {
+                !(o.hosts.is_empty()
+                    && o.not_hosts.is_empty()
+                    && o.methods.is_empty()
+                    && o.not_methods.is_empty()
+                    && o.paths.is_empty()
+                    && o.not_paths.is_empty())
+            })
+            || self.when.iter().any(Condition::is_http_only)
     }
 }
 
@@ -323,6 +353,16 @@ impl Source {
                 net.contains(&request.remote_ip)
             })
             && field(&self.request_principals, &self.not_request_principals, |_| false)
+    }
+
+    fn matches_connection(&self, request: &Request<'_>) -> bool {
+        let namespace = request.source_namespace();
+        field(&self.principals, &self.not_principals, |p| principal_matches(p, request.source_principal))
+            && field(&self.namespaces, &self.not_namespaces, |g| namespace.is_some_and(|ns| g.matches(ns)))
+            && field(&self.ip_blocks, &self.not_ip_blocks, |net| net.contains(&request.source_ip))
+            && field(&self.remote_ip_blocks, &self.not_remote_ip_blocks, |net| {
+                net.contains(&request.remote_ip)
+            })
     }
 }
 
@@ -339,6 +379,10 @@ impl Operation {
             && field(&self.ports, &self.not_ports, |port| *port == request.destination_port)
             && field(&self.methods, &self.not_methods, method)
             && field(&self.paths, &self.not_paths, |p| p.matches(path))
+    }
+
+    fn matches_connection(&self, request: &Request<'_>) -> bool {
+        field(&self.ports, &self.not_ports, |port| *port == request.destination_port)
     }
 }
 
@@ -418,6 +462,11 @@ impl Condition {
         }
     }
 
+    /// Whether the condition reads an attribute only HTTP requests have (a header, a JWT).
+    fn is_http_only(&self) -> bool {
+        matches!(self, Condition::RequestHeader { .. } | Condition::RequestAuth { .. })
+    }
+
     fn matches(&self, request: &Request<'_>, action: Action) -> bool {
         match self {
             Condition::RequestHeader { name, values, not_values } => {
@@ -483,6 +532,26 @@ impl PolicySet {
             Decision::Deny { policy: None, reason: DenyReason::NoAllowPolicyMatched }
         };
         Ok(Verdict { decision, audited })
+    }
+
+    /// Decides one TCP connection (its HTTP fields in `request` are not read). Rules that read
+    /// HTTP attributes: in ALLOW policies they never match; in DENY and AUDIT policies they
+    /// match on their other fields (istiod's TCP RBAC, Istio's "TCP traffic" task).
+    pub fn authorize_connection(&self, request: &Request<'_>) -> Verdict {
+        let matching = |action: Action| {
+            self.policies.iter().filter(move |p| p.action == action).filter(|p| p.matches_connection(request))
+        };
+        let audited = matching(Action::Audit).map(Policy::key).collect();
+        let decision = if let Some(deny) = matching(Action::Deny).next() {
+            Decision::Deny { policy: Some(deny.key()), reason: DenyReason::DenyPolicyMatched }
+        } else if !self.policies.iter().any(|p| p.action == Action::Allow)
+            || matching(Action::Allow).next().is_some()
+        {
+            Decision::Allow
+        } else {
+            Decision::Deny { policy: None, reason: DenyReason::NoAllowPolicyMatched }
+        };
+        Verdict { decision, audited }
     }
 
     /// Every condition that cannot be enforced as written, for the caller to report.

@@ -525,3 +525,55 @@ fn actions_parse_and_custom_is_refused() {
     assert_eq!(DenyReason::NoAllowPolicyMatched.to_string(), "no ALLOW policy matched");
     assert_eq!(DenyReason::DenyPolicyMatched.to_string(), "a DENY policy matched");
 }
+
+#[test]
+fn connections_allow_no_http_rule_and_deny_with_http_fields_left_out() {
+    let headers = HeaderMap::new();
+    let req = request(&headers);
+    let get_on_8080 = Rule {
+        to: vec![Operation { methods: pats(&["GET"]), ports: vec![8080], ..Operation::default() }],
+        ..Rule::default()
+    };
+    let header_cond =
+        Rule { when: vec![Condition::parse("request.headers[x-a]", &["b"], &[])], ..Rule::default() };
+    let port_9000 =
+        Rule { to: vec![Operation { ports: vec![9000], ..Operation::default() }], ..Rule::default() };
+    let cases: Vec<(&str, Vec<Policy>, Decision)> = vec![
+        (
+            "an ALLOW rule with a method never allows a connection",
+            vec![policy("allow-get", Action::Allow, vec![get_on_8080.clone()])],
+            Decision::Deny { policy: None, reason: DenyReason::NoAllowPolicyMatched },
+        ),
+        (
+            "a DENY rule with a method denies the port's connections (method left out)",
+            vec![policy("deny-get", Action::Deny, vec![get_on_8080])],
+            Decision::Deny { policy: Some("demo/deny-get".into()), reason: DenyReason::DenyPolicyMatched },
+        ),
+        (
+            "a DENY rule with a header condition denies every connection",
+            vec![policy("deny-header", Action::Deny, vec![header_cond])],
+            Decision::Deny { policy: Some("demo/deny-header".into()), reason: DenyReason::DenyPolicyMatched },
+        ),
+        (
+            "a DENY rule on another port does not match",
+            vec![policy("deny-9000", Action::Deny, vec![port_9000.clone()])],
+            Decision::Allow,
+        ),
+        (
+            "an L4 ALLOW rule allows",
+            vec![policy(
+                "allow-port",
+                Action::Allow,
+                vec![Rule {
+                    to: vec![Operation { ports: vec![8080], ..Operation::default() }],
+                    ..Rule::default()
+                }],
+            )],
+            Decision::Allow,
+        ),
+    ];
+    for (name, policies, want) in cases {
+        let verdict = PolicySet::new(policies).authorize_connection(&req);
+        assert_eq!(verdict.decision, want, "{name}");
+    }
+}
