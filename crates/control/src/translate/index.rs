@@ -338,7 +338,8 @@ impl Store {
                     }
                 }
                 for t in x.spec.target_ref.iter().chain(&x.spec.target_refs) {
-                    let target = Name::new(if t.namespace.is_empty() { &n.ns } else { &t.namespace }, t.name.as_str());
+                    let target =
+                        Name::new(if t.namespace.is_empty() { &n.ns } else { &t.namespace }, t.name.as_str());
                     match (t.group.as_str(), t.kind.as_str()) {
                         ("gateway.networking.k8s.io", "Gateway") => d.l7_gateways.insert(target),
                         ("" | "core", "Service") => d.l7_services.insert(target),
