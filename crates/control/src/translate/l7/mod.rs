@@ -181,7 +181,9 @@ impl State {
     /// Recomputes `waypoints` and records what changed.
     pub(crate) fn recompute(&mut self, view: &View<'_, '_>, waypoints: &BTreeSet<Name>, out: &mut Changes) {
         for wp in waypoints {
-            let config = compute(view, wp).unwrap_or_default();
+            let computed = compute(view, wp);
+            let is_waypoint = computed.is_some();
+            let config = computed.unwrap_or_default();
             let old = self.per_waypoint.remove(wp).unwrap_or_default();
             for input in &old.inputs {
                 if let Some(set) = self.readers.get_mut(input) {
@@ -220,13 +222,8 @@ impl State {
                 self.readers.entry(input.clone()).or_default().insert(wp.clone());
             }
             published.inputs = config.inputs.into_iter().collect();
-            if !published.destinations.is_empty()
-                || !published.policies.is_empty()
-                || !published.errors.is_empty()
-            {
-                self.per_waypoint.insert(wp.clone(), published);
-            } else if waypoint_of(view.ctx, wp).is_some() {
-                // A waypoint with nothing bound yet still counts as configured.
+            // A waypoint with nothing bound yet still counts as configured (policy reports).
+            if is_waypoint {
                 self.per_waypoint.insert(wp.clone(), published);
             }
         }
