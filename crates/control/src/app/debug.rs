@@ -176,3 +176,50 @@ async fn ask(ctx: &Ctx, kind: Option<String>, name: Option<String>) -> Result<Va
         _ => Err(text(StatusCode::SERVICE_UNAVAILABLE, "the translation is busy; try again\n")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use ambit_objects::{Change, Object};
+    use serde_json::json;
+
+    use super::*;
+    use crate::translate::Settings;
+
+    fn answer(tr: &Translator, kind: Option<&str>) -> Value {
+        let (reply, mut rx) = tokio::sync::oneshot::channel();
+        DebugRequest { kind: kind.map(str::to_owned), name: None, reply }.answer(tr);
+        rx.try_recv().expect("answered")
+    }
+
+    #[test]
+    fn config_dump_and_config_errors_show_the_waypoints_configuration() {
+        let mut tr = Translator::new(Settings::default());
+        let objects = [
+            json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+                "metadata": {"name": "wp", "namespace": "app"},
+                "spec": {"gatewayClassName": "istio-waypoint"},
+                "status": {"addresses": [{"type": "Hostname", "value": "wp.app.svc.cluster.local"}]}}),
+            json!({"apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": "a", "namespace": "app", "labels": {"istio.io/use-waypoint": "wp"}},
+                "spec": {"clusterIP": "10.0.0.1", "ports": [{"name": "http", "port": 80}]}}),
+            json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+                "metadata": {"name": "r", "namespace": "app"},
+                "spec": {"parentRefs": [{"group": "", "kind": "Service", "name": "a"}],
+                    "rules": [{"backendRefs": [{"name": "gone", "port": 80}]}]}}),
+        ];
+        tr.apply(objects.map(|v| Change::Upsert(Object::from_value(v).expect("object"))));
+        let dump = answer(&tr, Some("destination"));
+        let name = "app/wp/app/a.app.svc.cluster.local";
+        assert_eq!(dump["waypoint_destinations"][name]["kind"], "SERVICE", "{dump}");
+        assert!(dump.get("addresses").is_none(), "only the type asked for");
+        assert!(answer(&tr, None)["waypoint_policies"].is_object());
+        assert_eq!(
+            answer(&tr, Some(WAYPOINT_ERRORS)),
+            json!([{
+                "waypoint": "app/wp",
+                "object": "HTTPRoute app/r",
+                "message": "rules[0].backendRefs[0]: Service app/gone does not exist: its share of requests (weight 1) answers 500",
+            }])
+        );
+    }
+}

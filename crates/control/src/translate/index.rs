@@ -119,7 +119,7 @@ pub(crate) struct Dirty {
     pub l7_services: BTreeSet<Name>,
     /// Gateways whose waypoint configuration a route or policy naming them changed.
     pub l7_gateways: BTreeSet<Name>,
-    /// Every waypoint's configuration (a ReferenceGrant changed).
+    /// Every waypoint's configuration (a ReferenceGrant or a Namespace changed).
     pub l7_all: bool,
 }
 
@@ -293,6 +293,8 @@ impl Store {
                 if n.name == settings.system_namespace {
                     d.all = true;
                 }
+                // Its labels decide which waypoint listeners accept its routes (Selector).
+                d.l7_all = true;
                 d.namespaces.insert(n.name);
             }
             Object::Node(_) => {

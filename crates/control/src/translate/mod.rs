@@ -21,6 +21,9 @@
 //! | HTTPRoute, GRPCRoute | the configuration of the waypoints of its parents (Services or the waypoint's Gateway) |
 //! | ReferenceGrant | every waypoint's configuration |
 //!
+//! A Namespace change also recomputes every waypoint's configuration (its labels decide which
+//! waypoint listeners accept its routes).
+//!
 //! Each waypoint's own configuration (`ambit.waypoint.v1`, module `l7`) follows the Address
 //! output: a waypoint is recomputed when an Address it read or one that names it changed.
 //!
