@@ -679,6 +679,21 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        #[test]
+        fn durations_never_panic(s in "\\PC{0,16}") {
+            let _ = parse_duration(&s);
+        }
+
+        #[test]
+        fn durations_sum_their_parts(parts in proptest::collection::vec((0u64..100_000, 0usize..4), 1..5)) {
+            let units = [("h", 3_600_000u64), ("m", 60_000), ("s", 1_000), ("ms", 1)];
+            let text: String = parts.iter().map(|(n, u)| format!("{n}{}", units[*u].0)).collect();
+            let want: u64 = parts.iter().map(|(n, u)| n * units[*u].1).sum();
+            proptest::prop_assert_eq!(parse_duration(&text), Some(u32::try_from(want).unwrap_or(u32::MAX)));
+        }
+    }
+
     #[test]
     fn precedence_exact_then_regex_then_longest_prefix_then_method_headers_queries() {
         let m = |path: path_match::Kind, method: &str, headers: usize, queries: usize| Match {
