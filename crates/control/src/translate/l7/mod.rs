@@ -14,7 +14,8 @@
 //! Incremental: each waypoint's result records the Address names it read (bound Services, their
 //! member workloads, backends, bound workloads); a change of any of them, a change of what an
 //! Address names as its waypoint, a route or policy naming one of its Services or its Gateway, or
-//! the Gateway itself recomputes that waypoint only. A ReferenceGrant recomputes every waypoint.
+//! the Gateway itself recomputes that waypoint only. A ReferenceGrant or a Namespace recomputes
+//! every waypoint.
 
 mod destinations;
 mod policies;
