@@ -5,7 +5,9 @@
 //! network label). A document `{delete: {kind, namespace, name}}` deletes an object; an
 //! optional `settings.yaml` overrides the settings (defaults: control-plane.md §8's test
 //! constants, cluster `cluster0`, domain `domain.suffix`). `expected.yaml` holds one document
-//! per step with the resources that step changed (`removed` for a deletion).
+//! per step with the resources that step changed (`removed` for a deletion), including each
+//! waypoint's own configuration (`waypoint_destinations`, `waypoint_policies`), and after each
+//! step the waypoints' configuration errors as `/debug/config_errors` shows them.
 //!
 //! `UPDATE_GOLDEN=1 cargo test -p ambit-control --test golden` rewrites the expected files;
 //! check every change by hand against the spec before committing it.
@@ -89,6 +91,15 @@ fn run(case: &Path) -> String {
         for (name, a) in &o.authorizations {
             auths.insert(name.clone(), a.as_ref().map_or(json!("removed"), render::authorization));
         }
+        let mut destinations = Map::new();
+        for (name, d) in &o.destinations {
+            destinations.insert(name.clone(), d.as_ref().map_or(json!("removed"), render::destination));
+        }
+        let mut policies = Map::new();
+        for (name, p) in &o.policies {
+            policies.insert(name.clone(), p.as_ref().map_or(json!("removed"), render::waypoint_policy));
+        }
+        let errors: Vec<String> = t.waypoint_errors().iter().map(ToString::to_string).collect();
         let mut doc = Map::new();
         doc.insert("step".into(), json!(step.file_name().and_then(|n| n.to_str())));
         if !addresses.is_empty() {
@@ -96,6 +107,15 @@ fn run(case: &Path) -> String {
         }
         if !auths.is_empty() {
             doc.insert("authorizations".into(), Value::Object(auths));
+        }
+        if !destinations.is_empty() {
+            doc.insert("waypoint_destinations".into(), Value::Object(destinations));
+        }
+        if !policies.is_empty() {
+            doc.insert("waypoint_policies".into(), Value::Object(policies));
+        }
+        if !errors.is_empty() {
+            doc.insert("waypoint_errors".into(), json!(errors));
         }
         out.push_str("---\n");
         out.push_str(&serde_saphyr::to_string(&Value::Object(doc)).expect("yaml"));

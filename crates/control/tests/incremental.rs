@@ -63,7 +63,7 @@ fn one_pod_changed_among_1000_recomputes_one_workload_and_sends_one() {
         "spec": {"nodeName": "node-2", "containers": [{"name": "c", "ports": [{"name": "web", "containerPort": 8080}]}]},
         "status": {"phase": "Running", "podIP": "10.3.0.43"},
     }))]);
-    assert_eq!(t.recomputed(), Recomputed { workloads: 1, services: 0, policies: 0 });
+    assert_eq!(t.recomputed(), Recomputed { workloads: 1, services: 0, policies: 0, waypoints: 0 });
     let names: Vec<&str> = out.addresses.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, ["Kubernetes//Pod/ns-3/web-42"]);
     assert!(out.authorizations.is_empty());
@@ -87,13 +87,13 @@ fn a_service_change_recomputes_only_its_namespace() {
     let mut t = mesh();
     // Named target port: every pod of ns-5 now maps 80 → its container port `web`.
     let out = t.apply([service("ns-5", "web", "10.96.0.5", json!("web"))]);
-    assert_eq!(t.recomputed(), Recomputed { workloads: 100, services: 1, policies: 0 });
+    assert_eq!(t.recomputed(), Recomputed { workloads: 100, services: 1, policies: 0, waypoints: 0 });
     assert_eq!(out.addresses.len(), 1, "only the Service changed: every pod still maps 80→8080");
     assert_eq!(out.addresses[0].0, "ns-5/web.ns-5.svc.cluster.local");
 
     // A different target: the Service (target 0 stays 0) is unchanged, the 100 pods change.
     let out = t.apply([service("ns-5", "web", "10.96.0.5", json!(9090))]);
-    assert_eq!(t.recomputed(), Recomputed { workloads: 100, services: 1, policies: 0 });
+    assert_eq!(t.recomputed(), Recomputed { workloads: 100, services: 1, policies: 0, waypoints: 0 });
     assert_eq!(out.addresses.len(), 101);
     assert!(out.addresses.iter().all(|(n, _)| n.contains("ns-5")), "nothing outside ns-5");
 }
@@ -102,7 +102,7 @@ fn a_service_change_recomputes_only_its_namespace() {
 fn a_node_change_recomputes_its_pods_only() {
     let mut t = mesh();
     let out = t.apply([node("node-7", "z2")]);
-    assert_eq!(t.recomputed(), Recomputed { workloads: 100, services: 0, policies: 0 });
+    assert_eq!(t.recomputed(), Recomputed { workloads: 100, services: 0, policies: 0, waypoints: 0 });
     assert_eq!(out.addresses.len(), 100);
     for (_, a) in &out.addresses {
         let Some(address::Type::Workload(w)) = a.as_ref().and_then(|a| a.r#type.as_ref()) else {
@@ -119,18 +119,18 @@ fn policies_recompute_what_they_select() {
     // A namespace-wide policy: no workload lists it.
     let out = t.apply([obj(json!({"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
         "metadata": {"name": "allow-ns", "namespace": "ns-1"}, "spec": {"rules": [{}]}}))]);
-    assert_eq!(t.recomputed(), Recomputed { workloads: 0, services: 0, policies: 1 });
+    assert_eq!(t.recomputed(), Recomputed { workloads: 0, services: 0, policies: 1, waypoints: 0 });
     assert_eq!(out.authorizations.len(), 1);
     assert!(out.addresses.is_empty());
     // A selector policy: its namespace's workloads.
     t.apply([obj(json!({"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
         "metadata": {"name": "sel", "namespace": "ns-1"}, "spec": {"selector": {"matchLabels": {"app": "web"}}}}))]);
-    assert_eq!(t.recomputed(), Recomputed { workloads: 100, services: 0, policies: 1 });
+    assert_eq!(t.recomputed(), Recomputed { workloads: 100, services: 0, policies: 1, waypoints: 0 });
     // A PeerAuthentication in a namespace: static policy, that namespace's PAs and workloads.
     let out = t.apply([obj(json!({"apiVersion": "security.istio.io/v1", "kind": "PeerAuthentication",
         "metadata": {"name": "strict", "namespace": "ns-2"}, "spec": {"mtls": {"mode": "STRICT"}}}))]);
     // Policies: the converted policy of the one PA of ns-2, and the static one.
-    assert_eq!(t.recomputed(), Recomputed { workloads: 100, services: 0, policies: 2 });
+    assert_eq!(t.recomputed(), Recomputed { workloads: 100, services: 0, policies: 2, waypoints: 0 });
     assert_eq!(out.addresses.len(), 100, "ns-2's workloads list the static policy");
     assert_eq!(out.authorizations.len(), 1, "the static policy");
     // Mesh-wide (root namespace): every workload.

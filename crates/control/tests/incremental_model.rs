@@ -1,11 +1,12 @@
 //! Incremental translation equals translation from scratch: random batches of upserts and
 //! deletes over a small vocabulary of interdependent objects (pods, services, slices, entries,
-//! policies, waypoints, namespaces, nodes); after each batch the published state must equal a
+//! policies, waypoints, routes, reference grants, namespaces, nodes); after each batch the published state must equal a
 //! fresh translator's over the same objects, and the `Output`s applied in order must rebuild it.
 
 use std::collections::BTreeMap;
 
 use ambit_api::security::Authorization;
+use ambit_api::waypoint::{Destination, Policy};
 use ambit_api::workload::Address;
 use ambit_control::translate::{Settings, Translator};
 use ambit_objects::{Change, Object, ObjectKey};
@@ -34,7 +35,7 @@ fn object(kind: u8, name: u8, seed: u64) -> Value {
     let ns = *r.pick(NAMESPACES);
     let name = format!("o{}", name % 3);
     let app = *r.pick(&["x", "y"]);
-    match kind % 11 {
+    match kind % 13 {
         0 => {
             let mut labels = serde_json::Map::new();
             if r.flag() {
@@ -98,6 +99,11 @@ fn object(kind: u8, name: u8, seed: u64) -> Value {
             let mut spec = json!({"action": *r.pick(&["ALLOW", "DENY"]), "rules": [{"to": [{"operation": {"ports": ["80"]}}]}]});
             if r.flag() {
                 spec["selector"] = json!({"matchLabels": {"app": app}});
+            } else if r.flag() {
+                spec["targetRefs"] = json!([*r.pick(&[
+                    json!({"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "o0"}),
+                    json!({"group": "", "kind": "Service", "name": "o1"}),
+                ])]);
             }
             json!({"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
                 "metadata": {"name": name, "namespace": ns}, "spec": spec})
@@ -126,18 +132,47 @@ fn object(kind: u8, name: u8, seed: u64) -> Value {
                     "allowedRoutes": {"namespaces": {"from": *r.pick(&["All", "Same"])}}}]},
                 "status": status})
         }
+        11 => {
+            let parent = r
+                .pick(&[json!({"group": "", "kind": "Service", "name": "o0"}), json!({"name": "o0"})])
+                .clone();
+            let backend = r
+                .pick(&[
+                    json!({"name": "o1", "port": 80}),
+                    json!({"name": "o0", "namespace": "b", "port": 80}),
+                    json!({"name": "o2", "port": 80}),
+                ])
+                .clone();
+            json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+                "metadata": {"name": name, "namespace": ns,
+                    "creationTimestamp": *r.pick(&["2024-01-01T00:00:00Z", "2025-01-01T00:00:00Z"])},
+                "spec": {"parentRefs": [parent], "rules": [{
+                    "matches": [{"path": {"type": *r.pick(&["PathPrefix", "Exact"]), "value": *r.pick(&["/a", "/ab"])}}],
+                    "backendRefs": [backend, {"name": "o0", "port": 80, "weight": 3}]}]}})
+        }
+        12 => json!({"apiVersion": "gateway.networking.k8s.io/v1beta1", "kind": "ReferenceGrant",
+            "metadata": {"name": name, "namespace": "b"},
+            "spec": {"from": [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "namespace": *r.pick(&["a", "b"])}],
+                "to": [{"group": "", "kind": "Service"}]}}),
         _ => json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
             "metadata": {"name": "istio-waypoint", "labels": {"istio.io/waypoint-for": *r.pick(&["all", "workload"])},
                 "annotations": {"ambient.istio.io/waypoint-inbound-binding": *r.pick(&["PROXY", "NONE/15088"])}}}),
     }
 }
 
-type State = (BTreeMap<String, Address>, BTreeMap<String, Authorization>);
+type State = (
+    BTreeMap<String, Address>,
+    BTreeMap<String, Authorization>,
+    BTreeMap<String, Destination>,
+    BTreeMap<String, Policy>,
+);
 
 fn state(t: &Translator) -> State {
     (
         t.addresses().map(|(k, v)| (k.clone(), v.clone())).collect(),
         t.authorizations().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        t.destinations().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        t.waypoint_policies().map(|(k, v)| (k.clone(), v.clone())).collect(),
     )
 }
 
@@ -152,7 +187,7 @@ proptest! {
 
     #[test]
     fn incremental_equals_from_scratch(
-        batches in prop::collection::vec(prop::collection::vec((0u8..11, 0u8..3, any::<u64>(), 0u8..4), 1..4), 1..16)
+        batches in prop::collection::vec(prop::collection::vec((0u8..13, 0u8..3, any::<u64>(), 0u8..4), 1..4), 1..16)
     ) {
         let settings = Settings::default();
         let mut t = Translator::new(settings.clone());
@@ -181,6 +216,21 @@ proptest! {
             for (name, a) in out.authorizations {
                 match a { Some(a) => { replica.1.insert(name, a); } None => { replica.1.remove(&name); } }
             }
+            for (name, d) in out.destinations {
+                match d { Some(d) => { replica.2.insert(name, d); } None => { replica.2.remove(&name); } }
+            }
+            for (name, p) in out.policies {
+                match p { Some(p) => { replica.3.insert(name, p); } None => { replica.3.remove(&name); } }
+            }
+            prop_assert_eq!(
+                &t.waypoint_errors(),
+                &{
+                    let mut fresh = Translator::new(settings.clone());
+                    fresh.apply(objects.values().cloned().map(Change::Upsert));
+                    fresh.waypoint_errors()
+                },
+                "incremental waypoint errors differ"
+            );
             let mut fresh = Translator::new(settings.clone());
             fresh.apply(objects.values().cloned().map(Change::Upsert));
             let want = state(&fresh);

@@ -28,6 +28,7 @@ use tokio::task::JoinHandle;
 
 use crate::gateway::{Gateway, GatewayClass};
 use crate::istio::{AuthorizationPolicy, PeerAuthentication, ServiceEntry, WorkloadEntry};
+use crate::route::{GrpcRoute, HttpRoute, ReferenceGrant};
 use crate::{Change, Filter, Kind, Object, ObjectKey, Source};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -162,6 +163,9 @@ impl KubeSource {
                 Kind::PeerAuthentication => spawn::<PeerAuthentication>(c, cfg, st, s),
                 Kind::Gateway => spawn::<Gateway>(c, cfg, st, s),
                 Kind::GatewayClass => spawn::<GatewayClass>(c, cfg, st, s),
+                Kind::HttpRoute => spawn::<HttpRoute>(c, cfg, st, s),
+                Kind::GrpcRoute => spawn::<GrpcRoute>(c, cfg, st, s),
+                Kind::ReferenceGrant => spawn::<ReferenceGrant>(c, cfg, st, s),
             });
             watches.push(w);
         }
@@ -283,6 +287,9 @@ pub fn resource(kind: Kind) -> String {
         Kind::PeerAuthentication => "peerauthentications",
         Kind::Gateway => "gateways",
         Kind::GatewayClass => "gatewayclasses",
+        Kind::HttpRoute => "httproutes",
+        Kind::GrpcRoute => "grpcroutes",
+        Kind::ReferenceGrant => "referencegrants",
     };
     if kind.group().is_empty() { plural.to_owned() } else { format!("{plural}.{}", kind.group()) }
 }

@@ -2,7 +2,8 @@
 //!
 //! Kubernetes kinds are k8s-openapi's types; the Istio kinds (`security.istio.io/v1`,
 //! `networking.istio.io/v1`) and the Gateway API kinds Ambit needs for waypoints
-//! (`gateway.networking.k8s.io/v1`) are defined here with their real group/versions, and
+//! (`gateway.networking.k8s.io`: Gateway, GatewayClass, HTTPRoute, GRPCRoute, ReferenceGrant)
+//! are defined here with their real group/versions, and
 //! implement k8s-openapi's `Resource` and `Metadata` traits, so kube-rs can list and watch them
 //! like any built-in kind. [`Object`] holds one object of any kind, [`ObjectKey`] names it.
 //!
@@ -17,6 +18,7 @@ pub mod istio;
 #[cfg(feature = "kube")]
 pub mod kube;
 mod object;
+pub mod route;
 pub mod strict;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

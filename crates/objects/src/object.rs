@@ -10,6 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::gateway::{Gateway, GatewayClass};
 use crate::istio::{AuthorizationPolicy, PeerAuthentication, ServiceEntry, WorkloadEntry};
+use crate::route::{GrpcRoute, HttpRoute, ReferenceGrant};
 use crate::strict::{self, Decoding, FieldError};
 
 macro_rules! kinds {
@@ -157,6 +158,9 @@ kinds! {
     PeerAuthentication(PeerAuthentication),
     Gateway(Gateway),
     GatewayClass(GatewayClass),
+    HttpRoute(HttpRoute),
+    GrpcRoute(GrpcRoute),
+    ReferenceGrant(ReferenceGrant),
 }
 
 /// Whether `api_version` is an older version of `group` served with the same schema.
@@ -164,7 +168,9 @@ fn older_version(group: &str, api_version: &str) -> bool {
     let Some((g, v)) = api_version.split_once('/') else { return false };
     g == group
         && match group {
-            "security.istio.io" | "gateway.networking.k8s.io" => v == "v1beta1",
+            "security.istio.io" => v == "v1beta1",
+            // ReferenceGrant's own version is v1beta1; newer Gateway API releases also serve v1.
+            "gateway.networking.k8s.io" => v == "v1beta1" || v == "v1",
             "networking.istio.io" => v == "v1beta1" || v == "v1alpha3",
             _ => false,
         }
@@ -266,6 +272,8 @@ impl Object {
                 }
                 Ok(())
             }
+            Object::HttpRoute(r) => crate::route::check_http(r),
+            Object::GrpcRoute(r) => crate::route::check_grpc(r),
             _ => Ok(()),
         }
     }

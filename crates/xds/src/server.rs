@@ -18,6 +18,12 @@
 //! [`Authenticate`] hook (its [`Principal`] is kept for the stream), and on the first request a
 //! node with an id and the owner's [`Authorize`] hook ([`istio::NodeCheck`] is istiod's).
 //!
+//! Scoped types ([`Resources::with_scoped`]): a resource of such a type is visible only to the
+//! streams whose scope (from [`Authorize::scope`], derived from the peer's proven identity)
+//! equals its name's first two `/`-separated segments ([`scope_of`]); a stream without a scope
+//! sees none of them, and a removal is only sent where the resource was visible. Ambit uses
+//! this to hand each waypoint only its own Gateway's configuration.
+//!
 //! Metrics ([`ServerMetrics`], handed over in [`Hooks::metrics`]) are istiod's: connected
 //! streams, responses, NACKs, push time and convergence time, counted where each happens.
 
@@ -103,6 +109,8 @@ struct Snapshot {
 
 #[derive(Default)]
 struct TypeSet {
+    /// Whether names are scoped ([`scope_of`]).
+    scoped: bool,
     by_name: HashMap<String, Entry>,
     by_alias: HashMap<String, String>,
     /// Names of the resources on each node.
@@ -110,6 +118,11 @@ struct TypeSet {
 }
 
 impl TypeSet {
+    /// Whether the resource `name` may be shown to a stream with `scope`.
+    fn visible(&self, name: &str, scope: Option<&str>) -> bool {
+        !self.scoped || (scope.is_some() && scope_of(name) == scope)
+    }
+
     /// Drops `res`'s aliases and node entry (those that still point at it).
     fn unindex(&mut self, res: &ServerResource) {
         for a in &res.aliases {
@@ -128,11 +141,17 @@ impl TypeSet {
     }
 
     /// The names on `node` that `sub` does not hold and `also_asked` does not name.
-    fn node_local(&self, node: Option<&str>, sub: &Sub, also_asked: &[String]) -> Vec<String> {
+    fn node_local(
+        &self,
+        node: Option<&str>,
+        sub: &Sub,
+        also_asked: &[String],
+        scope: Option<&str>,
+    ) -> Vec<String> {
         let Some(names) = node.and_then(|n| self.by_node.get(n)) else { return Vec::new() };
         let mut out: Vec<String> = names
             .iter()
-            .filter(|n| !sub.names.contains_key(*n) && !also_asked.contains(n))
+            .filter(|n| !sub.names.contains_key(*n) && !also_asked.contains(n) && self.visible(n, scope))
             .cloned()
             .collect();
         out.sort();
@@ -186,11 +205,31 @@ struct Inbox {
     wake: Notify,
 }
 
+/// The scope of a resource name of a scoped type: its first two `/`-separated segments
+/// (`ns/wp` of `ns/wp/ns/reviews.ns.svc.cluster.local`); `None` when it has fewer than three.
+pub fn scope_of(name: &str) -> Option<&str> {
+    let first = name.find('/')?;
+    let second = first + 1 + name[first + 1..].find('/')?;
+    Some(&name[..second])
+}
+
 impl Resources {
     /// An empty set serving `type_urls`, in this order.
     pub fn new<S: Into<String>>(type_urls: impl IntoIterator<Item = S>) -> Self {
+        Self::with_scoped(type_urls, Vec::<String>::new())
+    }
+
+    /// An empty set serving `type_urls`, in this order, of which those in `scoped` are scoped:
+    /// each of their resources is visible only to streams whose [`Authorize::scope`] equals
+    /// [`scope_of`] its name.
+    pub fn with_scoped<S: Into<String>, T: AsRef<str>>(
+        type_urls: impl IntoIterator<Item = S>,
+        scoped: impl IntoIterator<Item = T>,
+    ) -> Self {
         let types: Vec<String> = type_urls.into_iter().map(Into::into).collect();
-        let sets = types.iter().map(|_| TypeSet::default()).collect();
+        let scoped_urls: Vec<T> = scoped.into_iter().collect();
+        let scoped: Vec<bool> = types.iter().map(|t| scoped_urls.iter().any(|s| s.as_ref() == t)).collect();
+        let sets = scoped.iter().map(|s| TypeSet { scoped: *s, ..TypeSet::default() }).collect();
         Self {
             inner: Arc::new(ResourcesInner {
                 types,
@@ -321,6 +360,15 @@ pub trait Authorize: Send + Sync {
     /// `Err` ends the stream with that status (istiod: `InvalidArgument` for a malformed node,
     /// `PermissionDenied` "authorization failed: …" for an identity that does not match it).
     fn authorize(&self, principal: Option<&Principal>, node: &Node) -> Result<(), Status>;
+
+    /// The stream's scope, asked once after [`Authorize::authorize`] accepted it: which
+    /// resources of the scoped types ([`Resources::with_scoped`]) it receives. Derive it from
+    /// what the peer proved (`principal`), never from the node alone. Default: none, so the
+    /// stream receives no scoped resource.
+    fn scope(&self, principal: Option<&Principal>, node: &Node) -> Option<String> {
+        let _ = (principal, node);
+        None
+    }
 }
 
 /// The owner's hooks into the server: admission checks (none by default: anonymous and
@@ -396,6 +444,8 @@ pub struct StreamStatus {
     pub node_name: Option<String>,
     /// What the authenticator returned.
     pub principal: Option<Principal>,
+    /// The scope [`Authorize::scope`] gave it (which scoped resources it receives).
+    pub scope: Option<String>,
     /// Changed names waiting to be pushed (bounded by the distinct names changed).
     pub pending_names: usize,
     /// One entry per type the client subscribed to, in registration order.
@@ -465,6 +515,7 @@ struct StreamState {
     node_id: Option<String>,
     node_name: Option<String>,
     principal: Option<Principal>,
+    scope: Option<String>,
     subs: Vec<Option<Sub>>,
     counter: u64,
 }
@@ -532,6 +583,7 @@ impl AdsServer {
                     node_id: st.node_id.clone().unwrap_or_default(),
                     node_name: st.node_name.clone(),
                     principal: st.principal.clone(),
+                    scope: st.scope.clone(),
                     pending_names,
                     types: st
                         .subs
@@ -634,6 +686,7 @@ impl AggregatedDiscoveryService for AdsServer {
                 node_id: None,
                 node_name: None,
                 principal,
+                scope: None,
                 subs: (0..width).map(|_| None).collect(),
                 counter: 0,
             }),
@@ -749,7 +802,8 @@ fn admit(
     }
     st.node_id = Some(node.id.clone());
     st.node_name = metadata_string(node, NODE_NAME).map(str::to_owned);
-    debug!(stream = st.id, node = %node.id, node_name = ?st.node_name, "xDS stream admitted");
+    st.scope = server.hooks.authorize.as_ref().and_then(|a| a.scope(st.principal.as_ref(), node));
+    debug!(stream = st.id, node = %node.id, node_name = ?st.node_name, scope = ?st.scope, "xDS stream admitted");
     Ok(metrics.connected(metadata_string(node, ISTIO_VERSION)))
 }
 
@@ -798,8 +852,9 @@ fn handle_request(
         warn!(stream = st.id, type_url = %req.type_url, "xDS request for a type this server does not serve; ignored");
         return Ok(Vec::new());
     };
-    let StreamState { subs, counter, id, node_name, .. } = &mut *st;
+    let StreamState { subs, counter, id, node_name, scope, .. } = &mut *st;
     let node_name = node_name.as_deref();
+    let scope = scope.as_deref();
     if let Some(err) = &req.error_detail {
         warn!(stream = *id, type_url = %req.type_url, nonce = %req.response_nonce, "xDS NACK: {}", err.message);
         server.type_metrics[ti].rejected();
@@ -832,11 +887,11 @@ fn handle_request(
             nacks: Vec::new(),
         };
         let (resources_out, removed) = if wildcard {
-            everything(set, &req.initial_resource_versions)
+            everything(set, &req.initial_resource_versions, scope)
         } else {
             let mut names: Vec<String> = names.into_iter().collect();
-            names.extend(set.node_local(node_name, &sub, &names));
-            resolve(set, snap.version, &mut sub, &names, &req.initial_resource_versions)
+            names.extend(set.node_local(node_name, &sub, &names, scope));
+            resolve(set, snap.version, &mut sub, &names, &req.initial_resource_versions, scope)
         };
         let resp = response(type_url, snap.version, &mut sub, counter, resources_out, removed);
         subs[ti] = Some(sub);
@@ -870,13 +925,13 @@ fn handle_request(
     let none = HashMap::new();
     let (out, removed) = if resend_all {
         sub.base = snap.version;
-        everything(set, &none)
+        everything(set, &none, scope)
     } else if !new_names.is_empty() {
         if !sub.wildcard {
-            let local = set.node_local(node_name, sub, &new_names);
+            let local = set.node_local(node_name, sub, &new_names, scope);
             new_names.extend(local);
         }
-        resolve(set, snap.version, sub, &new_names, &none)
+        resolve(set, snap.version, sub, &new_names, &none, scope)
     } else {
         if req.response_nonce.is_empty() && req.resource_names_unsubscribe.is_empty() {
             debug!(stream = *id, %type_url, "request without nonce changes nothing; ignored");
@@ -886,17 +941,21 @@ fn handle_request(
     Ok(vec![(ti, response(type_url, snap.version, sub, counter, out, removed))])
 }
 
-/// Every resource of the type except those the client already holds at the same version, and
-/// the names the client reported that no longer exist.
-fn everything(set: &TypeSet, initial: &HashMap<String, String>) -> (Vec<Resource>, Vec<String>) {
+/// Every resource of the type the stream may see except those the client already holds at the
+/// same version, and the names the client reported that no longer exist (for it).
+fn everything(
+    set: &TypeSet,
+    initial: &HashMap<String, String>,
+    scope: Option<&str>,
+) -> (Vec<Resource>, Vec<String>) {
     let out = set
         .by_name
         .iter()
-        .filter(|(name, e)| initial.get(*name) != Some(&e.version))
+        .filter(|(name, e)| initial.get(*name) != Some(&e.version) && set.visible(name, scope))
         .map(|(_, e)| wire(e, false))
         .collect();
     let mut removed: Vec<String> =
-        initial.keys().filter(|n| !set.by_name.contains_key(*n)).cloned().collect();
+        initial.keys().filter(|n| !set.by_name.contains_key(*n) || !set.visible(n, scope)).cloned().collect();
     removed.sort();
     (out, removed)
 }
@@ -910,6 +969,7 @@ fn resolve(
     sub: &mut Sub,
     names: &[String],
     initial: &HashMap<String, String>,
+    scope: Option<&str>,
 ) -> (Vec<Resource>, Vec<String>) {
     let mut send: Vec<&str> = Vec::new();
     let mut removed = Vec::new();
@@ -921,7 +981,8 @@ fn resolve(
             Some(name.as_str())
         } else {
             set.by_alias.get(name).map(String::as_str)
-        };
+        }
+        .filter(|real| set.visible(real, scope));
         match real {
             Some(real) => {
                 send.push(real);
@@ -936,7 +997,7 @@ fn resolve(
     let mut out = Vec::new();
     for name in send {
         let Some(e) = set.by_name.get(name) else { continue };
-        if !seen.insert(name) {
+        if !set.visible(name, scope) || !seen.insert(name) {
             continue;
         }
         if !sub.wildcard {
@@ -954,8 +1015,9 @@ fn push(server: &ServerInner, shared: &StreamShared, dirty: &Dirty) -> Responses
     let resources = &server.resources;
     let snap = resources.read();
     let mut st = lock(&shared.state);
-    let StreamState { subs, counter, node_name, .. } = &mut *st;
+    let StreamState { subs, counter, node_name, scope, .. } = &mut *st;
     let node_name = node_name.as_deref();
+    let scope = scope.as_deref();
     let mut out = Vec::new();
     for (ti, changed) in dirty.iter().enumerate() {
         let Some(Some(sub)) = subs.get_mut(ti) else { continue };
@@ -966,7 +1028,7 @@ fn push(server: &ServerInner, shared: &StreamShared, dirty: &Dirty) -> Responses
         let (resources_out, removed) = if sub.wildcard {
             let mut removed = Vec::new();
             let mut res = Vec::new();
-            for (name, _) in changed.iter().filter(|(_, v)| **v > sub.base) {
+            for (name, _) in changed.iter().filter(|(n, v)| **v > sub.base && set.visible(n, scope)) {
                 match set.by_name.get(name) {
                     Some(e) => res.push(wire(e, false)),
                     None => removed.push(name.clone()),
@@ -984,7 +1046,7 @@ fn push(server: &ServerInner, shared: &StreamShared, dirty: &Dirty) -> Responses
                 })
                 .map(|(n, _)| n.clone())
                 .collect();
-            let (res, mut removed) = resolve(set, snap.version, sub, &covered, &HashMap::new());
+            let (res, mut removed) = resolve(set, snap.version, sub, &covered, &HashMap::new(), scope);
             removed.retain(|n| !set.by_alias.contains_key(n));
             (res, removed)
         };

@@ -3,6 +3,7 @@
 
 mod args;
 mod debug;
+mod publish;
 mod run;
 mod status;
 

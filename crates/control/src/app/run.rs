@@ -12,23 +12,21 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock, mpsc};
 use std::time::{Duration, Instant};
 
 use ambit_admin::Readiness;
-use ambit_api::type_url::{ADDRESS, AUTHORIZATION};
+use ambit_api::type_url::{ADDRESS, AUTHORIZATION, WAYPOINT_DESTINATION, WAYPOINT_POLICY};
 use ambit_api::xds::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
 use ambit_identity::{Identity, KeyAlgorithm, TtlPolicy};
 use ambit_objects::file::FileSource;
 use ambit_objects::kube::KubeSource;
 use ambit_objects::{Change, Filter, Kind, Object, ObjectKey, Source};
 use ambit_xds::server::istio::NodeCheck;
-use ambit_xds::server::{
-    AdsServer, Changes, Hooks, Principal, Resources, ServerConfig, ServerMetrics, ServerResource,
-};
+use ambit_xds::server::{AdsServer, Hooks, Principal, ServerConfig, ServerMetrics};
 use futures::future::BoxFuture;
 use prometheus_client::registry::Registry;
-use prost::Message;
 use tonic::Status;
 
 use super::args::ControlArgs;
 use super::debug::{self, DebugRequest};
+use super::publish::{self, Publisher};
 use crate::auth::{
     AuthChain, AuthRequest, Authenticate, KubeJwtAuthenticator, KubeJwtConfig, KubeTokenReviewer,
 };
@@ -37,7 +35,7 @@ use crate::ca::CaService;
 use crate::ca::material::{self, MaterialConfig};
 use crate::pods::NodePods;
 use crate::tls::{self, ServeSettings};
-use crate::translate::{Output, Settings, Translator};
+use crate::translate::{Settings, Translator};
 
 /// Why `ambit control` stopped.
 #[derive(Debug, thiserror::Error)]
@@ -198,8 +196,10 @@ async fn serve(args: ControlArgs) -> Result<(), ControlError> {
     let ca = CaService::new(authority.clone(), chain.clone(), Some(authorizer), ttl);
     ca.metrics().register(&mut registry);
 
-    // xDS.
-    let resources = Resources::new([ADDRESS, AUTHORIZATION]);
+    // xDS. The waypoint types are scoped: a stream receives only the resources of its verified
+    // identity's `<namespace>/<service account>` (`NodeCheck::scope`), i.e. a waypoint only its
+    // own Gateway's.
+    let resources = publish::resources();
     let cfg = ServerConfig {
         debounce_after: args.debounce_after,
         debounce_max: args.debounce_max,
@@ -226,7 +226,7 @@ async fn serve(args: ControlArgs) -> Result<(), ControlError> {
     // The translation thread: the first state now, then every change.
     let translator = Translator::new(settings(&args));
     let (debug_tx, debug_rx) = mpsc::channel::<DebugRequest>();
-    let publisher = Publisher { resources: resources.clone(), members: Default::default() };
+    let publisher = Publisher::new(resources.clone());
     let file_errors = Arc::new(Mutex::new(Vec::new()));
     let mut worker = Worker {
         translator,
@@ -243,6 +243,8 @@ async fn serve(args: ControlArgs) -> Result<(), ControlError> {
     tracing::info!(
         addresses = resources.len(ADDRESS),
         authorizations = resources.len(AUTHORIZATION),
+        waypoint_destinations = resources.len(WAYPOINT_DESTINATION),
+        waypoint_policies = resources.len(WAYPOINT_POLICY),
         took = ?sync_started.elapsed(),
         "initial state translated"
     );
@@ -436,8 +438,17 @@ impl Worker {
             status.want(self.translator.ztunnel_conditions());
         }
         let (addresses, authorizations) = (out.addresses.len(), out.authorizations.len());
+        let (destinations, policies) = (out.destinations.len(), out.policies.len());
         self.publisher.publish(&self.translator, out);
-        tracing::debug!(changes = n, addresses, authorizations, took = ?started.elapsed(), "translated");
+        tracing::debug!(
+            changes = n,
+            addresses,
+            authorizations,
+            destinations,
+            policies,
+            took = ?started.elapsed(),
+            "translated"
+        );
     }
 }
 
@@ -456,85 +467,6 @@ fn report_file_errors(files: &FileSource, reported: &mut Vec<String>, shown: &Mu
     }
     (*shown.lock().unwrap_or_else(PoisonError::into_inner)).clone_from(&now);
     *reported = now;
-}
-
-/// Turns translation output into xDS changes.
-struct Publisher {
-    resources: Resources,
-    /// Services each workload was a member of when last published (to refresh the services'
-    /// member lists, which on-demand subscribers receive along with a service).
-    members: std::collections::HashMap<String, Vec<String>>,
-}
-
-impl Publisher {
-    fn publish(&mut self, tr: &Translator, out: Output) {
-        if out.is_empty() {
-            return;
-        }
-        let mut address = Changes { type_url: ADDRESS.into(), ..Changes::default() };
-        let mut touched_services = std::collections::BTreeSet::new();
-        let mut published = std::collections::BTreeSet::new();
-        for (name, value) in out.addresses {
-            let old = self.members.remove(&name).unwrap_or_default();
-            touched_services.extend(old);
-            match value {
-                Some(a) => {
-                    let services = workload_services(&a);
-                    touched_services.extend(services.iter().cloned());
-                    if !services.is_empty() {
-                        self.members.insert(name.clone(), services);
-                    }
-                    published.insert(name.clone());
-                    address.upserts.push(self.resource(tr, name, &a));
-                }
-                None => address.removals.push(name),
-            }
-        }
-        // Services whose member list changed, with their fresh list.
-        for key in touched_services {
-            if published.contains(&key) {
-                continue;
-            }
-            if let Some(a) = tr.address(&key) {
-                address.upserts.push(self.resource(tr, key, a));
-            }
-        }
-        let mut authorization = Changes { type_url: AUTHORIZATION.into(), ..Changes::default() };
-        for (name, value) in out.authorizations {
-            match value {
-                Some(p) => authorization.upserts.push(ServerResource {
-                    name,
-                    aliases: Vec::new(),
-                    resource: prost_types::Any { type_url: AUTHORIZATION.into(), value: p.encode_to_vec() },
-                    also: Vec::new(),
-                    node: None,
-                }),
-                None => authorization.removals.push(name),
-            }
-        }
-        if let Err(e) = self.resources.publish([address, authorization]) {
-            tracing::error!("publishing failed: {e}");
-        }
-    }
-
-    fn resource(&self, tr: &Translator, name: String, a: &ambit_api::workload::Address) -> ServerResource {
-        let is_service = matches!(a.r#type, Some(ambit_api::workload::address::Type::Service(_)));
-        ServerResource {
-            aliases: tr.aliases(&name),
-            also: if is_service { tr.service_members(&name) } else { Vec::new() },
-            node: if is_service { None } else { tr.node_of(&name).map(str::to_owned) },
-            resource: prost_types::Any { type_url: ADDRESS.into(), value: a.encode_to_vec() },
-            name,
-        }
-    }
-}
-
-/// The service keys of a workload Address.
-fn workload_services(a: &ambit_api::workload::Address) -> Vec<String> {
-    match &a.r#type {
-        Some(ambit_api::workload::address::Type::Workload(w)) => w.services.keys().cloned().collect(),
-        _ => Vec::new(),
-    }
 }
 
 /// Node authorization's view of the pods.

@@ -29,6 +29,11 @@ pub struct PolicyReport {
     pub applies_to: String,
     /// Whether node proxies enforce it (a policy with targetRefs is for waypoints).
     pub enforced: bool,
+    /// The waypoints (`<ns>/<gateway>`) that enforce it (a policy with targetRefs naming a
+    /// waypoint's Gateway or a Service bound to one); filled in by the translator, which knows
+    /// the waypoints.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub waypoints: Vec<String>,
     /// What node proxies enforce, one line per rule, in words.
     pub rules: Vec<String>,
     /// What differs from what was written, and the effect.
@@ -65,7 +70,34 @@ pub const ZTUNNEL_ACCEPTED: &str = "ZtunnelAccepted";
 /// `(namespace, name)`.
 pub type Conditions = std::collections::BTreeMap<(String, String), (i64, Option<Accepted>)>;
 
+/// Whether one target of a policy's `targetRefs` reaches a waypoint: the waypoints that
+/// enforce the policy for it, or why none does.
+pub type TargetStatus = Result<Vec<String>, String>;
+
 impl PolicyReport {
+    /// Records where a targeted policy is enforced: each target's waypoints, or a warning for
+    /// a target no waypoint enforces it for (in `targetRef`, then `targetRefs` order).
+    pub fn at_waypoints(&mut self, legacy_target_ref: bool, targets: Vec<TargetStatus>) {
+        for (i, t) in targets.into_iter().enumerate() {
+            match t {
+                Ok(wps) => self.waypoints.extend(wps),
+                Err(why) => {
+                    let field = match (legacy_target_ref, i) {
+                        (true, 0) => "targetRef".to_owned(),
+                        (true, i) => format!("targetRefs[{}]", i - 1),
+                        (false, i) => format!("targetRefs[{i}]"),
+                    };
+                    self.warnings.push(Warning {
+                        fields: vec![field],
+                        message: format!("{why}: no waypoint enforces this policy for it"),
+                    });
+                }
+            }
+        }
+        self.waypoints.sort();
+        self.waypoints.dedup();
+    }
+
     /// `kind namespace/name`.
     pub fn title(&self) -> String {
         format!("{} {}/{}", self.kind, self.namespace, self.name)
@@ -152,6 +184,7 @@ pub fn authorization_policy(root_namespace: &str, ap: &AuthorizationPolicy) -> P
         action,
         applies_to,
         enforced: published.is_some(),
+        waypoints: Vec::new(),
         rules,
         warnings,
         condition,
@@ -305,6 +338,7 @@ pub fn peer_authentication(root_namespace: &str, pa: &PeerAuthentication) -> Pol
         action: mode.to_owned(),
         applies_to: selected(root_namespace, &n.ns, pa.spec.selector.as_ref()),
         enforced: !ignored,
+        waypoints: Vec::new(),
         rules,
         warnings,
         condition: None,

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use ambit_objects::gateway::{Gateway, GatewayClass};
 use ambit_objects::istio::{AuthorizationPolicy, PeerAuthentication, ServiceEntry, WorkloadEntry};
+use ambit_objects::route::{GrpcRoute, HttpRoute, ParentReference, ReferenceGrant};
 use ambit_objects::{EndpointSlice, Kind, Namespace, Node, Object, ObjectKey, Pod, Service};
 
 use super::Settings;
@@ -80,6 +81,9 @@ pub(crate) struct Store {
     pub auth: HashMap<Name, Arc<AuthorizationPolicy>>,
     pub peer: HashMap<Name, Arc<PeerAuthentication>>,
     pub gateways: HashMap<Name, Arc<Gateway>>,
+    pub http_routes: HashMap<Name, Arc<HttpRoute>>,
+    pub grpc_routes: HashMap<Name, Arc<GrpcRoute>>,
+    pub grants: HashMap<Name, Arc<ReferenceGrant>>,
     pub by_ns: HashMap<String, NsObjects>,
     pub pods_by_node: HashMap<String, BTreeSet<Name>>,
     /// Hostname → the Services and ServiceEntries that claim it.
@@ -111,6 +115,12 @@ pub(crate) struct Dirty {
     pub peer_ns: BTreeSet<String>,
     pub all_peer: bool,
     pub static_strict: bool,
+    /// Services (by object name) whose waypoint's configuration a route or policy changed.
+    pub l7_services: BTreeSet<Name>,
+    /// Gateways whose waypoint configuration a route or policy naming them changed.
+    pub l7_gateways: BTreeSet<Name>,
+    /// Every waypoint's configuration (a ReferenceGrant or a Namespace changed).
+    pub l7_all: bool,
 }
 
 impl Store {
@@ -196,6 +206,15 @@ impl Store {
                 self.by_ns.entry(n.ns.clone()).or_default().gateways.insert(n.name.clone());
                 self.gateways.insert(n, x);
             }
+            Object::HttpRoute(x) => {
+                self.http_routes.insert(n, x);
+            }
+            Object::GrpcRoute(x) => {
+                self.grpc_routes.insert(n, x);
+            }
+            Object::ReferenceGrant(x) => {
+                self.grants.insert(n, x);
+            }
         }
     }
 
@@ -256,6 +275,9 @@ impl Store {
                 ns.map(|o| o.gateways.remove(&n.name));
                 self.gateways.remove(&n).map(Object::Gateway)
             }
+            Kind::HttpRoute => self.http_routes.remove(&n).map(Object::HttpRoute),
+            Kind::GrpcRoute => self.grpc_routes.remove(&n).map(Object::GrpcRoute),
+            Kind::ReferenceGrant => self.grants.remove(&n).map(Object::ReferenceGrant),
         };
         if self.by_ns.get(&n.ns).is_some_and(NsObjects::is_empty) {
             self.by_ns.remove(&n.ns);
@@ -271,6 +293,8 @@ impl Store {
                 if n.name == settings.system_namespace {
                     d.all = true;
                 }
+                // Its labels decide which waypoint listeners accept its routes (Selector).
+                d.l7_all = true;
                 d.namespaces.insert(n.name);
             }
             Object::Node(_) => {
@@ -315,6 +339,15 @@ impl Store {
                         d.workload_ns.insert(n.ns.clone());
                     }
                 }
+                for t in x.spec.target_ref.iter().chain(&x.spec.target_refs) {
+                    let target =
+                        Name::new(if t.namespace.is_empty() { &n.ns } else { &t.namespace }, t.name.as_str());
+                    match (t.group.as_str(), t.kind.as_str()) {
+                        ("gateway.networking.k8s.io", "Gateway") => d.l7_gateways.insert(target),
+                        ("" | "core", "Service") => d.l7_services.insert(target),
+                        _ => false,
+                    };
+                }
                 d.auth.insert(n);
             }
             Object::PeerAuthentication(_) => {
@@ -328,8 +361,12 @@ impl Store {
                 }
             }
             Object::Gateway(_) => {
-                d.waypoints.insert(n);
+                d.waypoints.insert(n.clone());
+                d.l7_gateways.insert(n);
             }
+            Object::HttpRoute(x) => l7_parents(&n.ns, &x.spec.parent_refs, d),
+            Object::GrpcRoute(x) => l7_parents(&n.ns, &x.spec.parent_refs, d),
+            Object::ReferenceGrant(_) => d.l7_all = true,
         }
     }
 }
@@ -347,6 +384,18 @@ pub(crate) fn in_revision(settings: &Settings, o: &Object) -> bool {
     match names::labels(o.metadata()).get(names::REVISION_LABEL) {
         None => true,
         Some(rev) => rev == settings.revision.as_deref().unwrap_or("default"),
+    }
+}
+
+/// Marks the waypoint configuration a route's parents feed: Services and Gateways.
+fn l7_parents(ns: &str, parents: &[ParentReference], d: &mut Dirty) {
+    for p in parents {
+        let name = Name::new(p.namespace.as_deref().unwrap_or(ns), p.name.as_str());
+        match (p.group.as_deref(), p.kind.as_deref()) {
+            (Some("" | "core"), Some("Service")) => d.l7_services.insert(name),
+            (None | Some("gateway.networking.k8s.io"), None | Some("Gateway")) => d.l7_gateways.insert(name),
+            _ => false,
+        };
     }
 }
 

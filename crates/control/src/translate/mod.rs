@@ -15,14 +15,23 @@
 //! | Node | the workloads of its pods (locality) |
 //! | Service, ServiceEntry | the services of its hostnames (every namespace: deduplication and `canonical`), the workloads of its namespace |
 //! | Namespace | the workloads and services of that namespace; the system namespace (local network): everything |
-//! | Gateway, GatewayClass | the workloads and services that name the waypoint |
-//! | AuthorizationPolicy | the policy; with a selector, the workloads of its namespace (root namespace: all) |
+//! | Gateway, GatewayClass | the workloads and services that name the waypoint; the waypoint's configuration |
+//! | AuthorizationPolicy | the policy; with a selector, the workloads of its namespace (root namespace: all); with targetRefs, the configuration of the waypoints of its targets |
 //! | PeerAuthentication | the static policy, the converted policies and workloads of its namespace (root namespace: all) |
+//! | HTTPRoute, GRPCRoute | the configuration of the waypoints of its parents (Services or the waypoint's Gateway) |
+//! | ReferenceGrant | every waypoint's configuration |
+//!
+//! A Namespace change also recomputes every waypoint's configuration (its labels decide which
+//! waypoint listeners accept its routes).
+//!
+//! Each waypoint's own configuration (`ambit.waypoint.v1`, module `l7`) follows the Address
+//! output: a waypoint is recomputed when an Address it read or one that names it changed.
 //!
 //! [`Recomputed`] counts what the last `apply` evaluated, so tests can hold it to that table.
 
 pub mod explain;
 mod index;
+mod l7;
 mod names;
 mod peer_auth;
 mod policies;
@@ -35,10 +44,12 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
 use ambit_api::security::Authorization;
+use ambit_api::waypoint::{Destination, Policy};
 use ambit_api::workload::{Address, Service, Workload, address};
 use ambit_objects::Change;
 
 use index::{Dirty, ServiceSource, Source, Store};
+pub use l7::ConfigError;
 use names::Name;
 
 /// The global inputs every conversion uses (`control-plane.md` §0).
@@ -80,12 +91,19 @@ pub struct Output {
     pub addresses: Vec<(String, Option<Address>)>,
     /// `istio.security.Authorization` resources (`ns/name`).
     pub authorizations: Vec<(String, Option<Authorization>)>,
+    /// `ambit.waypoint.v1.Destination` resources (`<gw ns>/<gw name>/<ns/hostname or uid>`).
+    pub destinations: Vec<(String, Option<Destination>)>,
+    /// `ambit.waypoint.v1.Policy` resources (`<gw ns>/<gw name>/<ns>/<name>`).
+    pub policies: Vec<(String, Option<Policy>)>,
 }
 
 impl Output {
     /// Whether nothing changed.
     pub fn is_empty(&self) -> bool {
-        self.addresses.is_empty() && self.authorizations.is_empty()
+        self.addresses.is_empty()
+            && self.authorizations.is_empty()
+            && self.destinations.is_empty()
+            && self.policies.is_empty()
     }
 }
 
@@ -99,6 +117,8 @@ pub struct Recomputed {
     pub services: usize,
     /// Policies translated (AuthorizationPolicies, converted PeerAuthentications, the static one).
     pub policies: usize,
+    /// Waypoints whose configuration was computed.
+    pub waypoints: usize,
 }
 
 /// Objects in, Address and Authorization out; see the module documentation.
@@ -121,6 +141,10 @@ pub struct Translator {
     workloads_by_ip: HashMap<(String, IpAddr), BTreeSet<String>>,
     services_by_ip: HashMap<(String, IpAddr), BTreeSet<String>>,
     members: HashMap<String, BTreeSet<String>>,
+    /// Waypoint address key (`l7::gateway_key`) → the Addresses bound to it.
+    bound_to: HashMap<String, BTreeSet<String>>,
+    /// The waypoints' own configuration.
+    l7: l7::State,
     recomputed: Recomputed,
 }
 
@@ -155,6 +179,8 @@ impl Translator {
             workloads_by_ip: HashMap::new(),
             services_by_ip: HashMap::new(),
             members: HashMap::new(),
+            bound_to: HashMap::new(),
+            l7: l7::State::default(),
             recomputed: Recomputed::default(),
         }
     }
@@ -203,6 +229,27 @@ impl Translator {
         self.authorizations.iter()
     }
 
+    /// The published waypoint Destination named `name` (`<gw ns>/<gw name>/<local name>`).
+    pub fn destination(&self, name: &str) -> Option<&Destination> {
+        self.l7.destination(name)
+    }
+
+    /// Every published waypoint Destination, by name.
+    pub fn destinations(&self) -> impl Iterator<Item = (&String, &Destination)> {
+        self.l7.destinations()
+    }
+
+    /// Every published waypoint Policy, by name.
+    pub fn waypoint_policies(&self) -> impl Iterator<Item = (&String, &Policy)> {
+        self.l7.policies()
+    }
+
+    /// What keeps the waypoints' configuration from being what the objects say (invalid
+    /// backends, regular expressions, unsupported filters and actions), sorted.
+    pub fn waypoint_errors(&self) -> Vec<ConfigError> {
+        self.l7.errors()
+    }
+
     /// What each AuthorizationPolicy and PeerAuthentication means for node proxies, sorted by
     /// kind, namespace and name ([`explain`]).
     pub fn policy_reports(&self) -> Vec<explain::PolicyReport> {
@@ -211,7 +258,13 @@ impl Translator {
             .store
             .auth
             .values()
-            .map(|ap| explain::authorization_policy(root, ap))
+            .map(|ap| {
+                let mut report = explain::authorization_policy(root, ap);
+                if ap.spec.target_ref.is_some() || !ap.spec.target_refs.is_empty() {
+                    report.at_waypoints(ap.spec.target_ref.is_some(), self.l7.enforcement(&self.ctx(), ap));
+                }
+                report
+            })
             .chain(self.store.peer.values().map(|pa| explain::peer_authentication(root, pa)))
             .collect();
         out.sort_by(|a, b| (a.kind, &a.namespace, &a.name).cmp(&(b.kind, &b.namespace, &b.name)));
@@ -316,6 +369,8 @@ impl Translator {
                 .and_then(|n| names::labels(&n.metadata).get(names::NETWORK_LABEL).cloned())
                 .unwrap_or_default();
         }
+        let mut l7_gateways: BTreeSet<Name> = std::mem::take(&mut dirty.l7_gateways);
+        l7_gateways.extend(dirty.waypoints.iter().cloned());
         // Users of changed waypoints.
         for wp in std::mem::take(&mut dirty.waypoints) {
             for user in self.waypoint_users.get(&wp).into_iter().flatten() {
@@ -406,11 +461,72 @@ impl Translator {
                 self.by_source.insert(source, names);
             }
         }
+        // 4. The waypoints' own configuration, from what was just published.
+        let waypoints = self.l7_dirty(&dirty, l7_gateways, &out);
+        counts.waypoints = waypoints.len();
+        let mut l7_out = l7::Changes::default();
+        let ctx = Ctx {
+            settings: &self.settings,
+            store: &self.store,
+            network: &self.network,
+            winners: &self.winners,
+        };
+        let view =
+            l7::View { ctx: &ctx, addresses: &self.addresses, members: &self.members, bound: &self.bound_to };
+        self.l7.recompute(&view, &waypoints, &mut l7_out);
         self.recomputed = counts;
         Output {
             addresses: out.addresses.into_iter().collect(),
             authorizations: out.authorizations.into_iter().collect(),
+            destinations: l7_out.destinations.into_iter().collect(),
+            policies: l7_out.policies.into_iter().collect(),
         }
+    }
+
+    /// The waypoints whose configuration this recomputation may have changed.
+    fn l7_dirty(&self, dirty: &Dirty, gateways: BTreeSet<Name>, out: &Changed) -> BTreeSet<Name> {
+        let mut wps = gateways;
+        if dirty.all || dirty.l7_all {
+            wps.extend(self.store.gateways.keys().cloned());
+            wps.extend(self.l7.waypoints().cloned());
+            return wps;
+        }
+        // Waypoints by the address their bound Addresses name.
+        let mut by_key: Option<HashMap<String, Vec<Name>>> = None;
+        let mut naming = |a: &Address, wps: &mut BTreeSet<Name>| {
+            let keys = l7::bound_keys(a);
+            if keys.is_empty() {
+                return;
+            }
+            let index = by_key.get_or_insert_with(|| {
+                let ctx = self.ctx();
+                let mut m: HashMap<String, Vec<Name>> = HashMap::new();
+                for n in self.store.gateways.keys() {
+                    if let Some(k) = waypoints::waypoint(&ctx, n).and_then(|w| l7::gateway_key(w.address())) {
+                        m.entry(k).or_default().push(n.clone());
+                    }
+                }
+                m
+            });
+            for k in keys {
+                wps.extend(index.get(&k).into_iter().flatten().cloned());
+            }
+        };
+        let mut names: Vec<String> = out.addresses.keys().cloned().collect();
+        for s in &dirty.l7_services {
+            names.push(names::service_key(&s.ns, &names::service_hostname(s, &self.settings.domain_suffix)));
+        }
+        for name in &names {
+            wps.extend(self.l7.readers_of(name).cloned());
+            let Some(a) = self.addresses.get(name) else { continue };
+            naming(a, &mut wps);
+            if let Some(address::Type::Workload(w)) = &a.r#type {
+                for key in w.services.keys() {
+                    wps.extend(self.l7.readers_of(key).cloned());
+                }
+            }
+        }
+        wps
     }
 
     fn ctx(&self) -> Ctx<'_> {
@@ -542,6 +658,9 @@ impl Translator {
             }
             None => {}
         }
+        for k in l7::bound_keys(a) {
+            self.bound_to.entry(k).or_default().insert(name.to_owned());
+        }
     }
 
     fn unindex(&mut self, name: &str, a: &Address) {
@@ -568,6 +687,9 @@ impl Translator {
                 }
             }
             None => {}
+        }
+        for k in l7::bound_keys(a) {
+            drop_from(&mut self.bound_to, k, name);
         }
     }
 

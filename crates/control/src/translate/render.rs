@@ -252,3 +252,234 @@ pub fn authorization(a: &Authorization) -> Value {
         .always("rules", json!(rules))
         .done()
 }
+
+/// A waypoint Destination as JSON (compact: a port is `80/HTTP -> 8080 (http)`, an endpoint
+/// one object, a route its name, matches, filters and backends).
+pub fn destination(d: &ambit_api::waypoint::Destination) -> Value {
+    use ambit_api::waypoint::{Protocol, destination::Kind};
+    let ports: Vec<String> = d
+        .ports
+        .iter()
+        .map(|p| {
+            let proto = Protocol::try_from(p.protocol).map(|p| p.as_str_name()).unwrap_or("unknown");
+            let name = if p.name.is_empty() { String::new() } else { format!(" ({})", p.name) };
+            format!("{}/{proto} -> {}{name}", p.port, p.target_port)
+        })
+        .collect();
+    let endpoints: Vec<Value> = d
+        .endpoints
+        .iter()
+        .map(|e| {
+            let mut ports: Vec<(&u32, &u32)> = e.ports.iter().collect();
+            ports.sort();
+            Obj::new()
+                .s("address", &ip(&e.address))
+                .s("identity", &e.identity)
+                .always("tunnel", enum_name(e.tunnel, TunnelProtocol::as_str_name))
+                .v("ports", json!(ports.iter().map(|(s, t)| format!("{s} -> {t}")).collect::<Vec<_>>()))
+                .always("healthy", json!(e.healthy))
+                .v(
+                    "locality",
+                    e.locality
+                        .as_ref()
+                        .map_or(Value::Null, |l| json!(format!("{}/{}/{}", l.region, l.zone, l.subzone))),
+                )
+                .s("node", &e.node)
+                .s("uid", &e.uid)
+                .s("workload_name", &e.workload_name)
+                .s("namespace", &e.namespace)
+                .s("canonical_name", &e.canonical_name)
+                .s("canonical_revision", &e.canonical_revision)
+                .s("cluster_id", &e.cluster_id)
+                .s("service_account", &e.service_account)
+                .done()
+        })
+        .collect();
+    Obj::new()
+        .always("kind", enum_name(d.kind, Kind::as_str_name))
+        .s("name", &d.name)
+        .s("namespace", &d.namespace)
+        .s("hostname", &d.hostname)
+        .always("bound", json!(d.bound))
+        .v("addresses", json!(d.addresses.iter().map(|a| ip(a)).collect::<Vec<_>>()))
+        .v("ports", json!(ports))
+        .v("endpoints", json!(endpoints))
+        .v("routes", json!(d.routes.iter().map(route).collect::<Vec<_>>()))
+        .v("policies", json!(d.policies))
+        .v("subject_alt_names", json!(d.subject_alt_names))
+        .done()
+}
+
+fn route(r: &ambit_api::waypoint::Route) -> Value {
+    let matches: Vec<Value> = r.matches.iter().map(route_match).collect();
+    let backends: Vec<Value> = r
+        .backends
+        .iter()
+        .map(|b| {
+            let dest = if b.destination.is_empty() { "(invalid: 500)" } else { b.destination.as_str() };
+            Obj::new()
+                .s("destination", dest)
+                .v("port", if b.port == 0 { Value::Null } else { json!(b.port) })
+                .always("weight", json!(b.weight))
+                .v("filters", json!(b.filters.iter().map(route_filter).collect::<Vec<_>>()))
+                .done()
+        })
+        .collect();
+    Obj::new()
+        .s("name", &r.name)
+        .v("port", if r.port == 0 { Value::Null } else { json!(r.port) })
+        .v("matches", json!(matches))
+        .v("filters", json!(r.filters.iter().map(route_filter).collect::<Vec<_>>()))
+        .v("backends", json!(backends))
+        .v(
+            "request_timeout_ms",
+            if r.request_timeout_ms == 0 { Value::Null } else { json!(r.request_timeout_ms) },
+        )
+        .v(
+            "backend_request_timeout_ms",
+            if r.backend_request_timeout_ms == 0 { Value::Null } else { json!(r.backend_request_timeout_ms) },
+        )
+        .v(
+            "retry",
+            r.retry.as_ref().map_or(
+                Value::Null,
+                |t| json!({"attempts": t.attempts, "codes": t.codes, "backoff_ms": t.backoff_ms}),
+            ),
+        )
+        .b("grpc", r.grpc)
+        .done()
+}
+
+fn route_match(m: &ambit_api::waypoint::Match) -> Value {
+    use ambit_api::waypoint::{path_match, value_match};
+    let path = m.path.as_ref().and_then(|p| p.kind.as_ref()).map_or(Value::Null, |k| match k {
+        path_match::Kind::Exact(v) => json!(format!("exact {v}")),
+        path_match::Kind::Prefix(v) => json!(format!("prefix {v}")),
+        path_match::Kind::Regex(v) => json!(format!("regex {v}")),
+    });
+    let values = |l: &[ambit_api::waypoint::ValueMatch]| -> Vec<String> {
+        l.iter()
+            .map(|v| match &v.kind {
+                Some(value_match::Kind::Exact(x)) => format!("{} = {x}", v.name),
+                Some(value_match::Kind::Regex(x)) => format!("{} ~ {x}", v.name),
+                None => format!("{} (no value)", v.name),
+            })
+            .collect()
+    };
+    Obj::new()
+        .v("path", path)
+        .v("headers", json!(values(&m.headers)))
+        .v("query_params", json!(values(&m.query_params)))
+        .s("method", &m.method)
+        .done()
+}
+
+fn route_filter(f: &ambit_api::waypoint::Filter) -> Value {
+    use ambit_api::waypoint::{HeaderModifier, filter, redirect, rewrite};
+    let headers = |h: &HeaderModifier| {
+        let pairs = |l: &[ambit_api::waypoint::Header]| -> Vec<String> {
+            l.iter().map(|h| format!("{}: {}", h.name, h.value)).collect()
+        };
+        Obj::new()
+            .v("set", json!(pairs(&h.set)))
+            .v("add", json!(pairs(&h.add)))
+            .v("remove", json!(h.remove))
+            .done()
+    };
+    match &f.kind {
+        Some(filter::Kind::RequestHeaders(h)) => json!({ "request_headers": headers(h) }),
+        Some(filter::Kind::ResponseHeaders(h)) => json!({ "response_headers": headers(h) }),
+        Some(filter::Kind::UrlRewrite(r)) => {
+            let path = match &r.path {
+                Some(rewrite::Path::FullPath(p)) => json!(format!("full {p}")),
+                Some(rewrite::Path::Prefix(p)) => json!(format!("prefix {p}")),
+                None => Value::Null,
+            };
+            json!({ "url_rewrite": Obj::new().s("hostname", &r.hostname).v("path", path).done() })
+        }
+        Some(filter::Kind::Redirect(r)) => {
+            let path = match &r.path {
+                Some(redirect::Path::FullPath(p)) => json!(format!("full {p}")),
+                Some(redirect::Path::Prefix(p)) => json!(format!("prefix {p}")),
+                None => Value::Null,
+            };
+            let redirect = Obj::new()
+                .s("scheme", &r.scheme)
+                .s("hostname", &r.hostname)
+                .v("path", path)
+                .v("port", if r.port == 0 { Value::Null } else { json!(r.port) })
+                .v("status_code", if r.status_code == 0 { Value::Null } else { json!(r.status_code) })
+                .done();
+            json!({ "redirect": redirect })
+        }
+        Some(filter::Kind::Mirror(m)) => {
+            let dest = if m.destination.is_empty() { "(invalid: nothing)" } else { m.destination.as_str() };
+            json!({ "mirror": { "destination": dest, "port": m.port, "percent": m.percent } })
+        }
+        None => json!("empty filter"),
+    }
+}
+
+/// A waypoint Policy as JSON (empty lists left out).
+pub fn waypoint_policy(p: &ambit_api::waypoint::Policy) -> Value {
+    use ambit_api::waypoint::policy::Action;
+    let rules: Vec<Value> = p
+        .rules
+        .iter()
+        .map(|r| {
+            let from: Vec<Value> = r
+                .from
+                .iter()
+                .map(|s| {
+                    Obj::new()
+                        .v("principals", json!(s.principals))
+                        .v("not_principals", json!(s.not_principals))
+                        .v("request_principals", json!(s.request_principals))
+                        .v("not_request_principals", json!(s.not_request_principals))
+                        .v("namespaces", json!(s.namespaces))
+                        .v("not_namespaces", json!(s.not_namespaces))
+                        .v("ip_blocks", json!(s.ip_blocks))
+                        .v("not_ip_blocks", json!(s.not_ip_blocks))
+                        .v("remote_ip_blocks", json!(s.remote_ip_blocks))
+                        .v("not_remote_ip_blocks", json!(s.not_remote_ip_blocks))
+                        .v("service_accounts", json!(s.service_accounts))
+                        .v("not_service_accounts", json!(s.not_service_accounts))
+                        .done()
+                })
+                .collect();
+            let to: Vec<Value> =
+                r.to.iter()
+                    .map(|o| {
+                        Obj::new()
+                            .v("hosts", json!(o.hosts))
+                            .v("not_hosts", json!(o.not_hosts))
+                            .v("ports", json!(o.ports))
+                            .v("not_ports", json!(o.not_ports))
+                            .v("methods", json!(o.methods))
+                            .v("not_methods", json!(o.not_methods))
+                            .v("paths", json!(o.paths))
+                            .v("not_paths", json!(o.not_paths))
+                            .done()
+                    })
+                    .collect();
+            let when: Vec<Value> = r
+                .when
+                .iter()
+                .map(|c| {
+                    Obj::new()
+                        .s("key", &c.key)
+                        .v("values", json!(c.values))
+                        .v("not_values", json!(c.not_values))
+                        .done()
+                })
+                .collect();
+            Obj::new().v("from", json!(from)).v("to", json!(to)).v("when", json!(when)).done()
+        })
+        .collect();
+    Obj::new()
+        .s("name", &p.name)
+        .s("namespace", &p.namespace)
+        .always("action", enum_name(p.action, Action::as_str_name))
+        .always("rules", json!(rules))
+        .done()
+}

@@ -37,7 +37,17 @@ pub(crate) struct ServiceWaypoint {
     pub weighted: Vec<WeightedWaypoint>,
 }
 
-impl Waypoint<'_> {
+impl<'a> Waypoint<'a> {
+    /// The Gateway.
+    pub(crate) fn gateway(&self) -> &'a Gateway {
+        self.gw
+    }
+
+    /// Where node proxies reach it (what bound Addresses name).
+    pub(crate) fn address(&self) -> &GatewayAddress {
+        &self.address
+    }
+
     fn binds(&self, ctx: &Ctx<'_>, client_ns: &str, kind: For) -> bool {
         let traffic_ok = match kind {
             For::Workload => self.traffic == "workload" || self.traffic == "all",
@@ -48,7 +58,7 @@ impl Waypoint<'_> {
 
     /// `allowedRoutes.namespaces` of the listener matching the inbound binding's port, else of
     /// the HBONE listener on 15008 (default `Same`).
-    fn accepts(&self, ctx: &Ctx<'_>, client_ns: &str) -> bool {
+    pub(crate) fn accepts(&self, ctx: &Ctx<'_>, client_ns: &str) -> bool {
         let binding_port = inbound_binding(ctx, self.gw).map(|t| t.port).filter(|p| *p != 0);
         let listeners = &self.gw.spec.listeners;
         let listener = binding_port

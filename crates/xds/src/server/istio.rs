@@ -126,6 +126,16 @@ impl Authorize for NodeCheck {
             parsed.service_account.as_deref().unwrap_or_default()
         )))
     }
+
+    /// `<namespace>/<service account>` of the identity the node check verified: a waypoint runs
+    /// as its Gateway's name in the Gateway's namespace, so this scopes the Gateway's own
+    /// configuration to it. An unauthenticated stream, or one with no identity matching its
+    /// node, has none.
+    fn scope(&self, principal: Option<&Principal>, node: &Node) -> Option<String> {
+        let parsed = IstioNode::parse(node).ok()?;
+        let id = parsed.verified_identity(&principal?.identities)?;
+        Some(format!("{}/{}", id.namespace, id.service_account))
+    }
 }
 
 #[cfg(test)]
@@ -166,6 +176,22 @@ mod tests {
         let n = IstioNode::parse(&node("sidecar~1.1.1.1~p.ns~ns.svc", &[("INSTANCE_IPS", "10.0.0.2,x")]))
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(n.ip_addresses, vec!["1.1.1.1".parse::<IpAddr>().unwrap_or_else(|e| panic!("{e}"))]);
+    }
+
+    #[test]
+    fn the_scope_is_the_verified_identitys_namespace_and_account() {
+        let id = |ns: &str, sa: &str| Identity::new("cluster.local", ns, sa);
+        let wp = Principal { name: "wp".into(), identities: vec![id("other", "x"), id("app", "wp")] };
+        let n = node("waypoint~10.0.0.5~wp-1.app~app.svc.cluster.local", &[]);
+        let check = NodeCheck::default();
+        assert_eq!(
+            check.scope(Some(&wp), &n),
+            Some("app/wp".to_owned()),
+            "the identity in the node's namespace"
+        );
+        let n = node("waypoint~10.0.0.5~wp-1.app~app.svc.cluster.local", &[("SERVICE_ACCOUNT", "other")]);
+        assert_eq!(check.scope(Some(&wp), &n), None, "no identity matches the node");
+        assert_eq!(check.scope(None, &n), None, "unauthenticated");
     }
 
     #[test]
