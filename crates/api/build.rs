@@ -2,8 +2,15 @@
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../proto");
-    let files =
-        ["workload.proto", "authorization.proto", "zds.proto", "ca.proto", "xds.proto", "profile.proto", "waypoint.proto"];
+    let files = [
+        "workload.proto",
+        "authorization.proto",
+        "zds.proto",
+        "ca.proto",
+        "xds.proto",
+        "profile.proto",
+        "waypoint.proto",
+    ];
     for f in files {
         println!("cargo:rerun-if-changed={dir}/{f}");
     }
