@@ -17,11 +17,11 @@ pub fn parse_policy(p: &api::Policy) -> Result<authz::Policy, String> {
         Ok(api::policy::Action::Audit) => Action::Audit,
         Err(_) => return Err(format!("action {} is not supported (ALLOW, DENY and AUDIT are)", p.action)),
     };
-    let rules = p.rules.iter().map(parse_rule).collect();
+    let rules = p.rules.iter().map(|r| parse_rule(r, &p.namespace)).collect();
     Ok(authz::Policy { name: p.name.clone(), namespace: p.namespace.clone(), action, rules })
 }
 
-fn parse_rule(r: &api::Rule) -> authz::Rule {
+fn parse_rule(r: &api::Rule, policy_ns: &str) -> authz::Rule {
     let mut when: Vec<Condition> =
         r.when.iter().map(|c| Condition::parse(&c.key, &c.values, &c.not_values)).collect();
     let mut bad = |key: &str, reason: String| {
@@ -31,8 +31,20 @@ fn parse_rule(r: &api::Rule) -> authz::Rule {
         .from
         .iter()
         .map(|s| authz::Source {
-            principals: Pattern::parse_all(&s.principals),
-            not_principals: Pattern::parse_all(&s.not_principals),
+            principals: principals(
+                &s.principals,
+                &s.service_accounts,
+                policy_ns,
+                "from.source.serviceAccounts",
+                &mut bad,
+            ),
+            not_principals: principals(
+                &s.not_principals,
+                &s.not_service_accounts,
+                policy_ns,
+                "from.source.notServiceAccounts",
+                &mut bad,
+            ),
             namespaces: s.namespaces.iter().map(|n| Glob::new(n)).collect(),
             not_namespaces: s.not_namespaces.iter().map(|n| Glob::new(n)).collect(),
             ip_blocks: nets(&s.ip_blocks, "from.source.ipBlocks", &mut bad),
@@ -57,6 +69,39 @@ fn parse_rule(r: &api::Rule) -> authz::Rule {
             })
             .collect();
     authz::Rule { from, to, when }
+}
+
+/// `principals` with `serviceAccounts` (`<ns>/<sa>`, or `<sa>` in the policy's namespace) added
+/// as the principals they stand for, in any trust domain (`*/ns/<ns>/sa/<sa>`), as istiod
+/// matches them. A positive list may set only one of the two fields (a source's fields are
+/// AND-ed, so merging them would widen it): both set is reported as unenforceable, as is a value
+/// that is not a service account. Negated lists merge (none of either may match).
+fn principals(
+    principals: &[String],
+    accounts: &[String],
+    policy_ns: &str,
+    key: &str,
+    bad: &mut impl FnMut(&str, String),
+) -> Vec<Pattern> {
+    let mut out = Pattern::parse_all(principals);
+    if accounts.is_empty() {
+        return out;
+    }
+    if !principals.is_empty() && key == "from.source.serviceAccounts" {
+        bad(key, "principals and serviceAccounts are both set in one source".to_owned());
+        return out;
+    }
+    for a in accounts {
+        let (ns, sa) = a.split_once('/').unwrap_or((policy_ns, a.as_str()));
+        let name =
+            |v: &str| !v.is_empty() && v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+        if name(ns) && name(sa) {
+            out.push(Pattern::parse(&format!("*/ns/{ns}/sa/{sa}")));
+        } else {
+            bad(key, format!("{a:?} is not a service account (<namespace>/<name> or <name>)"));
+        }
+    }
+    out
 }
 
 /// IP blocks; a value that is neither an address nor a CIDR block is reported through `bad`.

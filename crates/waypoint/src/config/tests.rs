@@ -259,3 +259,77 @@ mod properties {
         }
     }
 }
+
+/// `serviceAccounts` stand for the principals `*/ns/<ns>/sa/<sa>` (a bare name in the policy's
+/// namespace); a source setting both them and `principals`, or a value that is not a service
+/// account, cannot be enforced: the ALLOW rule never matches. Before, the field was not read, so
+/// an ALLOW from one service account allowed every client.
+#[test]
+fn service_accounts_are_principals_and_a_source_with_both_cannot_be_enforced() {
+    let policy = |from: api::Source| api::Policy {
+        name: "p".into(),
+        namespace: "default".into(),
+        action: api::policy::Action::Allow as i32,
+        rules: vec![api::Rule { from: vec![from], ..Default::default() }],
+    };
+    let decide = |from: api::Source| {
+        let mut d = destination(vec![10, 0, 0, 1]);
+        d.policies = vec!["gw/default/p".into()];
+        let (s, errors) = Snapshot::build(&[("d".into(), d)], &[("gw/default/p".into(), policy(from))]);
+        let headers = http::HeaderMap::new();
+        let d = s.destination("d").expect("kept");
+        let verdict = d.policies.authorize(&request(&headers)).expect("verdict");
+        (
+            matches!(verdict.decision, Decision::Allow { .. }),
+            errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        )
+    };
+    let accounts = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    // The request comes from cluster.local/ns/default/sa/client.
+    assert_eq!(
+        decide(api::Source { service_accounts: accounts(&["default/client"]), ..Default::default() }),
+        (true, vec![])
+    );
+    assert_eq!(
+        decide(api::Source { service_accounts: accounts(&["client"]), ..Default::default() }),
+        (true, vec![])
+    );
+    assert_eq!(
+        decide(api::Source { service_accounts: accounts(&["default/other"]), ..Default::default() }),
+        (false, vec![])
+    );
+    assert_eq!(
+        decide(api::Source { service_accounts: accounts(&["other/client"]), ..Default::default() }),
+        (false, vec![])
+    );
+    assert_eq!(
+        decide(api::Source { not_service_accounts: accounts(&["default/client"]), ..Default::default() }),
+        (false, vec![])
+    );
+    assert_eq!(
+        decide(api::Source {
+            principals: accounts(&["cluster.local/ns/default/sa/client"]),
+            service_accounts: accounts(&["default/other"]),
+            ..Default::default()
+        }),
+        (
+            false,
+            vec![
+                "default/p (ALLOW): condition \"from.source.serviceAccounts\" cannot be enforced: principals and \
+                 serviceAccounts are both set in one source; its rule never allows"
+                    .to_owned()
+            ]
+        )
+    );
+    assert_eq!(
+        decide(api::Source { service_accounts: accounts(&["a/b/c"]), ..Default::default() }),
+        (
+            false,
+            vec![
+                "default/p (ALLOW): condition \"from.source.serviceAccounts\" cannot be enforced: \"a/b/c\" is not a \
+                 service account (<namespace>/<name> or <name>); its rule never allows"
+                    .to_owned()
+            ]
+        )
+    );
+}
