@@ -35,6 +35,8 @@ pub const MAX_RETRIES: u32 = 10;
 pub struct Snapshot {
     destinations: HashMap<String, Arc<Destination>>,
     bound: HashMap<SocketAddr, (Arc<Destination>, Port)>,
+    /// Bound destinations without ports (workloads in no Service): every port, sniffed.
+    any_port: HashMap<IpAddr, Arc<Destination>>,
 }
 
 /// Something the waypoint serves or sends to (a Service or a workload).
@@ -222,6 +224,20 @@ impl Snapshot {
             for u in destination.policies.unenforceable() {
                 errors.push(ConfigError::Unenforceable(u));
             }
+            if destination.bound && destination.ports.is_empty() {
+                for ip in &destination.addresses {
+                    match snapshot.any_port.get(ip) {
+                        Some(kept) => errors.push(ConfigError::Conflict {
+                            addr: SocketAddr::new(*ip, 0),
+                            kept: kept.resource.clone(),
+                            refused: resource.clone(),
+                        }),
+                        None => {
+                            snapshot.any_port.insert(*ip, destination.clone());
+                        }
+                    }
+                }
+            }
             if destination.bound {
                 for ip in &destination.addresses {
                     for port in &destination.ports {
@@ -244,9 +260,21 @@ impl Snapshot {
         (snapshot, errors)
     }
 
-    /// The destination and port the node proxies send `addr` (a CONNECT's `:authority`) to.
-    pub fn bound(&self, addr: SocketAddr) -> Option<&(Arc<Destination>, Port)> {
-        self.bound.get(&addr)
+    /// The destination and port the node proxies send `addr` (a CONNECT's `:authority`) to: a
+    /// port the destination lists, else, for a destination that lists none (a workload in no
+    /// Service), `addr`'s port as dialed, sniffed.
+    pub fn bound(&self, addr: SocketAddr) -> Option<(Arc<Destination>, Port)> {
+        if let Some(found) = self.bound.get(&addr) {
+            return Some(found.clone());
+        }
+        let d = self.any_port.get(&addr.ip())?;
+        let port = Port {
+            port: addr.port(),
+            target_port: addr.port(),
+            protocol: Protocol::Undeclared,
+            name: String::new(),
+        };
+        Some((d.clone(), port))
     }
 
     /// A destination by resource name.

@@ -119,7 +119,8 @@ fn request_labels(
     let source_namespace =
         principal.split_once("/ns/").map(|(_, rest)| rest.split('/').next().unwrap_or(rest));
     let snapshot = shared.config.load();
-    let service = snapshot.bound(downstream.addr).map(|(d, _)| d);
+    let bound = snapshot.bound(downstream.addr);
+    let service = bound.as_ref().map(|(d, _)| d);
     let text = |s: Option<&str>| Label(s.unwrap_or_default().to_owned());
     RequestLabels {
         reporter: "waypoint".into(),
@@ -218,7 +219,7 @@ async fn answer(
         return local(StatusCode::BAD_REQUEST, "Content-Length and Transfer-Encoding in one request");
     }
     let snapshot = shared.config.load_full();
-    let Some((destination, port)) = snapshot.bound(downstream.addr).cloned() else {
+    let Some((destination, port)) = snapshot.bound(downstream.addr) else {
         return local(StatusCode::SERVICE_UNAVAILABLE, "no healthy upstream");
     };
     let upgrade = Upgrade::requested(&mut req);

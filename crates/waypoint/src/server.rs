@@ -271,7 +271,7 @@ async fn on_connect(shared: Arc<Shared>, source: Arc<Source>, req: ConnectReques
         return req.reject(StatusCode::BAD_REQUEST);
     };
     let snapshot = shared.config.load_full();
-    let Some((destination, port)) = snapshot.bound(addr).cloned() else {
+    let Some((destination, port)) = snapshot.bound(addr) else {
         tracing::debug!(%addr, "no destination served by this waypoint at the CONNECT's address; answered 404");
         return req.reject(StatusCode::NOT_FOUND);
     };

@@ -333,3 +333,18 @@ fn service_accounts_are_principals_and_a_source_with_both_cannot_be_enforced() {
         )
     );
 }
+
+/// A workload bound to a waypoint but in no Service comes without ports: every port it is
+/// dialed on is served, sniffed (before, nothing was indexed and every CONNECT got 404).
+#[test]
+fn a_bound_destination_without_ports_serves_every_port_sniffed() {
+    let mut d = destination(vec![10, 0, 0, 7]);
+    d.kind = api::destination::Kind::Workload as i32;
+    d.ports.clear();
+    let (s, errors) = Snapshot::build(&[("w".into(), d)], &[]);
+    assert!(errors.is_empty(), "{errors:?}");
+    let (found, port) = s.bound("10.0.0.7:9090".parse().expect("addr")).expect("bound on any port");
+    assert_eq!((found.resource.as_str(), port.port, port.target_port), ("w", 9090, 9090));
+    assert_eq!(port.protocol, Protocol::Undeclared);
+    assert!(s.bound("10.0.0.8:9090".parse().expect("addr")).is_none());
+}
