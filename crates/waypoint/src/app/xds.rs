@@ -112,7 +112,11 @@ impl Xds {
 
     /// The resources held and the current refusals.
     pub(crate) fn held(&self) -> HeldDump {
-        let h = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        Xds::dump_of(&self.held)
+    }
+
+    fn dump_of(held: &Mutex<Held>) -> HeldDump {
+        let h = held.lock().unwrap_or_else(PoisonError::into_inner);
         HeldDump {
             destinations: h.destinations.iter().map(|(n, (v, _))| (n.clone(), v.clone())).collect(),
             policies: h.policies.iter().map(|(n, (v, _))| (n.clone(), v.clone())).collect(),
@@ -216,4 +220,65 @@ fn rebuild(h: &mut Held, waypoint: &Waypoint) {
         refusals = h.refusals.len(),
         "configuration installed"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use ambit_hbone::testing::{TcpDialer, settings};
+    use ambit_identity::{CertManager, FakeCa};
+
+    use super::*;
+    use crate::Settings;
+    use crate::testing::{endpoint, service, waypoint_identity};
+
+    fn update<M>(name: &str, resource: M) -> TypedUpdate<M> {
+        TypedUpdate { name: name.to_owned(), version: "v1".to_owned(), aliases: vec![], resource }
+    }
+
+    /// The snapshot waits for both types, is rebuilt from everything held, and its refusals are
+    /// reported (and ACKed: no rejection goes back) until the resource that caused them leaves.
+    #[tokio::test]
+    async fn snapshot_from_everything_held_once_both_types_answered() {
+        let certs = CertManager::new(Arc::new(FakeCa::generate()), Duration::from_secs(3600));
+        let pool =
+            ambit_hbone::Pool::new(certs.clone(), Box::new(TcpDialer), settings(), Duration::from_secs(60));
+        let waypoint = Waypoint::new(Settings::new(waypoint_identity(), [127, 0, 0, 1].into()), certs, pool);
+        let held = Arc::new(Mutex::new(Held::default()));
+        let apply = Apply { held: held.clone(), waypoint: waypoint.clone() };
+        let (destinations, policies) = (Destinations(apply.clone()), Policies(apply));
+        let refusals = || held.lock().unwrap_or_else(PoisonError::into_inner).refusals.clone();
+
+        let mut good = service(
+            "echo",
+            Some("10.96.0.10"),
+            &[(80, 8080, api::Protocol::Http)],
+            vec![endpoint("10.1.0.1")],
+        );
+        good.policies = vec!["gw-ns/waypoint/app-ns/deny".to_owned()];
+        let mut broken = service("broken", Some("10.96.0.11"), &[(80, 8080, api::Protocol::Http)], vec![]);
+        broken.addresses = vec![vec![10, 96, 0]];
+        let rejected = destinations.apply(vec![update("echo", good), update("broken", broken)], vec![]).await;
+        assert!(rejected.is_empty());
+        assert_eq!(waypoint.config().len(), 0, "nothing installed before the policies' first answer");
+        assert!(refusals().is_empty(), "{:?}", refusals());
+
+        let deny = api::Policy { name: "deny".into(), namespace: "app-ns".into(), ..Default::default() };
+        let rejected = policies.apply(vec![update("gw-ns/waypoint/app-ns/deny", deny)], vec![]).await;
+        assert!(rejected.is_empty(), "a refusal is reported, not NACKed");
+        assert_eq!(waypoint.config().len(), 1);
+        assert_eq!(
+            refusals(),
+            ["destination broken refused: address 0 has 3 bytes; an IP address has 4 or 16"]
+        );
+
+        let rejected = destinations.apply(vec![], vec!["broken".to_owned()]).await;
+        assert!(rejected.is_empty());
+        assert!(refusals().is_empty(), "{:?}", refusals());
+        assert!(held.lock().unwrap_or_else(PoisonError::into_inner).logged.is_empty(), "forgotten once gone");
+        let dump = Xds::dump_of(&held);
+        assert_eq!(dump.destinations, BTreeMap::from([("echo".to_owned(), "v1".to_owned())]));
+        assert_eq!(dump.policies.len(), 1);
+    }
 }
