@@ -100,4 +100,9 @@ fn startup_errors_name_the_variable_and_the_value() {
         "XDS_ADDRESS=\"ftp://istiod\" is not a usable xDS server address: use https:// (or http:// for local development)"
     );
     assert_eq!(err(&args(&["--log-format", "xml"])), "LOG_FORMAT=\"xml\" is not `plain` or `json`");
+    let a = WaypointArgs { service_account: Some("a/b".into()), ..args(&[]) };
+    assert_eq!(
+        err(&a),
+        "TRUST_DOMAIN=\"cluster.local\", POD_NAMESPACE=\"gw-ns\", SERVICE_ACCOUNT=\"a/b\" do not make a SPIFFE identity: identity \"spiffe://cluster.local/ns/gw-ns/sa/a/b\" is not of the form spiffe://<trust domain>/ns/<namespace>/sa/<service account>"
+    );
 }
