@@ -33,16 +33,22 @@ fn extra(component: &str) -> Extra {
                 .copied()
                 .collect(),
         },
+        "waypoint" => Extra {
+            env: ambit_waypoint::app::ENV_OUTSIDE_FLAGS.to_vec(),
+            prefixes: ambit_waypoint::app::ENV_PREFIXES,
+            without_effect: Vec::new(),
+        },
         "control" => Extra { env: kube.to_vec(), prefixes: &[], without_effect: Vec::new() },
         _ => Extra { env: Vec::new(), prefixes: &[], without_effect: Vec::new() },
     }
 }
 
 /// The reference as pretty JSON: `{"agent": {"flags": [...], "env": [...], "env_prefixes":
-/// [...], "env_without_effect": [...]}, "proxy": {...}, "control": {...}}`, each list sorted.
+/// [...], "env_without_effect": [...]}, "proxy": {...}, "waypoint": {...}, "control": {...}}`,
+/// each list sorted.
 pub fn reference(cli: &clap::Command) -> String {
     let mut out = serde_json::Map::new();
-    for component in ["agent", "proxy", "control"] {
+    for component in ["agent", "proxy", "waypoint", "control"] {
         let Some(cmd) = cli.find_subcommand(component) else { continue };
         let mut flags: Vec<String> = Vec::new();
         let mut env: Vec<String> = Vec::new();

@@ -32,6 +32,10 @@ enum Command {
     ///
     /// Every setting is an environment variable with ztunnel's name; flags override them.
     Proxy(Box<ambit_proxy::ProxyArgs>),
+    /// Run a waypoint (Istio's L7 proxy for ambient mode): HBONE in, HTTP authorization and
+    /// routing, HBONE out; configured over xDS, for the Gateway named by its namespace and
+    /// service account.
+    Waypoint(Box<ambit_waypoint::app::WaypointArgs>),
     /// Run the node agent: enrollment, in-pod traffic capture, the ZDS server for the node
     /// proxy and the CNI plugin's event server.
     Agent(Box<ambit_agent::app::AgentArgs>),
@@ -68,8 +72,8 @@ enum Command {
     Start(up::ProcessArgs),
     /// The demo applications `ambit up` runs in pods (`echo`, `client`).
     App(app::AppArgs),
-    /// Every flag and environment variable `ambit agent`, `ambit proxy` and `ambit control`
-    /// read, as JSON (what a manifest may set; the `--help` of each says what they mean).
+    /// Every flag and environment variable `ambit agent`, `ambit proxy`, `ambit waypoint` and
+    /// `ambit control` read, as JSON (what a manifest may set; the `--help` of each says what they mean).
     ConfigReference,
     /// Development certificate authority for FAKE_CA_ROOT.
     DevCa {
@@ -143,7 +147,10 @@ fn command_line(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse_from(command_line(std::env::args_os().collect()));
-    if matches!(cli.command, Command::Proxy(_) | Command::Agent(_) | Command::Control(_)) {
+    if matches!(
+        cli.command,
+        Command::Proxy(_) | Command::Waypoint(_) | Command::Agent(_) | Command::Control(_)
+    ) {
         prepare_fd_table();
     }
     let code = run(cli.command);
@@ -171,6 +178,24 @@ fn run(command: Command) -> ExitCode {
                 Err(e) => {
                     tracing::error!("{e}");
                     eprintln!("ambit proxy: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Waypoint(args) => {
+            ambit_admin::logging::init(&args.rust_log, args.log_format == "json");
+            let cfg = match ambit_waypoint::app::Config::from_args(&args) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("ambit waypoint: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            match ambit_waypoint::app::run(cfg) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!("{e}");
+                    eprintln!("ambit waypoint: {e}");
                     ExitCode::FAILURE
                 }
             }

@@ -10,6 +10,7 @@
 //! benches reach helpers through the `testing` feature, the fuzz targets through `fuzzing`.
 
 mod conn;
+pub mod drain;
 mod frame;
 mod hpack;
 mod lowat;
@@ -21,6 +22,7 @@ use std::io;
 use std::time::Duration;
 
 pub use conn::{ConnError, ConnErrorKind, RelayCounters, StreamError, StreamHandle, StreamIo};
+pub use drain::Drain;
 pub use frame::Reason;
 pub use hpack::{Decoded, HeaderError};
 pub use pool::{Dialed, Dialer, Pool, PoolKey, Tunnel, TunnelError};

@@ -25,6 +25,10 @@ use tokio_util::either::Either;
 use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue, MetadataMap};
 use tonic::transport::{Channel, Endpoint, Uri};
 
+mod settings;
+
+pub use settings::{ControlSetting, ControlSettings};
+
 /// TCP connect (and TLS handshake) timeout.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// TCP keepalive idle time, probe interval and probe count.

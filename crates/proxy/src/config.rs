@@ -7,9 +7,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use ambit_identity::control::{
-    ControlError, ControlPlane, ControlPlaneConfig, RootSource, Service, TokenSource,
-};
+pub use ambit_identity::control::ControlSettings;
+use ambit_identity::control::{ControlError, ControlSetting, Service, TokenSource};
 use ambit_zds::WorkloadInfo;
 
 use crate::socket::{Keepalive, SocketOptions};
@@ -286,25 +285,6 @@ pub enum CaSource {
     Remote(ControlSettings),
 }
 
-/// How to reach one control-plane service (CA or xDS), as configured.
-#[derive(Clone, Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ControlSettings {
-    /// Address with its scheme (`https://` added when missing).
-    pub address: String,
-    /// Roots for TLS.
-    pub roots: RootSource,
-    /// Alternate TLS name.
-    pub alt_hostname: Option<String>,
-    /// Bearer token (`AUTH_TOKEN`).
-    pub token: Option<TokenSource>,
-    /// Sent as `clusterid` with the token.
-    pub cluster_id: String,
-    /// Extra headers (name without the prefix, lower-case; value). Values are not dumped.
-    #[serde(serialize_with = "header_names")]
-    pub headers: Vec<(String, String)>,
-}
-
 /// The proxy's xDS client settings (`XDS_*`, node id and metadata).
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -317,15 +297,7 @@ pub struct XdsSettings {
     pub node: NodeInfo,
 }
 
-/// The xDS `Node` (node-proxy.md §1.4): only `id` and `metadata` are set.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct NodeInfo {
-    /// `ztunnel~<INSTANCE_IP>~<POD_NAME>.<POD_NAMESPACE>~<POD_NAMESPACE>.svc.cluster.local`.
-    pub id: String,
-    /// `NAME`, `NAMESPACE`, `INSTANCE_IPS`, `NODE_NAME`, `ISTIO_META_*` (prefix stripped, as
-    /// strings) and `ISTIO_METAJSON_*` (parsed JSON).
-    pub metadata: std::collections::BTreeMap<String, serde_json::Value>,
-}
+pub use ambit_xds::node::NodeInfo;
 
 /// The resolved configuration: built once from [`ProxyArgs`] by [`Config::from_args`], handed to
 /// [`crate::run`], shown by `/config_dump`.
@@ -495,26 +467,15 @@ impl Config {
         };
         let token = TokenSource::from_setting(a.auth_token.as_deref());
         let control = |service: Service, address: &str, roots: &str, alt: &Option<String>| {
-            let cfg = ControlPlaneConfig {
+            let setting = ControlSetting {
                 service,
-                address: address.to_owned(),
-                roots: roots_setting(service, address, roots)?,
-                alt_hostname: alt.clone().filter(|a| !a.is_empty()),
-                token: token.clone(),
-                cluster_id: cluster_id.clone(),
-                headers: prefixed(env, service.header_prefix()),
-                mark: None,
+                address,
+                roots,
+                alt_hostname: alt.as_deref(),
+                token: token.as_ref(),
+                cluster_id: &cluster_id,
             };
-            // Validate now (address, roots, headers, token): a bad setting stops the start.
-            let checked = ControlPlane::new(cfg.clone())?;
-            Ok::<_, ConfigError>(ControlSettings {
-                address: checked.address().to_owned(),
-                roots: cfg.roots,
-                alt_hostname: cfg.alt_hostname,
-                token: cfg.token,
-                cluster_id: cfg.cluster_id,
-                headers: cfg.headers,
-            })
+            ControlSettings::resolve(setting, env)
         };
         let xds_address = a.xds_address.as_deref().unwrap_or(default_address);
         let xds = if xds_address.is_empty() {
@@ -646,103 +607,18 @@ impl Config {
     }
 }
 
-/// The roots setting: an unusable value is an error only when TLS is used (https://, or no
-/// scheme); plaintext has no use for roots, and a bad scheme is reported by the address check.
-fn roots_setting(service: Service, address: &str, value: &str) -> Result<RootSource, ControlError> {
-    let tls = address.starts_with("https://") || !address.contains("://");
-    match RootSource::parse(service, value) {
-        Ok(roots) => Ok(roots),
-        Err(_) if !tls => Ok(RootSource::System),
-        Err(e) => Err(e),
-    }
-}
-
-/// `PREFIX<K>=<V>` variables as (lower-case K, V), sorted by K.
-fn prefixed(env: &Env, prefix: &str) -> Vec<(String, String)> {
-    env.iter()
-        .filter_map(|(k, v)| k.strip_prefix(prefix).map(|h| (h.to_ascii_lowercase(), v.clone())))
-        .filter(|(k, _)| !k.is_empty())
-        .collect()
-}
-
 /// The xDS node as ztunnel builds it (node-proxy.md §1.4).
 fn node_info(a: &ProxyArgs, env: &Env) -> NodeInfo {
     use serde_json::Value;
     let get = |v: &Option<String>| v.clone().unwrap_or_default();
     let (pod, ns) = (get(&a.pod_name), get(&a.pod_namespace));
     let ip = a.instance_ip.clone().filter(|ip| !ip.is_empty()).unwrap_or_else(|| "1.1.1.1".to_owned());
-    let mut metadata = std::collections::BTreeMap::new();
-    for (k, v) in env {
-        if let Some(key) = k.strip_prefix("ISTIO_META_").filter(|k| !k.is_empty()) {
-            metadata.insert(key.to_owned(), Value::String(v.clone()));
-        }
-    }
-    for (k, v) in env {
-        if let Some(key) = k.strip_prefix("ISTIO_METAJSON_").filter(|k| !k.is_empty()) {
-            match serde_json::from_str::<Value>(v) {
-                Ok(value) => {
-                    metadata.insert(key.to_owned(), value);
-                }
-                Err(e) => tracing::warn!("{k} is not JSON ({e}); not sent in the xDS node metadata"),
-            }
-        }
-    }
+    let mut metadata = ambit_xds::node::istio_metadata(env);
     metadata.insert("NAME".to_owned(), Value::String(pod.clone()));
     metadata.insert("NAMESPACE".to_owned(), Value::String(ns.clone()));
     metadata.insert("INSTANCE_IPS".to_owned(), Value::String(ip.clone()));
     metadata.insert("NODE_NAME".to_owned(), Value::String(get(&a.node_name)));
     NodeInfo { id: format!("ztunnel~{ip}~{pod}.{ns}~{ns}.svc.cluster.local"), metadata }
-}
-
-impl ControlSettings {
-    /// The settings as `ambit_identity::control` takes them (for the CA client and the xDS client).
-    pub fn control_plane_config(&self, service: Service) -> ControlPlaneConfig {
-        ControlPlaneConfig {
-            service,
-            address: self.address.clone(),
-            roots: self.roots.clone(),
-            alt_hostname: self.alt_hostname.clone(),
-            token: self.token.clone(),
-            cluster_id: self.cluster_id.clone(),
-            headers: self.headers.clone(),
-            mark: None,
-        }
-    }
-}
-
-impl NodeInfo {
-    /// The node as the xDS wire message.
-    pub fn to_proto(&self) -> ambit_api::xds::Node {
-        ambit_api::xds::Node {
-            id: self.id.clone(),
-            metadata: Some(prost_types::Struct {
-                fields: self.metadata.iter().map(|(k, v)| (k.clone(), json_to_value(v))).collect(),
-            }),
-            ..Default::default()
-        }
-    }
-}
-
-fn json_to_value(v: &serde_json::Value) -> prost_types::Value {
-    use prost_types::value::Kind;
-    use serde_json::Value;
-    let kind = match v {
-        Value::Null => Kind::NullValue(0),
-        Value::Bool(b) => Kind::BoolValue(*b),
-        Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or_default()),
-        Value::String(s) => Kind::StringValue(s.clone()),
-        Value::Array(items) => {
-            Kind::ListValue(prost_types::ListValue { values: items.iter().map(json_to_value).collect() })
-        }
-        Value::Object(map) => Kind::StructValue(prost_types::Struct {
-            fields: map.iter().map(|(k, v)| (k.clone(), json_to_value(v))).collect(),
-        }),
-    };
-    prost_types::Value { kind: Some(kind) }
-}
-
-fn header_names<S: serde::Serializer>(headers: &[(String, String)], s: S) -> Result<S::Ok, S::Error> {
-    s.collect_seq(headers.iter().map(|(k, _)| k))
 }
 
 fn parse_workload_info(s: &str) -> Result<WorkloadInfo, ConfigError> {

@@ -8,9 +8,12 @@
 //!   [`Waypoint::set_config`] (again on every change); run it on a listener with
 //!   [`Waypoint::run`]; read its [`Counters`].
 //!
-//! Not here yet: the xDS client that feeds [`Waypoint::set_config`], Prometheus metrics, access
-//! logs, locality-aware balancing, JWT.
+//! - [`app`]: `ambit waypoint`, the process: settings, certificate, the xDS client that feeds
+//!   [`Waypoint::set_config`], admin, metrics and readiness endpoints, drain.
+//!
+//! Not here yet: access logs, locality-aware balancing, JWT.
 
+pub mod app;
 pub mod authz;
 mod body;
 pub mod config;

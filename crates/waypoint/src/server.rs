@@ -201,7 +201,7 @@ impl Waypoint {
             let _ = tcp.set_nodelay(true);
             let (shared, shutdown) = (self.shared.clone(), shutdown.clone());
             tokio::spawn(async move {
-                if let Err(e) = connection(shared, tcp, peer, &*shutdown).await {
+                if let Err(e) = connection(shared, tcp, peer, shutdown).await {
                     tracing::debug!(%peer, error = %e, "HBONE connection ended");
                 }
             });
@@ -232,7 +232,7 @@ async fn connection<S: Shutdown>(
     shared: Arc<Shared>,
     tcp: TcpStream,
     peer: SocketAddr,
-    shutdown: &S,
+    shutdown: Arc<S>,
 ) -> Result<(), ConnectionError> {
     let cert = shared.certs.fetch(&shared.settings.identity).await?;
     let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, ambit_hbone::accept(&tcp, cert.server_config()))
@@ -245,9 +245,10 @@ async fn connection<S: Shutdown>(
     let cfg = shared.settings.hbone;
     let budget =
         Budget(Windows { stream: cfg.settings.window_size, connection: cfg.settings.connection_window_size });
-    ambit_hbone::serve(tcp, tls, cfg, budget, shutdown, move |req| {
-        let (shared, source) = (shared.clone(), source.clone());
-        async move { on_connect(shared, source, req).await }
+    let drain = shutdown.clone();
+    ambit_hbone::serve(tcp, tls, cfg, budget, &*shutdown, move |req| {
+        let (shared, source, drain) = (shared.clone(), source.clone(), drain.clone());
+        async move { on_connect(shared, source, req, drain).await }
     })
     .await?;
     Ok(())
@@ -262,7 +263,12 @@ pub(crate) struct Source {
     pub(crate) ip: IpAddr,
 }
 
-async fn on_connect(shared: Arc<Shared>, source: Arc<Source>, req: ConnectRequest) {
+async fn on_connect<S: Shutdown>(
+    shared: Arc<Shared>,
+    source: Arc<Source>,
+    req: ConnectRequest,
+    drain: Arc<S>,
+) {
     if req.head.method.as_deref() != Some("CONNECT") {
         return req.reject(StatusCode::METHOD_NOT_ALLOWED);
     }
@@ -284,7 +290,7 @@ async fn on_connect(shared: Arc<Shared>, source: Arc<Source>, req: ConnectReques
             }
             let mut io = req.stream.into_io();
             match sniff(&mut io, shared.settings.limits.sniff_timeout).await {
-                Ok((Sniffed::Http, prefix)) => http(shared, downstream, io, prefix).await,
+                Ok((Sniffed::Http, prefix)) => http(shared, downstream, io, prefix, &*drain).await,
                 Ok((Sniffed::Tcp, prefix)) => {
                     tcp_after_sniff(shared, downstream, io, prefix, &destination, &port).await
                 }
@@ -295,13 +301,22 @@ async fn on_connect(shared: Arc<Shared>, source: Arc<Source>, req: ConnectReques
             if req.stream.respond(200, &HeaderMap::new(), false).is_err() {
                 return;
             }
-            http(shared, downstream, req.stream.into_io(), Bytes::new()).await
+            http(shared, downstream, req.stream.into_io(), Bytes::new(), &*drain).await
         }
     }
 }
 
-/// Serves HTTP/1.1 or HTTP/2 (detected) over the stream.
-async fn http(shared: Arc<Shared>, downstream: Arc<Downstream>, io: StreamIo, prefix: Bytes) {
+/// Serves HTTP/1.1 or HTTP/2 (detected) over the stream. When the drain starts, the HTTP
+/// connection shuts down gracefully (HTTP/2 GOAWAY; HTTP/1.1 closes after the response in
+/// flight), so requests in flight finish and idle connections do not hold the drain until its
+/// deadline.
+async fn http<S: Shutdown>(
+    shared: Arc<Shared>,
+    downstream: Arc<Downstream>,
+    io: StreamIo,
+    prefix: Bytes,
+    drain: &S,
+) {
     let limits = shared.settings.limits;
     let conflict = Arc::new(AtomicBool::new(false));
     let io = DownstreamIo::new(io, prefix, limits.idle_timeout, conflict.clone());
@@ -323,7 +338,16 @@ async fn http(shared: Arc<Shared>, downstream: Arc<Downstream>, io: StreamIo, pr
         let (shared, downstream, conflict) = (shared.clone(), downstream.clone(), conflict.clone());
         async move { Ok::<_, std::convert::Infallible>(proxy::handle(shared, downstream, conflict, req).await) }
     });
-    if let Err(e) = builder.serve_connection_with_upgrades(TokioIo::new(io), service).await {
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+    tokio::pin!(conn);
+    let ended = tokio::select! {
+        r = conn.as_mut() => r,
+        () = drain.started() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = ended {
         tracing::debug!(error = %e, "downstream HTTP connection ended");
     }
 }

@@ -213,10 +213,15 @@ pub struct NodeProxy {
 }
 
 impl NodeProxy {
-    /// Starts it with `apps`: `:authority` → app address.
+    /// Starts it on a free loopback port with `apps`: `:authority` → app address.
     pub async fn start(ca: &FakeCa, apps: HashMap<SocketAddr, SocketAddr>) -> NodeProxy {
+        NodeProxy::start_at(ca, SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), apps).await
+    }
+
+    /// Starts it on `addr` (an endpoint's `ip:15008`, where a waypoint process dials it).
+    pub async fn start_at(ca: &FakeCa, addr: SocketAddr, apps: HashMap<SocketAddr, SocketAddr>) -> NodeProxy {
         let cert = ca.issue(&backend_identity(), Duration::from_secs(3600)).expect("issue");
-        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind node proxy");
+        let l = TcpListener::bind(addr).await.expect("bind node proxy");
         let addr = l.local_addr().expect("addr");
         let connects: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
         let headers: Arc<Mutex<Vec<HeaderMap>>> = Arc::default();

@@ -19,6 +19,7 @@
 //!   (asynchronous authentication, node authorization; [`server::istio`] has istiod's rules),
 //!   a readiness gate and a new-stream rate limit; [`server::ServerMetrics`] counts connected
 //!   streams, responses, NACKs, push and convergence time and refusals under istiod's names.
+//! * [`node`]: the `Node` a data-plane process sends (Istio's id form, `ISTIO_META_*` metadata).
 //! * [`XdsMetrics`]: `xds_connection_terminations`, `xds_message`, `xds_message_bytes` as ztunnel
 //!   names them (the owner registers them under its `istio_` prefix).
 //!
@@ -26,6 +27,7 @@
 
 pub mod client;
 mod metrics;
+pub mod node;
 pub mod server;
 
 pub use metrics::{TerminationReason, XdsMetrics};

@@ -1,4 +1,5 @@
 use super::*;
+use ambit_identity::control::RootSource;
 use clap::Parser;
 
 #[derive(Parser)]
