@@ -35,7 +35,9 @@ use tokio::time::Instant;
 use crate::authz::{self, Decision, remote_ip};
 use crate::body::{Active, UpstreamBody};
 use crate::config::Endpoint;
-use crate::config::{Backend, Destination, Filter, HeaderModifier, Mirror, Port, Protocol, Route, Snapshot};
+use crate::config::{
+    Backend, Destination, Filter, HeaderModifier, Mirror, Port, Protocol, Retry, Route, Snapshot,
+};
 use crate::metrics::{Label, RequestLabels};
 use crate::route::{self, modify_headers, pick_backend, pick_endpoint};
 use crate::server::{Shared, Source};
@@ -277,7 +279,7 @@ async fn answer(
         u.restore(&mut parts.headers);
     }
     let route = route.as_deref();
-    let retries = route.map(|r| r.retry.attempts).unwrap_or(0);
+    let retries = route.map_or(Retry::istio_default().attempts, |r| r.retry.attempts);
     let body =
         Replay::new(body, retries > 0 || !mirrors.is_empty(), shared.settings.limits.max_replay_body).await;
     let body = match body {
@@ -511,7 +513,7 @@ async fn attempts(
     // An upgrade is HTTP/1.1's.
     let h2 = upgrade.is_none() && upstream_h2(&target.port, route, parts.version);
     let deadline = route.and_then(|r| r.request_timeout).map(|t| Instant::now() + t);
-    let retry = route.map(|r| r.retry.clone()).unwrap_or_default();
+    let retry = route.map_or_else(Retry::istio_default, |r| r.retry.clone());
     let attempts = if body.replayable() { 1 + retry.attempts } else { 1 };
     let mut previous = None;
     let mut last_failure = local(StatusCode::SERVICE_UNAVAILABLE, "no healthy upstream");

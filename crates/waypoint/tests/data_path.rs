@@ -255,6 +255,47 @@ async fn failing_attempts_are_retried_on_another_endpoint() {
     assert_eq!(counters.responses(503), 0);
 }
 
+/// Without a route, or with one that sets no retry policy, a request gets Istio's default: two
+/// retries of 503s and connection failures on other endpoints; a route with `attempts: 0` gets
+/// none (before, both got none: the 503 endpoint's answers reached the client).
+#[tokio::test]
+async fn istios_default_retry_applies_unless_a_route_sets_its_own() {
+    let ca = Arc::new(FakeCa::generate());
+    let (backends, node) = three_backends(&ca).await;
+    backends[0].status.store(503, Ordering::Relaxed);
+    let h = Harness::start(ca, Harness::settings(), node.addr).await;
+    let endpoints = || vec![endpoint("10.1.0.1"), endpoint("10.1.0.2")];
+    let plain = service("plain", Some("10.0.0.10"), &[(80, 8080, api::Protocol::Http)], endpoints());
+    let mut routed = service("routed", Some("10.0.0.11"), &[(80, 8080, api::Protocol::Http)], endpoints());
+    routed.routes = vec![route("app-ns/routed#0", vec![backend("app-ns/routed", 80, 1)])];
+    let mut none = service("none", Some("10.0.0.12"), &[(80, 8080, api::Protocol::Http)], endpoints());
+    let mut r = route("app-ns/none#0", vec![backend("app-ns/none", 80, 1)]);
+    r.retry = Some(api::Retry { attempts: 0, codes: vec![], backoff_ms: 0 });
+    none.routes = vec![r];
+    h.configure(
+        &[named("app-ns/plain", plain), named("app-ns/routed", routed), named("app-ns/none", none)],
+        &[],
+    );
+    for vip in ["10.0.0.10:80", "10.0.0.11:80"] {
+        let mut c = h.http1(sock(vip)).await;
+        for _ in 0..4 {
+            assert_eq!(send(&mut c, get("/")).await, (StatusCode::OK, "b".into()), "{vip}");
+        }
+    }
+    let counters = h.waypoint.counters();
+    assert!(backends[0].requests() > 0, "the 503 endpoint was never tried");
+    assert!(counters.retries() >= 2, "retries: {}", counters.retries());
+    assert_eq!(counters.responses(503), 0);
+    let retried = counters.retries();
+    let mut c = h.http1(sock("10.0.0.12:80")).await;
+    let mut codes = Vec::new();
+    for _ in 0..4 {
+        codes.push(send(&mut c, get("/")).await.0);
+    }
+    assert!(codes.contains(&StatusCode::SERVICE_UNAVAILABLE), "{codes:?}");
+    assert_eq!(counters.retries(), retried, "attempts: 0 retried");
+}
+
 #[tokio::test]
 async fn http2_and_grpc_requests_go_through_as_http2() {
     let ca = Arc::new(FakeCa::generate());

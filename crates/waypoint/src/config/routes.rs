@@ -159,6 +159,16 @@ pub struct Retry {
     pub backoff: Duration,
 }
 
+impl Retry {
+    /// What Istio gives a route that sets no retry policy (its mesh default,
+    /// `defaultHttpRetryPolicy`): 2 retries, of connection failures, refused streams and 503s,
+    /// each on another endpoint, after Envoy's 25 ms base interval. A route that sets one (even
+    /// `attempts: 0`) gets what it sets.
+    pub fn istio_default() -> Retry {
+        Retry { attempts: 2, codes: vec![503], backoff: Duration::from_millis(25) }
+    }
+}
+
 /// A regular expression that must match a whole value, with size limits.
 fn regex(pattern: &str) -> Result<Regex, String> {
     if pattern.len() > MAX_REGEX_LEN {
@@ -290,7 +300,7 @@ pub(super) fn parse_route(r: &api::Route) -> Result<Route, String> {
         })
         .collect::<Result<Vec<_>, String>>()?;
     let retry = match &r.retry {
-        None => Retry::default(),
+        None => Retry::istio_default(),
         Some(retry) => Retry {
             attempts: retry.attempts.min(MAX_RETRIES),
             codes: retry
