@@ -368,5 +368,8 @@ fn trickled_records_cost_linear_cpu() {
         cost.push(per_record_ms);
     }
     let _ = &t.mesh;
-    assert!(cost[0] < 8.0, "a record trickled a byte at a time costs {:.2} ms of proxy CPU", cost[0]);
+    // Before the fix a record cost 27 ms here (quadratic copying); after it, 1.5-8.8 ms on this
+    // 2-core machine (the figure moves with scheduling: it counts 16 384 wakeups' worth of
+    // 10 ms CPU ticks), so the bound is half the quadratic figure, not the best run.
+    assert!(cost[0] < 13.0, "a record trickled a byte at a time costs {:.2} ms of proxy CPU", cost[0]);
 }
