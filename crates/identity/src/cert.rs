@@ -348,6 +348,16 @@ pub fn rfc3339(t: SystemTime) -> String {
     }
 }
 
+/// RFC 3339 in UTC with milliseconds (`2026-01-02T03:04:05.678Z`), as access logs show times.
+pub fn rfc3339_millis(t: SystemTime) -> String {
+    let whole = rfc3339(t);
+    let millis = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.subsec_millis());
+    match whole.strip_suffix('Z') {
+        Some(s) => format!("{s}.{millis:03}Z"),
+        None => whole,
+    }
+}
+
 /// PEM text of one DER certificate, 64 columns, trailing newline.
 pub(crate) fn pem_encode(der: &[u8]) -> String {
     let b64 = base64::engine::general_purpose::STANDARD.encode(der);

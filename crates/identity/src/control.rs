@@ -4,30 +4,26 @@
 //! [`MetadataMap`] for each request or stream (the token file re-read each time).
 
 use std::fmt;
-use std::future::Future;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
-use hyper_util::rt::TokioIo;
+use rustls::RootCertStore;
 use rustls::client::WebPkiServerVerifier;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::{CertificateError as TlsCertError, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use rustls::sign::CertifiedKey;
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls_pki_types::{CertificateDer, ServerName};
 use serde::Serialize;
-use tokio::net::TcpStream;
-use tokio_rustls::client::TlsStream;
-use tokio_util::either::Either;
 use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue, MetadataMap};
 use tonic::transport::{Channel, Endpoint, Uri};
 
+mod connect;
 mod settings;
 
 pub use settings::{ControlSetting, ControlSettings};
+
+use connect::{AltNameVerifier, ConnectTarget, Connector, PresentedCert, TlsConnect};
 
 /// TCP connect (and TLS handshake) timeout.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -474,7 +470,7 @@ impl ControlPlane {
     /// A channel that connects on first use, with TLS built now from freshly loaded roots.
     pub fn channel(&self) -> Result<Channel, ControlError> {
         let endpoint = self.endpoint();
-        match self.connector()? {
+        match self.connector(None)? {
             Some(connector) => Ok(endpoint.connect_with_connector_lazy(connector)),
             None => Ok(endpoint.connect_lazy()),
         }
@@ -483,8 +479,19 @@ impl ControlPlane {
     /// A connected channel, with TLS built now from freshly loaded roots (for stream clients that
     /// want a failed connect reported at once).
     pub async fn connect(&self) -> Result<Channel, ControlError> {
+        self.connect_presenting(None).await
+    }
+
+    /// Like [`ControlPlane::connect`], presenting `cert` as the TLS client certificate: the
+    /// control plane then knows the caller by that identity (istiod's client-certificate
+    /// authenticator), whatever the bearer token says. Over plaintext nothing is presented.
+    pub async fn connect_as(&self, cert: &crate::WorkloadCertificate) -> Result<Channel, ControlError> {
+        self.connect_presenting(Some(cert.key.clone())).await
+    }
+
+    async fn connect_presenting(&self, client: Option<Arc<CertifiedKey>>) -> Result<Channel, ControlError> {
         let endpoint = self.endpoint();
-        let result = match self.connector()? {
+        let result = match self.connector(client)? {
             Some(connector) => endpoint.connect_with_connector(connector).await,
             None => endpoint.connect().await,
         };
@@ -532,7 +539,7 @@ impl ControlPlane {
 
     /// Our connector: always for TLS, and for plaintext when the socket must be marked
     /// (tonic's own connector cannot set `SO_MARK`).
-    fn connector(&self) -> Result<Option<Connector>, ControlError> {
+    fn connector(&self, client: Option<Arc<CertifiedKey>>) -> Result<Option<Connector>, ControlError> {
         let inner = &self.inner;
         let Some(tls) = &inner.tls else {
             return Ok(inner.mark.map(|mark| Connector {
@@ -555,13 +562,16 @@ impl ControlPlane {
                 }
             })?;
         let verifier = AltNameVerifier { inner: webpki, alt: tls.alt_name.clone() };
-        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&rustls::version::TLS13])
             // The provider is aws-lc-rs with TLS 1.3 suites, which always supports TLS 1.3.
             .expect("aws-lc-rs provider supports TLS 1.3")
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(verifier))
-            .with_no_client_auth();
+            .with_custom_certificate_verifier(Arc::new(verifier));
+        let mut config = match client {
+            Some(key) => builder.with_client_cert_resolver(Arc::new(PresentedCert(key))),
+            None => builder.with_no_client_auth(),
+        };
         config.alpn_protocols = vec![b"h2".to_vec()];
         Ok(Some(Connector {
             target: Arc::new(ConnectTarget {
@@ -675,159 +685,6 @@ fn add_pem(store: &mut RootCertStore, pem: &[u8]) -> Vec<String> {
         }
     }
     skipped
-}
-
-/// Standard webpki verification; a failed name check is retried against the alternate name.
-#[derive(Debug)]
-struct AltNameVerifier {
-    inner: Arc<WebPkiServerVerifier>,
-    alt: Option<ServerName<'static>>,
-}
-
-impl ServerCertVerifier for AltNameVerifier {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        server_name: &ServerName<'_>,
-        ocsp_response: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        let first = self.inner.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now);
-        match (first, &self.alt) {
-            (
-                Err(rustls::Error::InvalidCertificate(
-                    TlsCertError::NotValidForName | TlsCertError::NotValidForNameContext { .. },
-                )),
-                Some(alt),
-            ) => self.inner.verify_server_cert(end_entity, intermediates, alt, ocsp_response, now),
-            (result, _) => result,
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.inner.supported_verify_schemes()
-    }
-}
-
-/// tonic connector: TCP (keepalive, no delay) then TLS to the configured server name.
-#[derive(Clone)]
-struct Connector {
-    target: Arc<ConnectTarget>,
-}
-
-struct ConnectTarget {
-    service: Service,
-    address: String,
-    mark: Option<u32>,
-    tls: Option<TlsConnect>,
-}
-
-/// The TLS half of a [`ConnectTarget`].
-struct TlsConnect {
-    server_name: ServerName<'static>,
-    alt_set: bool,
-    connector: tokio_rustls::TlsConnector,
-}
-
-impl tonic::codegen::Service<Uri> for Connector {
-    type Response = TokioIo<Either<TlsStream<TcpStream>, TcpStream>>;
-    type Error = ControlError;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, ControlError>> + Send>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), ControlError>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, uri: Uri) -> Self::Future {
-        let target = self.target.clone();
-        Box::pin(async move {
-            let connect_err = |source| ControlError::Connect {
-                service: target.service,
-                address: target.address.clone(),
-                source,
-            };
-            let host = uri.host().unwrap_or_default().trim_start_matches('[').trim_end_matches(']');
-            let port = uri.port_u16().unwrap_or(443);
-            let tcp = connect_marked(host, port, target.mark).await.map_err(connect_err)?;
-            let keepalive = socket2::TcpKeepalive::new()
-                .with_time(TCP_KEEPALIVE.0)
-                .with_interval(TCP_KEEPALIVE.1)
-                .with_retries(TCP_KEEPALIVE.2);
-            let sock = socket2::SockRef::from(&tcp);
-            sock.set_tcp_keepalive(&keepalive).map_err(connect_err)?;
-            sock.set_tcp_nodelay(true).map_err(connect_err)?;
-            let Some(tls) = &target.tls else {
-                return Ok(TokioIo::new(Either::Right(tcp)));
-            };
-            let tls = tls.connector.connect(tls.server_name.clone(), tcp).await.map_err(|source| {
-                let hint = handshake_hint(target.service, &source, tls.alt_set);
-                ControlError::Handshake {
-                    service: target.service,
-                    address: target.address.clone(),
-                    source,
-                    hint,
-                }
-            })?;
-            Ok(TokioIo::new(Either::Left(tls)))
-        })
-    }
-}
-
-/// Connects to `host:port` (each resolved address in turn), with `SO_MARK` set before the
-/// connect when `mark` is given.
-async fn connect_marked(host: &str, port: u16, mark: Option<u32>) -> std::io::Result<TcpStream> {
-    let Some(mark) = mark else { return TcpStream::connect((host, port)).await };
-    let mut last = None;
-    for addr in tokio::net::lookup_host((host, port)).await? {
-        let socket =
-            if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
-        socket2::SockRef::from(&socket).set_mark(mark)?;
-        match socket.connect(addr).await {
-            Ok(s) => return Ok(s),
-            Err(e) => last = Some(e),
-        }
-    }
-    Err(last.unwrap_or_else(|| {
-        std::io::Error::new(std::io::ErrorKind::NotFound, format!("{host} resolves to no address"))
-    }))
-}
-
-/// What an operator may do about a failed handshake.
-fn handshake_hint(service: Service, e: &std::io::Error, alt_set: bool) -> String {
-    let tls = e.get_ref().and_then(|inner| inner.downcast_ref::<rustls::Error>());
-    match tls {
-        Some(rustls::Error::InvalidCertificate(
-            TlsCertError::NotValidForName | TlsCertError::NotValidForNameContext { .. },
-        )) if !alt_set => {
-            format!("; set {} if the {service}'s certificate is issued for another name", service.alt_var())
-        }
-        Some(rustls::Error::InvalidCertificate(
-            TlsCertError::NotValidForName | TlsCertError::NotValidForNameContext { .. },
-        )) => format!("; neither the address's host nor {} is in the certificate", service.alt_var()),
-        Some(rustls::Error::InvalidCertificate(TlsCertError::UnknownIssuer | TlsCertError::BadSignature)) => {
-            format!("; is {} the root that signed the {service}'s certificate?", service.root_var())
-        }
-        _ => String::new(),
-    }
 }
 
 #[cfg(test)]

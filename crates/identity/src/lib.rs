@@ -18,7 +18,7 @@ pub use ca::{
 };
 pub use cert::{
     CertDump, CertEntry, CertificateError, SanError, WorkloadCertificate, certificate_names, peer_identity,
-    rfc3339,
+    rfc3339, rfc3339_millis,
 };
 pub use csr::{ACCEPTED_KEYS, CsrError, MAX_CSR_BYTES, MAX_RSA_BITS, MIN_RSA_BITS};
 pub use identity::{Identity, IdentityError};
