@@ -80,10 +80,10 @@ async fn serve(cfg: Arc<Config>, data: tokio::runtime::Handle) -> Result<(), Sta
     let signer: Arc<dyn CertSigner> = match &cfg.ca {
         CaSource::Fake { root: Some(dir) } => Arc::new(FakeCa::from_dir(dir)?),
         CaSource::Fake { root: None } => Arc::new(FakeCa::generate()),
-        // The waypoint asks for its own identity: no impersonation.
-        CaSource::Remote(ca) => Arc::new(CaClient::new(CaClientConfig {
-            control: ca.control_plane_config(Service::Ca),
-            impersonate: false,
+        // The waypoint asks for its own identity, on the node's behalf only with a node's token.
+        CaSource::Remote { control, impersonate } => Arc::new(CaClient::new(CaClientConfig {
+            control: control.control_plane_config(Service::Ca),
+            impersonate: *impersonate,
         })?),
     };
     let certs = CertManager::new(signer, cfg.secret_ttl);
@@ -101,7 +101,8 @@ async fn serve(cfg: Arc<Config>, data: tokio::runtime::Handle) -> Result<(), Sta
 
     let mut registry = Registry::default();
     waypoint.counters().register(&mut registry);
-    let xds = xds::Xds::start(&cfg.xds, &cfg.node, waypoint.clone(), &mut registry)?;
+    let presented = cfg.xds_presents_cert.then(|| (certs.clone(), cfg.identity.clone()));
+    let xds = xds::Xds::start(&cfg.xds, &cfg.node, presented, waypoint.clone(), &mut registry)?;
     let registry = Arc::new(registry);
 
     let readiness = Readiness::new("waiting for the certificate and the first xDS sync");

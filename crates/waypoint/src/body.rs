@@ -95,3 +95,68 @@ impl hyper::body::Body for UpstreamBody {
         self.inner.size_hint()
     }
 }
+
+/// A gRPC response whose status comes in its trailers: `istio_requests_total` is counted when
+/// the body ends (or is dropped, when the client went away), with the trailers' `grpc-status`,
+/// as Envoy's Istio stats count a stream at its end.
+pub(crate) struct CountAtEnd {
+    inner: crate::upstream::Body,
+    pending: Option<(Arc<crate::server::Shared>, crate::metrics::RequestLabels)>,
+}
+
+impl CountAtEnd {
+    pub(crate) fn new(
+        inner: crate::upstream::Body,
+        shared: Arc<crate::server::Shared>,
+        labels: crate::metrics::RequestLabels,
+    ) -> CountAtEnd {
+        CountAtEnd { inner, pending: Some((shared, labels)) }
+    }
+
+    fn count(&mut self) {
+        if let Some((shared, labels)) = self.pending.take() {
+            shared.counters.request(&labels);
+        }
+    }
+}
+
+impl Drop for CountAtEnd {
+    fn drop(&mut self) {
+        self.count();
+    }
+}
+
+impl hyper::body::Body for CountAtEnd {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(status) = frame.trailers_ref().and_then(|t| t.get("grpc-status"))
+                    && let Some((_, labels)) = &mut this.pending
+                {
+                    labels.grpc_response_status =
+                        crate::metrics::Label(String::from_utf8_lossy(status.as_bytes()).into_owned());
+                    this.count();
+                }
+            }
+            Poll::Ready(_) => this.count(),
+            Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

@@ -11,8 +11,11 @@
 //! - [`app`]: `ambit waypoint`, the process: settings, certificate, the xDS client that feeds
 //!   [`Waypoint::set_config`], admin, metrics and readiness endpoints, drain.
 //!
-//! Not here yet: access logs, locality-aware balancing, JWT.
+//! - access log: one line per request in Istio's default shape, target `access` (see `access.rs`).
+//!
+//! Not here yet: locality-aware balancing, JWT.
 
+mod access;
 pub mod app;
 pub mod authz;
 mod body;

@@ -5,7 +5,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
@@ -72,22 +71,43 @@ impl From<&str> for Label {
 pub struct Counters {
     requests: Family<RequestLabels, Counter>,
     responses: Mutex<BTreeMap<u16, u64>>,
-    denials: Mutex<BTreeMap<String, u64>>,
-    connection_denials: Mutex<BTreeMap<String, u64>>,
-    retries: AtomicU64,
-    timeouts: AtomicU64,
-    tcp_connections: AtomicU64,
+    denials: Family<PolicyLabel, Counter>,
+    connection_denials: Family<PolicyLabel, Counter>,
+    retries: Counter,
+    timeouts: Counter,
+    tcp_connections: Counter,
+}
+
+/// The policy that denied (`namespace/name`, or [`NO_ALLOW_MATCHED`]).
+type PolicyLabel = [(&'static str, String); 1];
+
+fn policy_label(policy: &str) -> PolicyLabel {
+    [("policy", policy.to_owned())]
 }
 
 impl Counters {
-    /// Registers `istio_requests_total` in `registry` (the family is shared: counting goes on
-    /// in this struct).
+    /// Registers `istio_requests_total` and the waypoint's own counters in `registry` (the
+    /// families are shared: counting goes on in this struct): `ambit_waypoint_denials_total`
+    /// and `ambit_waypoint_connection_denials_total` by policy (Envoy's RBAC `denied` stats, named
+    /// after what decided), `ambit_waypoint_retries_total` (Envoy's `upstream_rq_retry`),
+    /// `ambit_waypoint_timeouts_total` (`upstream_rq_timeout`) and
+    /// `ambit_waypoint_tcp_connections_total`.
     pub fn register(&self, registry: &mut Registry) {
         registry.register(
             "istio_requests",
             "Requests the waypoint answered, by source, destination and response",
             self.requests.clone(),
         );
+        let ours = registry.sub_registry_with_prefix("ambit_waypoint");
+        ours.register("denials", "HTTP requests denied (403), by the deciding policy", self.denials.clone());
+        ours.register(
+            "connection_denials",
+            "TCP connections denied, by the deciding policy",
+            self.connection_denials.clone(),
+        );
+        ours.register("retries", "Upstream attempts made after a request's first", self.retries.clone());
+        ours.register("timeouts", "Requests answered 504 because a timeout ran out", self.timeouts.clone());
+        ours.register("tcp_connections", "TCP connections relayed", self.tcp_connections.clone());
     }
 
     pub(crate) fn request(&self, labels: &RequestLabels) {
@@ -104,25 +124,23 @@ impl Counters {
     }
 
     pub(crate) fn denial(&self, policy: Option<&str>) {
-        let key = policy.unwrap_or(NO_ALLOW_MATCHED).to_owned();
-        *self.denials.lock().unwrap_or_else(|p| p.into_inner()).entry(key).or_default() += 1;
+        self.denials.get_or_create(&policy_label(policy.unwrap_or(NO_ALLOW_MATCHED))).inc();
     }
 
     pub(crate) fn connection_denial(&self, policy: Option<&str>) {
-        let key = policy.unwrap_or(NO_ALLOW_MATCHED).to_owned();
-        *self.connection_denials.lock().unwrap_or_else(|p| p.into_inner()).entry(key).or_default() += 1;
+        self.connection_denials.get_or_create(&policy_label(policy.unwrap_or(NO_ALLOW_MATCHED))).inc();
     }
 
     pub(crate) fn retry(&self) {
-        self.retries.fetch_add(1, Ordering::Relaxed);
+        self.retries.inc();
     }
 
     pub(crate) fn timeout(&self) {
-        self.timeouts.fetch_add(1, Ordering::Relaxed);
+        self.timeouts.inc();
     }
 
     pub(crate) fn tcp_connection(&self) {
-        self.tcp_connections.fetch_add(1, Ordering::Relaxed);
+        self.tcp_connections.inc();
     }
 
     /// Responses sent with `status` (local answers included: 403, 404, 503, 504…).
@@ -137,26 +155,26 @@ impl Counters {
 
     /// HTTP requests denied by `policy` (`namespace/name`, or [`NO_ALLOW_MATCHED`]).
     pub fn denials(&self, policy: &str) -> u64 {
-        self.denials.lock().unwrap_or_else(|p| p.into_inner()).get(policy).copied().unwrap_or(0)
+        self.denials.get(&policy_label(policy)).map_or(0, |c| c.get())
     }
 
     /// TCP connections denied by `policy` (`namespace/name`, or [`NO_ALLOW_MATCHED`]).
     pub fn connection_denials(&self, policy: &str) -> u64 {
-        self.connection_denials.lock().unwrap_or_else(|p| p.into_inner()).get(policy).copied().unwrap_or(0)
+        self.connection_denials.get(&policy_label(policy)).map_or(0, |c| c.get())
     }
 
     /// Attempts made after a request's first.
     pub fn retries(&self) -> u64 {
-        self.retries.load(Ordering::Relaxed)
+        self.retries.get()
     }
 
     /// Requests answered 504 because a timeout ran out.
     pub fn timeouts(&self) -> u64 {
-        self.timeouts.load(Ordering::Relaxed)
+        self.timeouts.get()
     }
 
     /// TCP connections relayed.
     pub fn tcp_connections(&self) -> u64 {
-        self.tcp_connections.load(Ordering::Relaxed)
+        self.tcp_connections.get()
     }
 }

@@ -32,8 +32,9 @@ use hyper::body::{Body as _, Incoming};
 use rand::Rng;
 use tokio::time::Instant;
 
+use crate::access;
 use crate::authz::{self, Decision, remote_ip};
-use crate::body::{Active, UpstreamBody};
+use crate::body::{Active, CountAtEnd, UpstreamBody};
 use crate::config::Endpoint;
 use crate::config::{
     Backend, Destination, Filter, HeaderModifier, Mirror, Port, Protocol, Retry, Route, Snapshot,
@@ -65,7 +66,9 @@ pub(crate) async fn handle(
     req: Request<Incoming>,
 ) -> Response<Body> {
     let grpc = is_grpc(req.headers());
-    let (method, path, started) = (req.method().clone(), req.uri().path().to_owned(), Instant::now());
+    let started = Instant::now();
+    let seen = tracing::enabled!(target: "access", tracing::Level::INFO)
+        .then(|| access::Seen::of(req.method(), req.uri(), req.version(), req.headers()));
     let resp = answer(&shared, &downstream, &conflict, req).await;
     let status = resp.status();
     shared.counters.response(status);
@@ -74,21 +77,71 @@ pub(crate) async fn handle(
         None => "-",
     };
     let endpoint = resp.extensions().get::<ServedBy>().map(|s| s.0.clone());
-    tracing::debug!(
-        target: "ambit_waypoint::access",
-        %method,
-        path,
-        status = resp.status().as_u16(),
-        local = resp.extensions().get::<Local>().is_some(),
-        destination = %downstream.addr,
-        principal = ?downstream.source.principal,
-        duration_ms = started.elapsed().as_millis() as u64,
-        "request"
-    );
+    if let Some(seen) = seen {
+        log_access(&shared, &downstream, &seen, &resp, flags, endpoint.as_deref(), started.elapsed());
+    }
     let resp = if grpc && resp.extensions().get::<Local>().is_some() { grpc_local(resp) } else { resp };
     let labels = request_labels(&shared, &downstream, endpoint.as_deref(), grpc, status, flags, &resp);
+    if grpc && labels.grpc_response_status.0.is_empty() {
+        // The status comes in the trailers: counted when the body ends.
+        let (parts, body) = resp.into_parts();
+        let body = CountAtEnd::new(body, shared.clone(), labels);
+        return Response::from_parts(parts, BodyExt::boxed_unsync(body));
+    }
     shared.counters.request(&labels);
     resp
+}
+
+/// One access log line (see [`crate::access`]); a denial that no ALLOW policy allowed also
+/// names the ALLOW policies that did not match.
+fn log_access(
+    shared: &Shared,
+    downstream: &Downstream,
+    seen: &access::Seen,
+    resp: &Response<Body>,
+    flags: &str,
+    endpoint: Option<&Endpoint>,
+    duration: Duration,
+) {
+    let denied = resp.extensions().get::<Denied>();
+    let details = match (denied, flags) {
+        (Some(d), _) => d.details.as_str(),
+        (None, "-") => "via_upstream",
+        (None, "NR") => "route_not_found",
+        (None, "UH") => "no_healthy_upstream",
+        (None, "UT") => "upstream_response_timeout",
+        (None, "UF") => "upstream_reset_before_response_started",
+        (None, _) => "local_reply",
+    };
+    let snapshot = shared.config.load();
+    let cluster = snapshot.bound(downstream.addr).map(|(d, p)| {
+        let kind = if matches!(p.protocol, Protocol::Tcp) { "tcp" } else { "http" };
+        format!("inbound-vip|{}|{kind}|{}", p.port, d.hostname)
+    });
+    let out = access::Outcome {
+        status: resp.status().as_u16(),
+        flags,
+        details,
+        duration,
+        upstream: endpoint.map(|e| e.address),
+        cluster: cluster.as_deref(),
+        local: downstream.addr,
+        remote: downstream.source.ip,
+    };
+    let line = access::line(seen, &out);
+    match denied.map(|d| d.allow_policies.as_slice()) {
+        Some(allows) if !allows.is_empty() => {
+            tracing::info!(target: "access", "{line} allow_policies_not_matched={}", allows.join(","));
+        }
+        _ => tracing::info!(target: "access", "{line}"),
+    }
+}
+
+/// A denial's access-log details.
+#[derive(Clone)]
+struct Denied {
+    details: String,
+    allow_policies: Vec<String>,
 }
 
 /// The endpoint that answered (for telemetry).
@@ -370,7 +423,20 @@ fn authorize(
             Decision::Deny { policy, reason } => {
                 tracing::debug!(?policy, %reason, principal = ?downstream.source.principal, "request denied");
                 shared.counters.denial(policy.as_deref());
-                Some(local(StatusCode::FORBIDDEN, "RBAC: access denied"))
+                let mut resp = local(StatusCode::FORBIDDEN, "RBAC: access denied");
+                let allow_policies = match policy {
+                    Some(_) => Vec::new(),
+                    None => destination
+                        .policies
+                        .policies()
+                        .iter()
+                        .filter(|p| p.action == authz::Action::Allow)
+                        .map(authz::Policy::key)
+                        .collect(),
+                };
+                let details = access::denied_details(policy.as_deref());
+                resp.extensions_mut().insert(Denied { details, allow_policies });
+                Some(resp)
             }
         },
     }

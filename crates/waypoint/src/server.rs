@@ -241,7 +241,7 @@ async fn connection<S: Shutdown>(
     // The node proxy connects with the source workload's certificate: its identity is the
     // request's source principal.
     let principal = ambit_identity::peer_identity(&tls.peer_certificates).map(|id| id.to_string());
-    let source = Arc::new(Source { principal, ip: peer.ip() });
+    let source = Arc::new(Source { principal, ip: peer.ip().to_canonical() });
     let cfg = shared.settings.hbone;
     let budget =
         Budget(Windows { stream: cfg.settings.window_size, connection: cfg.settings.connection_window_size });

@@ -329,6 +329,14 @@ async fn http2_and_grpc_requests_go_through_as_http2() {
     assert_eq!((seen.version, seen.path.as_str()), (http::Version::HTTP_2, "/pkg.Echo/Say"));
     // gRPC servers need `te: trailers`; it is the one TE value passed on.
     assert_eq!(seen.headers.get("te").map(|v| v.as_bytes()), Some(&b"trailers"[..]));
+    // Counted once its body ended, with the status its trailers carried.
+    let mut registry = prometheus_client::registry::Registry::default();
+    h.waypoint.counters().register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+    let grpc: Vec<&str> = text.lines().filter(|l| l.contains("request_protocol=\"grpc\"")).collect();
+    assert_eq!(grpc.len(), 1, "{text}");
+    assert!(grpc[0].contains("grpc_response_status=\"0\"") && grpc[0].ends_with("} 1"), "{}", grpc[0]);
 }
 
 #[tokio::test]

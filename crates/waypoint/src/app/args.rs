@@ -42,6 +42,12 @@ pub struct WaypointArgs {
     /// exists, the token itself. Default: ./var/run/secrets/tokens/istio-token if it exists.
     #[arg(long, env = "AUTH_TOKEN")]
     pub auth_token: Option<String>,
+    /// Local clusters (`ambit up`): AUTH_TOKEN is the node's token, so the certificate is asked
+    /// for on the node's behalf (as a node proxy asks for its pods', through the CA's node
+    /// authorization), and the xDS stream presents that certificate, so that the control plane
+    /// knows the waypoint by its own identity and sends it only its own configuration.
+    #[arg(long, env = "AMBIT_NODE_TOKEN", default_value_t = false, action = clap::ArgAction::Set)]
+    pub node_token: bool,
     /// This pod's name (xDS node id and metadata).
     #[arg(long, env = "POD_NAME")]
     pub pod_name: Option<String>,
@@ -127,7 +133,12 @@ pub enum CaSource {
         root: Option<PathBuf>,
     },
     /// Istio CA API over gRPC.
-    Remote(ControlSettings),
+    Remote {
+        /// Where and how.
+        control: ControlSettings,
+        /// The token is the node's: ask on its behalf (AMBIT_NODE_TOKEN).
+        impersonate: bool,
+    },
 }
 
 /// The resolved configuration, shown by `/config_dump`.
@@ -147,6 +158,8 @@ pub struct Config {
     pub(crate) baggage: String,
     /// xDS server.
     pub(crate) xds: ControlSettings,
+    /// Whether the xDS stream presents the waypoint's certificate (AMBIT_NODE_TOKEN).
+    pub(crate) xds_presents_cert: bool,
     /// The xDS node.
     pub(crate) node: NodeInfo,
     /// Certificate source.
@@ -198,6 +211,11 @@ pub enum ConfigError {
     /// No CA address and no in-process CA.
     #[error("CA_ADDRESS is empty: set it to the Istio CA (istiod), or FAKE_CA=true for development")]
     NoCa,
+    /// A node's token only works with the CA's node authorization.
+    #[error(
+        "AMBIT_NODE_TOKEN=true asks the CA for the certificate on the node's behalf, but FAKE_CA=true signs it in-process; set one of them"
+    )]
+    NodeTokenWithFakeCa,
     /// A control-plane setting cannot be used.
     #[error(transparent)]
     Control(#[from] ControlError),
@@ -269,11 +287,15 @@ impl Config {
         } else {
             match a.ca_address.as_deref().unwrap_or(default_address) {
                 "" => return Err(ConfigError::NoCa),
-                address => {
-                    CaSource::Remote(control(Service::Ca, address, &a.ca_root_ca, &a.alt_ca_hostname)?)
-                }
+                address => CaSource::Remote {
+                    control: control(Service::Ca, address, &a.ca_root_ca, &a.alt_ca_hostname)?,
+                    impersonate: a.node_token,
+                },
             }
         };
+        if a.node_token && a.fake_ca {
+            return Err(ConfigError::NodeTokenWithFakeCa);
+        }
         let pod = a.pod_name.clone().unwrap_or_default();
         let workload = env
             .get("ISTIO_META_WORKLOAD_NAME")
@@ -288,6 +310,7 @@ impl Config {
             instance_ip,
             cluster_id,
             xds,
+            xds_presents_cert: a.node_token,
             ca,
             secret_ttl: a.secret_ttl,
             drain_deadline: a.termination_drain_duration,

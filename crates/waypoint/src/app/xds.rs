@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use ambit_api::type_url::{WAYPOINT_DESTINATION, WAYPOINT_POLICY};
 use ambit_api::waypoint as api;
 use ambit_identity::control::{ControlError, ControlPlane, ControlSettings, Service};
+use ambit_identity::{CertManager, Identity};
 use ambit_xds::client::{
     ClientConfig, ClientHandle, ClientStatus, Connector, Handler, MetadataSource, Rejection, Subscription,
     Typed, TypedHandler, TypedUpdate, XdsClient,
@@ -61,6 +62,7 @@ impl Xds {
     pub(crate) fn start(
         settings: &ControlSettings,
         node: &NodeInfo,
+        present: Option<(Arc<CertManager>, Identity)>,
         waypoint: Waypoint,
         registry: &mut Registry,
     ) -> Result<Xds, ControlError> {
@@ -74,9 +76,22 @@ impl Xds {
             ],
         );
         let c = control.clone();
+        // With a node's token, the stream presents the waypoint's own certificate (fetched, and
+        // so renewed, at every connect): the control plane knows the waypoint by it.
         let connector: Connector = Arc::new(move || {
-            let c = c.clone();
-            Box::pin(async move { c.connect().await.map_err(Into::into) })
+            let (c, present) = (c.clone(), present.clone());
+            Box::pin(async move {
+                match present {
+                    Some((certs, id)) => {
+                        let cert = certs
+                            .fetch(&id)
+                            .await
+                            .map_err(|e| format!("no certificate to present to the xDS server yet: {e}"))?;
+                        c.connect_as(&cert).await.map_err(Into::into)
+                    }
+                    None => c.connect().await.map_err(Into::into),
+                }
+            })
         });
         let metadata: MetadataSource = Arc::new(move || control.metadata().map_err(Into::into));
         let held = Arc::new(Mutex::new(Held::default()));

@@ -100,6 +100,10 @@ fn startup_errors_name_the_variable_and_the_value() {
         "XDS_ADDRESS=\"ftp://istiod\" is not a usable xDS server address: use https:// (or http:// for local development)"
     );
     assert_eq!(err(&args(&["--log-format", "xml"])), "LOG_FORMAT=\"xml\" is not `plain` or `json`");
+    assert_eq!(
+        err(&WaypointArgs { fake_ca: true, node_token: true, ..args(&[]) }),
+        "AMBIT_NODE_TOKEN=true asks the CA for the certificate on the node's behalf, but FAKE_CA=true signs it in-process; set one of them"
+    );
     let a = WaypointArgs { service_account: Some("a/b".into()), ..args(&[]) };
     assert_eq!(
         err(&a),
