@@ -28,6 +28,7 @@ use std::path::{Path, PathBuf};
 use ambit_objects::file::Origin;
 use ambit_objects::k8s_openapi::api::apps::v1::Deployment;
 use ambit_objects::k8s_openapi::api::core::v1::{PodSpec, ServiceAccount};
+use ambit_objects::k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use ambit_objects::strict::{self, Decoding, FieldError};
 use ambit_objects::{Kind, Object, ObjectError};
 use serde_json::Value;
@@ -168,6 +169,8 @@ pub struct Container {
     pub env: Vec<(String, String)>,
     /// Declared TCP ports: the pod is ready once each is listening.
     pub ports: Vec<u16>,
+    /// `readinessProbe.httpGet` (port, path): the pod is ready once it answers 200 too.
+    pub ready_http: Option<(u16, String)>,
 }
 
 /// A folder's objects, checked.
@@ -226,6 +229,10 @@ impl Desired {
         nodes: &[String],
     ) -> Result<Desired, DesiredErrors> {
         let mut reader = Reader { errors, ..Reader::default() };
+        let mut documents = documents;
+        for (at, problem) in waypoints::expand(&mut documents) {
+            reader.fail(&at, problem);
+        }
         for (value, at) in documents {
             reader.document(value, at);
         }
@@ -505,7 +512,26 @@ impl Reader {
                 .filter(|p| p.protocol.as_deref().is_none_or(|p| p == "TCP"))
                 .filter_map(|p| u16::try_from(p.container_port).ok())
                 .collect();
-            containers.push(Container { name: c.name.clone(), argv, env, ports });
+            let ready_http = match c.readiness_probe.as_ref().and_then(|p| p.http_get.as_ref()) {
+                None => None,
+                Some(get) => match &get.port {
+                    IntOrString::Int(port) if u16::try_from(*port).is_ok_and(|p| p > 0) => Some((
+                        u16::try_from(*port).unwrap_or_default(),
+                        get.path.clone().filter(|p| !p.is_empty()).unwrap_or_else(|| "/".to_owned()),
+                    )),
+                    other => {
+                        self.fail(
+                            at,
+                            format!(
+                                "{what}: container {:?}: readinessProbe.httpGet.port {other:?} is not a port number (named ports are not supported)",
+                                c.name
+                            ),
+                        );
+                        return None;
+                    }
+                },
+            };
+            containers.push(Container { name: c.name.clone(), argv, env, ports, ready_http });
         }
         if containers.is_empty() {
             self.fail(at, format!("{what} has no containers"));
@@ -729,6 +755,8 @@ fn fnv1a(parts: &[&str]) -> u64 {
     }
     h
 }
+
+pub mod waypoints;
 
 #[cfg(test)]
 mod tests;

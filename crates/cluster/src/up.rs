@@ -25,6 +25,7 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::{Value, json};
 
 use crate::cni::{self, NetworkList};
+use crate::desired::waypoints::WAYPOINT_COMMAND;
 use crate::desired::{Desired, DesiredErrors, PodTemplate};
 use crate::node::{self, NodeError, PreparedNode};
 use crate::probe;
@@ -801,6 +802,31 @@ impl Cluster {
         self.spec(&format!("proxy/{}", n.member.name), &n.member.netns, vec!["proxy".into()], env)
     }
 
+    /// What a container running `ambit waypoint` is given, as istiod's injection gives a
+    /// waypoint's pod its control plane and token: the control plane's address and roots, its
+    /// node's token (asking for its certificate on the node's behalf, [`AMBIT_NODE_TOKEN`]) and
+    /// its pod IP.
+    fn waypoint_env(&self, node: usize, ip: Option<Ipv4Addr>) -> Vec<(OsString, OsString)> {
+        let url = format!("https://{}:{CONTROL_GRPC}", self.control_ip());
+        let root = self.layout.root_cert().display().to_string();
+        let node_name = &self.nodes[node].member.name;
+        let token = self.layout.control().join("tokens").join(format!("{node_name}.token"));
+        [
+            ("XDS_ADDRESS", url.clone()),
+            ("CA_ADDRESS", url),
+            ("XDS_ROOT_CA", root.clone()),
+            ("CA_ROOT_CA", root),
+            ("ALT_XDS_HOSTNAME", CONTROL_HOSTNAME.to_owned()),
+            ("ALT_CA_HOSTNAME", CONTROL_HOSTNAME.to_owned()),
+            ("AUTH_TOKEN", token.display().to_string()),
+            ("AMBIT_NODE_TOKEN", "true".to_owned()),
+            ("INSTANCE_IP", ip.map(|i| i.to_string()).unwrap_or_default()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (OsString::from(k), OsString::from(v)))
+        .collect()
+    }
+
     /// The pods node `i`'s proxy of generation `generation` serves (`workloadState` `Up`).
     fn proxy_serves(&self, i: usize, generation: u32) -> usize {
         let ports = ProxyPorts::of_generation(generation);
@@ -1021,6 +1047,9 @@ impl Cluster {
             ] {
                 env.push((k.into(), v.into()));
             }
+            if c.argv.iter().map(String::as_str).eq(WAYPOINT_COMMAND) {
+                env.extend(self.waypoint_env(node, ip));
+            }
             env.extend(c.env.iter().map(|(k, v)| (OsString::from(k), OsString::from(v))));
             let spec = ProcessSpec {
                 name: name.clone(),
@@ -1047,7 +1076,14 @@ impl Cluster {
             let want: BTreeSet<u16> =
                 p.template.containers.iter().flat_map(|c| c.ports.iter().copied()).collect();
             let have = probe::listening_ports(p.sandbox.pause_pid());
-            if want.is_subset(&have) {
+            let probes_pass = || {
+                p.template
+                    .containers
+                    .iter()
+                    .filter_map(|c| c.ready_http.as_ref())
+                    .all(|(port, path)| probe::ready(&p.sandbox.netns, *port, path))
+            };
+            if want.is_subset(&have) && probes_pass() {
                 p.ready = true;
                 became.push(format!(
                     "pod {}/{} ready after {:.0} ms",

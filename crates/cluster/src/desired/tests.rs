@@ -277,3 +277,68 @@ fn applied_again_without_its_address_a_service_keeps_it() {
     assert_eq!(ours[1].0["spec"]["clusterIP"], given.value["spec"]["clusterIP"]);
     assert!(cluster_ip(&ours[1].0).is_some_and(|ip| ip.starts_with("10.96.")), "{}", ours[1].0);
 }
+
+const WAYPOINT: &str = "apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: wp, namespace: demo}
+spec:
+  gatewayClassName: istio-waypoint
+  listeners: [{name: mesh, port: 15008, protocol: HBONE}]
+";
+
+#[test]
+fn a_waypoint_gateway_gets_its_deployment_service_service_account_and_address() {
+    let dir = folder(&[("a.yaml", NS), ("b.yaml", WAYPOINT)]);
+    let d = Desired::load(dir.path(), &nodes()).expect("accepted");
+    let pod = d.pods.iter().find(|p| p.name == "wp-0").expect("the waypoint's pod");
+    assert_eq!((pod.namespace.as_str(), pod.service_account.as_str()), ("demo", "wp"));
+    assert_eq!(pod.deployment.as_deref(), Some("wp"));
+    assert_eq!(pod.labels.get("gateway.networking.k8s.io/gateway-name").map(String::as_str), Some("wp"));
+    assert_eq!(pod.labels.get("istio.io/dataplane-mode").map(String::as_str), Some("none"));
+    let c = &pod.containers[0];
+    assert_eq!(c.argv, ["ambit", "waypoint"]);
+    assert_eq!(c.ports, [15021, 15008]);
+    assert_eq!(c.ready_http, Some((15021, "/healthz/ready".to_owned())));
+    let gw = d.passed.iter().find(|p| p.kind == Kind::Gateway).expect("gateway");
+    assert_eq!(
+        gw.value["status"]["addresses"],
+        serde_json::json!([{"type": "Hostname", "value": "wp.demo.svc.cluster.local"}])
+    );
+    let svc = d.passed.iter().find(|p| p.kind == Kind::Service && p.name == "wp").expect("service");
+    assert_eq!(
+        svc.value["spec"]["selector"],
+        serde_json::json!({"gateway.networking.k8s.io/gateway-name": "wp"})
+    );
+    assert!(cluster_ip(&svc.value).is_some(), "{}", svc.value);
+    let ports: Vec<&Value> = svc.value["spec"]["ports"].as_array().expect("ports").iter().collect();
+    assert_eq!(ports.len(), 2);
+    assert_eq!((ports[1]["name"].as_str(), ports[1]["port"].as_u64()), (Some("mesh"), Some(15008)));
+}
+
+#[test]
+fn a_waypoint_gateway_keeps_an_address_it_states_and_refuses_a_namesake() {
+    let stated =
+        WAYPOINT.replace("spec:", "status: {addresses: [{type: IPAddress, value: 10.96.0.9}]}\nspec:");
+    let dir = folder(&[("a.yaml", NS), ("b.yaml", &stated)]);
+    let d = Desired::load(dir.path(), &nodes()).expect("accepted");
+    let gw = d.passed.iter().find(|p| p.kind == Kind::Gateway).expect("gateway");
+    assert_eq!(gw.value["status"]["addresses"][0]["value"], "10.96.0.9");
+
+    let namesake =
+        "apiVersion: v1\nkind: Service\nmetadata: {name: wp, namespace: demo}\nspec: {ports: [{port: 80}]}\n";
+    let dir = folder(&[("a.yaml", NS), ("b.yaml", WAYPOINT), ("c.yaml", namesake)]);
+    let problems: Vec<String> = match Desired::load(dir.path(), &nodes()) {
+        Ok(d) => panic!("accepted: {d:?}"),
+        Err(e) => e.0.iter().map(|e| format!("{}: {}", e.at, e.problem)).collect(),
+    };
+    let at = |f: &str| dir.path().join(f).display().to_string();
+    assert_eq!(
+        problems,
+        [format!(
+            "{}:1: Service demo/wp has the name of the waypoint Gateway at {}:1, whose Deployment, Service and \
+             ServiceAccount demo/wp are made for it (as istiod makes them); rename this Service",
+            at("c.yaml"),
+            at("b.yaml")
+        )]
+    );
+}
