@@ -3,12 +3,23 @@
 //! - `ambit app echo --port P`: a TCP server. To each connection it first sends one JSON line,
 //!   `{"server":"<pod>","peer":"<ip:port>","local":"<ip:port>"}` (who answered, and the peer
 //!   address it saw: in the mesh, the client pod's own address), then echoes what it receives.
-//!   An HTTP request (`GET …`) gets the same JSON as an HTTP/1.1 response instead.
+//!   An HTTP request (HTTP/1.1 or HTTP/2 prior knowledge, told from the first bytes) is served
+//!   by hyper instead (see [`http::serve`]): the same JSON plus what it saw of the request,
+//!   `…/status/<code>` answered with that status, `…/delay/<ms>` after that long, gRPC echoed.
 //! - `ambit app client ADDR [--count N] [--timeout D]`: opens N connections to ADDR (`ip:port`
 //!   or `name:port`, the name resolved for each connection as curl does, through the pod's
 //!   resolver) one after the other and prints one JSON line per connection: the server's line
 //!   when one came, or how the connection ended (`refused`, `reset`, `closed` with no reply,
 //!   `timeout`, `dns` when the name did not resolve).
+//! - `ambit app http URL [--method M] [-H 'name: value'] [--count N] [--http2] [--grpc]`: sends N
+//!   requests on ONE keep-alive connection (HTTP/1.1, or HTTP/2 with prior knowledge) and prints
+//!   one JSON line per request: its status, the server that answered, gRPC's status (see
+//!   [`http`]).
+//!
+//! The HTTP side of `echo` and `http` is hyper's, not ours: the demo application is no place
+//! for another HTTP implementation.
+
+mod http;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -43,9 +54,11 @@ enum AppCommand {
         #[arg(long, default_value = "3s", value_parser = parse_duration)]
         timeout: Duration,
     },
+    /// Sends requests on one keep-alive connection and prints one JSON line per request.
+    Http(http::HttpArgs),
 }
 
-fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     let (n, unit) = s.find(|c: char| !c.is_ascii_digit()).map_or((s, "s"), |i| s.split_at(i));
     let n: u64 = n.parse().map_err(|_| format!("{s:?} is not a duration like 3s or 500ms"))?;
     match unit {
@@ -64,6 +77,7 @@ const IDLE: Duration = Duration::from_secs(60);
 pub fn run(args: AppArgs) -> Result<(), String> {
     match args.command {
         AppCommand::Echo { port } => echo(port),
+        AppCommand::Http(args) => http::client(&args),
         AppCommand::Client { addr, count, timeout } => {
             let mut failed = 0;
             for _ in 0..count {
@@ -86,41 +100,36 @@ fn echo(port: u16) -> Result<(), String> {
         .or_else(|_| TcpListener::bind(("0.0.0.0", port)))
         .map_err(|e| format!("cannot listen on port {port}: {e}"))?;
     let server = std::env::var("POD_NAME").unwrap_or_else(|_| "echo".into());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the HTTP runtime: {e}"))?;
     eprintln!("ambit app echo: {server} listening on port {port}");
     for conn in listener.incoming() {
         let Ok(conn) = conn else { continue };
-        let server = server.clone();
+        let (server, rt) = (server.clone(), rt.handle().clone());
         std::thread::spawn(move || {
-            let _ = serve(conn, &server);
+            let _ = serve(conn, &server, &rt);
         });
     }
     Ok(())
 }
 
-fn serve(mut conn: TcpStream, server: &str) -> std::io::Result<()> {
-    conn.set_read_timeout(Some(IDLE))?;
+fn serve(mut conn: TcpStream, server: &str, rt: &tokio::runtime::Handle) -> std::io::Result<()> {
     let peer = conn.peer_addr()?;
     let local = conn.local_addr()?;
-    let hello = json!({ "server": server, "peer": unmapped(peer), "local": unmapped(local) }).to_string();
     // An HTTP client speaks first; a line client waits for our line. Peek briefly to tell.
     conn.set_read_timeout(Some(Duration::from_millis(100)))?;
     let mut first = [0u8; 4];
-    let http = matches!(conn.peek(&mut first), Ok(4) if &first == b"GET ");
+    let speaks_http = matches!(conn.peek(&mut first), Ok(4) if http::starts_a_request(&first));
     conn.set_read_timeout(Some(IDLE))?;
-    if http {
-        let mut reader = BufReader::new(conn.try_clone()?);
-        let mut line = String::new();
-        while reader.read_line(&mut line)? > 2 && line.len() < 16 * 1024 {
-            line.clear();
-        }
-        let body = format!("{hello}\n");
-        write!(
-            conn,
-            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        )?;
+    if speaks_http {
+        let who = http::Who { server: server.to_owned(), peer: unmapped(peer), local: unmapped(local) };
+        rt.spawn(http::serve(conn, who));
         return Ok(());
     }
+    let hello = json!({ "server": server, "peer": unmapped(peer), "local": unmapped(local) }).to_string();
     conn.write_all(format!("{hello}\n").as_bytes())?;
     let mut r = conn.try_clone()?.take(MAX_ECHO);
     std::io::copy(&mut r, &mut conn)?;
@@ -128,7 +137,7 @@ fn serve(mut conn: TcpStream, server: &str) -> std::io::Result<()> {
 }
 
 /// `::ffff:a.b.c.d` shown as `a.b.c.d`.
-fn unmapped(a: SocketAddr) -> String {
+pub(crate) fn unmapped(a: SocketAddr) -> String {
     match a {
         SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
             Some(v4) => SocketAddr::new(v4.into(), v6.port()).to_string(),
@@ -140,7 +149,7 @@ fn unmapped(a: SocketAddr) -> String {
 
 /// `ip:port`, or `name:port` through the system's resolver (its first IPv4 address, else its
 /// first address).
-fn resolve(addr: &str) -> Result<SocketAddr, String> {
+pub(crate) fn resolve(addr: &str) -> Result<SocketAddr, String> {
     use std::net::ToSocketAddrs;
     if let Ok(a) = addr.parse::<SocketAddr>() {
         return Ok(a);
@@ -179,7 +188,7 @@ fn client(addr: SocketAddr, timeout: Duration) -> serde_json::Value {
     }
 }
 
-fn kind(e: &std::io::Error) -> &'static str {
+pub(crate) fn kind(e: &std::io::Error) -> &'static str {
     use std::io::ErrorKind as K;
     match e.kind() {
         K::ConnectionRefused => "refused",

@@ -1,0 +1,352 @@
+//! The waypoint end to end on `ambit up` (2 nodes), configured only by Istio's and the Gateway
+//! API's own YAML: a `Gateway` of class `istio-waypoint` (for which `ambit up` runs the waypoint
+//! pod, as istiod's gateway controller does), `istio.io/use-waypoint` on Services, an HTTPRoute
+//! and AuthorizationPolicies targeting the Gateway and a Service. Every verdict is read off the
+//! waypoint itself: its answer (403 `RBAC: access denied`), its counters (`/metrics`) and its
+//! access log (the deciding policy).
+//!
+//! Needs root (under `CI=true` a missing privilege fails instead of skipping).
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+
+const CLIENT: &str = "spiffe://cluster.local/ns/shop/sa/client";
+const WAYPOINT_POD: &str = "shop/waypoint-0";
+const WAYPOINT_LOG: &str = "pod_shop_waypoint-0_istio-proxy.log";
+
+/// The client on node1, two versions of `reviews` on node2, the waypoint wherever `ambit up`
+/// places it. `reviews` (HTTP), `reviews-grpc` and `reviews-tcp` use the waypoint. The DENY on a
+/// header targets `reviews` only: on TCP a DENY rule's HTTP-only conditions are dropped (Istio's
+/// rule), so on the Gateway it would deny every TCP connection through it.
+const MESH: &str = r#"apiVersion: v1
+kind: Namespace
+metadata: {name: shop, labels: {istio.io/dataplane-mode: ambient}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: waypoint, namespace: shop}
+spec:
+  gatewayClassName: istio-waypoint
+  listeners: [{name: mesh, port: 15008, protocol: HBONE}]
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: client, namespace: shop}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: intruder, namespace: shop}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: client, namespace: shop}
+spec:
+  serviceAccountName: client
+  nodeName: node1
+  containers: [{name: idle, command: [sleep, infinity]}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: intruder, namespace: shop}
+spec:
+  serviceAccountName: intruder
+  nodeName: node1
+  containers: [{name: idle, command: [sleep, infinity]}]
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: reviews-v1, namespace: shop}
+spec:
+  selector: {matchLabels: {app: reviews, version: v1}}
+  template:
+    metadata: {labels: {app: reviews, version: v1}}
+    spec:
+      nodeName: node2
+      containers: [{name: echo, command: [ambit, app, echo, --port, "8080"], ports: [{containerPort: 8080}]}]
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: reviews-v2, namespace: shop}
+spec:
+  selector: {matchLabels: {app: reviews, version: v2}}
+  template:
+    metadata: {labels: {app: reviews, version: v2}}
+    spec:
+      nodeName: node2
+      containers: [{name: echo, command: [ambit, app, echo, --port, "8080"], ports: [{containerPort: 8080}]}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: reviews-v1, namespace: shop}
+spec: {selector: {app: reviews, version: v1}, ports: [{name: http, port: 8080}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: reviews-v2, namespace: shop}
+spec: {selector: {app: reviews, version: v2}, ports: [{name: http, port: 8080}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: reviews-grpc, namespace: shop, labels: {istio.io/use-waypoint: waypoint}}
+spec: {selector: {app: reviews}, ports: [{name: grpc, port: 9090, targetPort: 8080}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: reviews-tcp, namespace: shop, labels: {istio.io/use-waypoint: waypoint}}
+spec: {selector: {app: reviews}, ports: [{name: tcp, port: 7000, targetPort: 8080}]}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: reviews, namespace: shop}
+spec:
+  parentRefs: [{group: "", kind: Service, name: reviews, port: 8080}]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /api/delay}}]
+    timeouts: {request: 300ms}
+    backendRefs: [{name: reviews-v1, port: 8080}]
+  - matches: [{path: {type: PathPrefix, value: /api/status}}]
+    backendRefs: [{name: reviews-v1, port: 8080}]
+  - backendRefs:
+    - {name: reviews-v1, port: 8080, weight: 90}
+    - {name: reviews-v2, port: 8080, weight: 10}
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: reviews-read, namespace: shop}
+spec:
+  targetRefs: [{group: gateway.networking.k8s.io, kind: Gateway, name: waypoint}]
+  action: ALLOW
+  rules:
+  - from: [{source: {principals: ["cluster.local/ns/shop/sa/client"]}}]
+    to: [{operation: {methods: ["GET"], paths: ["/api/*"]}}]
+  - from: [{source: {principals: ["cluster.local/ns/shop/sa/client"]}}]
+    to: [{operation: {methods: ["POST"], paths: ["/demo.Echo/*"]}}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: no-mallory, namespace: shop}
+spec:
+  targetRefs: [{group: "", kind: Service, name: reviews}]
+  action: DENY
+  rules:
+  - when: [{key: "request.headers[x-user]", values: ["mallory"]}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: tcp-from-client, namespace: shop}
+spec:
+  targetRefs: [{group: "", kind: Service, name: reviews-tcp}]
+  action: ALLOW
+  rules:
+  - from: [{source: {principals: ["cluster.local/ns/shop/sa/client"]}}]
+"#;
+
+/// `reviews`, with or without the waypoint.
+fn reviews(use_waypoint: bool) -> String {
+    let labels = if use_waypoint { ", labels: {istio.io/use-waypoint: waypoint}" } else { "" };
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: reviews, namespace: shop{labels}}}\n\
+         spec: {{selector: {{app: reviews}}, ports: [{{name: http, port: 8080}}]}}\n"
+    )
+}
+
+/// A Service's cluster IP, as the cluster gave it.
+fn vip(c: &LocalCluster, name: &str) -> String {
+    let file = c.run_dir.join("objects").join(format!("service-shop-{name}.yaml"));
+    let text = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    v["spec"]["clusterIP"].as_str().unwrap_or_else(|| panic!("no clusterIP in {v}")).to_owned()
+}
+
+/// `ambit app http` in pod `from`: one JSON line per request.
+fn http(c: &LocalCluster, from: &str, url: &str, args: &[&str]) -> Vec<Value> {
+    let netns = c.pod(from).netns;
+    let mut all = vec!["netns", "exec", &netns, ambit_bin(), "app", "http", url];
+    all.extend_from_slice(args);
+    let r = Ran::of(std::process::Command::new("ip").args(&all).output(), "ambit app http");
+    r.stdout.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}\n{r}"))).collect()
+}
+
+/// One request's `(status, answering pod)`.
+fn one(c: &LocalCluster, url: &str, args: &[&str]) -> (u64, String) {
+    let line = http(c, "shop/client", url, args).remove(0);
+    (line["status"].as_u64().unwrap_or(0), line["server"].as_str().unwrap_or_default().to_owned())
+}
+
+/// The waypoint's `/metrics`.
+fn metrics(c: &LocalCluster) -> String {
+    let netns = c.pod(WAYPOINT_POD).netns;
+    match ambit_cluster::probe::http_get(&netns, 15020, "/metrics") {
+        Ok((200, body)) => body,
+        other => panic!("waypoint /metrics: {other:?}"),
+    }
+}
+
+/// The sum of a metric's series whose labels include every one of `labels` (`name="value"`).
+fn metric(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter(|l| labels.iter().all(|want| l.contains(want)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn waypoint_log(c: &LocalCluster) -> String {
+    std::fs::read_to_string(c.run_dir.join("logs").join(WAYPOINT_LOG)).unwrap_or_default()
+}
+
+#[test]
+fn a_waypoint_enforces_http_policy_splits_retries_times_out_and_carries_grpc_and_tcp() {
+    if !require_root() {
+        return;
+    }
+    let mut c = LocalCluster::new();
+    let dir = c.file("config/mesh.yaml", MESH);
+    c.file("config/reviews.yaml", &reviews(true));
+    let up = c.up(2, dir.parent().unwrap_or(&dir));
+    assert!(up.stdout.contains("pod shop/waypoint-0 "), "ambit up did not start the waypoint pod:\n{up}");
+    let (reviews_vip, grpc_vip, tcp_vip) =
+        (vip(&c, "reviews"), vip(&c, "reviews-grpc"), vip(&c, "reviews-tcp"));
+    let url = |path: &str| format!("http://{reviews_vip}:8080{path}");
+    // The Gateway's address is the Service `ambit up` made for it.
+    let gw = std::fs::read_to_string(c.run_dir.join("objects/gateway-shop-waypoint.yaml")).expect("gateway");
+    assert!(gw.contains("\"value\": \"waypoint.shop.svc.cluster.local\""), "{gw}");
+
+    // Allowed: GET /api/… from the client, answered by a reviews pod through the waypoint,
+    // which counted it with the client's identity.
+    let before = metrics(&c);
+    let (status, server) = one(&c, &url("/api/x"), &[]);
+    assert_eq!(status, 200, "GET /api/x\n{}", waypoint_log(&c));
+    assert!(server.starts_with("reviews-v"), "{server}");
+    let after = metrics(&c);
+    let ok = [r#"response_code="200""#, &format!(r#"source_principal="{CLIENT}""#) as &str];
+    let counted = metric(&after, "istio_requests_total", &ok) - metric(&before, "istio_requests_total", &ok);
+    assert_eq!(counted, 1.0, "{after}");
+
+    // Denied by method, by path (no ALLOW rule matched) and by header (the DENY policy): 403
+    // from the waypoint, counted by policy, the policy named in the access log.
+    for (method, path, header, policy, details) in [
+        ("DELETE", "/api/x", None, "(no ALLOW policy matched)", "rbac_access_denied_matched_policy[none]"),
+        ("GET", "/admin", None, "(no ALLOW policy matched)", "rbac_access_denied_matched_policy[none]"),
+        (
+            "GET",
+            "/api/x",
+            Some("x-user: mallory"),
+            "shop/no-mallory",
+            "rbac_access_denied_matched_policy[ns[shop]-policy[no-mallory]]",
+        ),
+    ] {
+        let before =
+            metric(&metrics(&c), "ambit_waypoint_denials_total", &[&format!(r#"policy="{policy}""#)]);
+        let mut args = vec!["-X", method];
+        if let Some(h) = header {
+            args.extend(["-H", h]);
+        }
+        let line = http(&c, "shop/client", &url(path), &args).remove(0);
+        assert_eq!(line["status"], 403, "{method} {path} {header:?}: {line}");
+        assert_eq!(line["body"], "RBAC: access denied", "{line}");
+        let after = metric(&metrics(&c), "ambit_waypoint_denials_total", &[&format!(r#"policy="{policy}""#)]);
+        assert_eq!(after - before, 1.0, "{method} {path}: the denial was not counted for {policy}");
+        let want = format!("\"{method} {path} HTTP/1.1\" 403 RBAC {details}");
+        let logged = wait_for(|| waypoint_log(&c).lines().any(|l| l.contains(&want)), Duration::from_secs(3));
+        assert!(logged, "no access log line for {method} {path} naming {details}:\n{}", waypoint_log(&c));
+    }
+    let log = waypoint_log(&c);
+    assert!(
+        log.lines().any(|l| l.contains("\"GET /admin HTTP/1.1\" 403")
+            && l.ends_with("allow_policies_not_matched=shop/reviews-read")),
+        "the denial of GET /admin does not name the ALLOW policy that did not match:\n{log}"
+    );
+
+    // The 90/10 split, per request, over 200 requests on ONE keep-alive connection.
+    let lines = http(&c, "shop/client", &url("/api/split"), &["--count", "200"]);
+    assert_eq!(lines.len(), 200);
+    assert!(lines.iter().all(|l| l["status"] == 200 && l.get("reconnected").is_none()), "{lines:?}");
+    let peers: std::collections::BTreeSet<&str> = lines
+        .iter()
+        .filter_map(|l| l["seen"]["peer"].as_str())
+        .map(|p| p.split(':').next().unwrap_or(p))
+        .collect();
+    let v1 = lines.iter().filter(|l| l["server"] == "reviews-v1-0").count();
+    let v2 = lines.iter().filter(|l| l["server"] == "reviews-v2-0").count();
+    println!("split over one connection: v1 {v1}, v2 {v2} (peers {peers:?})");
+    assert_eq!(v1 + v2, 200, "{lines:?}");
+    assert!((160..=200).contains(&v1), "v1 answered {v1} of 200: not 90% ± 10 points");
+
+    // A request timeout (300 ms on /api/delay): 504 from the waypoint, counted.
+    let before = metrics(&c);
+    let line = http(&c, "shop/client", &url("/api/delay/3000"), &[]).remove(0);
+    assert_eq!(line["status"], 504, "{line}");
+    assert_eq!(line["body"], "upstream request timeout", "{line}");
+    let ms = line["ms"].as_f64().unwrap_or(0.0);
+    assert!((250.0..2000.0).contains(&ms), "the 504 came after {ms} ms, not about 300");
+    let after = metrics(&c);
+    assert_eq!(
+        metric(&after, "ambit_waypoint_timeouts_total", &[])
+            - metric(&before, "ambit_waypoint_timeouts_total", &[]),
+        1.0
+    );
+    let ut = [r#"response_code="504""#, r#"response_flags="UT""#];
+    assert_eq!(
+        metric(&after, "istio_requests_total", &ut) - metric(&before, "istio_requests_total", &ut),
+        1.0
+    );
+
+    // A failing backend (503) is retried as Istio's default retry policy says: 2 retries.
+    let before = metrics(&c);
+    let (status, _) = one(&c, &url("/api/status/503"), &[]);
+    assert_eq!(status, 503);
+    let after = metrics(&c);
+    let retries = metric(&after, "ambit_waypoint_retries_total", &[])
+        - metric(&before, "ambit_waypoint_retries_total", &[]);
+    assert_eq!(retries, 2.0, "{after}");
+
+    // gRPC through the waypoint: per request, its status counted.
+    let before = metrics(&c);
+    let lines = http(
+        &c,
+        "shop/client",
+        &format!("http://{grpc_vip}:9090/demo.Echo/Say"),
+        &["--grpc", "--count", "4"],
+    );
+    assert!(lines.iter().all(|l| l["status"] == 200 && l["grpcStatus"] == "0"), "{lines:?}");
+    let after = metrics(&c);
+    let grpc = [r#"request_protocol="grpc""#, r#"grpc_response_status="0""#];
+    assert_eq!(
+        metric(&after, "istio_requests_total", &grpc) - metric(&before, "istio_requests_total", &grpc),
+        4.0
+    );
+
+    // TCP to a waypoint-bound service flows for the client, and the waypoint's L4 policy denies
+    // the intruder (counted against no ALLOW policy).
+    let line = c.client("shop/client", &format!("{tcp_vip}:7000"), 1).remove(0);
+    assert!(line["reply"]["server"].as_str().is_some_and(|s| s.starts_with("reviews-v")), "{line}");
+    let before = metric(&metrics(&c), "ambit_waypoint_connection_denials_total", &[]);
+    let line = c.client("shop/intruder", &format!("{tcp_vip}:7000"), 1).remove(0);
+    assert!(line.get("reply").is_none(), "the intruder reached reviews-tcp: {line}");
+    let denied = wait_for(
+        || metric(&metrics(&c), "ambit_waypoint_connection_denials_total", &[]) - before == 1.0,
+        Duration::from_secs(3),
+    );
+    assert!(denied, "the waypoint did not count the intruder's connection as denied:\n{}", metrics(&c));
+
+    // `use-waypoint` removed live: the node proxy sends straight to the pods (the waypoint's
+    // paths policy no longer applies, and it counts nothing); added back: 403 again.
+    c.apply("reviews.yaml", &reviews(false));
+    let direct = wait_for(|| one(&c, &url("/admin"), &[]).0 == 200, Duration::from_secs(15));
+    assert!(direct, "GET /admin is still denied after use-waypoint was removed\n{}", c.logs());
+    let before = metric(&metrics(&c), "istio_requests_total", &[]);
+    assert_eq!(one(&c, &url("/admin"), &[]).0, 200);
+    assert_eq!(
+        metric(&metrics(&c), "istio_requests_total", &[]),
+        before,
+        "the waypoint saw a direct request"
+    );
+    c.apply("reviews.yaml", &reviews(true));
+    let through = wait_for(|| one(&c, &url("/admin"), &[]).0 == 403, Duration::from_secs(15));
+    assert!(through, "GET /admin is not denied again after use-waypoint was added back\n{}", c.logs());
+}
