@@ -3,7 +3,10 @@
 //! pod's network namespace. What is observed comes from two places: what the client got (the
 //! server's line, which names the server and the peer address it saw, or how the connection
 //! ended) and what the destination node's proxy counted for it (connections opened with the
-//! source's SPIFFE identity and `mutual_tls`, or denied). The verdict table shows each flow,
+//! source's SPIFFE identity and `mutual_tls`, or denied). Then the flows of [`HTTP_FLOWS`],
+//! HTTP requests with `ambit app http` to a Service bound to the waypoint: what each request
+//! got (the status, the server that answered) and what the waypoint counted for it
+//! (`istio_requests_total` with the source's identity). The verdict table shows each flow,
 //! expected and observed; the exit code is non-zero when any row differs.
 
 use std::collections::BTreeMap;
@@ -137,6 +140,149 @@ pub const FLOWS: &[Flow] = &[
         servers: 1,
     },
 ];
+
+/// One HTTP flow through the waypoint: requests on one connection with `ambit app http`.
+#[derive(Clone, Copy, Debug)]
+pub struct HttpFlow {
+    /// What it shows.
+    pub title: &'static str,
+    /// The source pod.
+    pub from: &'static str,
+    /// Method.
+    pub method: &'static str,
+    /// URL (the Service's VIP).
+    pub url: &'static str,
+    /// Requests, on one connection.
+    pub count: u32,
+    /// The status every request must get.
+    pub status: u16,
+    /// For a split: the share (percent) the first server must answer, ± 10 points.
+    pub split: Option<(&'static str, u32)>,
+}
+
+/// The waypoint's flows, in order.
+pub const HTTP_FLOWS: &[HttpFlow] = &[
+    HttpFlow {
+        title: "client → api: GET /api/items",
+        from: "demo/client",
+        method: "GET",
+        url: "http://10.96.0.20:80/api/items",
+        count: 1,
+        status: 200,
+        split: None,
+    },
+    HttpFlow {
+        title: "client → api: DELETE /api/items (HTTP policy)",
+        from: "demo/client",
+        method: "DELETE",
+        url: "http://10.96.0.20:80/api/items",
+        count: 1,
+        status: 403,
+        split: None,
+    },
+    HttpFlow {
+        title: "client → api: 100 GETs on one connection",
+        from: "demo/client",
+        method: "GET",
+        url: "http://10.96.0.20:80/api/items",
+        count: 100,
+        status: 200,
+        split: Some(("api-v1-0", 90)),
+    },
+];
+
+/// The waypoint's `istio_requests_total` series now (`{labels}` → value), read in its pod.
+fn waypoint_requests(state: &ClusterState) -> BTreeMap<String, f64> {
+    let Some(wp) = state.pods.iter().find(|p| p.namespace == "demo" && p.name == "waypoint-0") else {
+        return BTreeMap::new();
+    };
+    let Ok((200, text)) = probe::http_get(&wp.netns, 15020, "/metrics") else { return BTreeMap::new() };
+    text.lines()
+        .filter_map(|l| l.strip_prefix("istio_requests_total"))
+        .filter_map(|l| {
+            let (labels, value) = l.rsplit_once(' ')?;
+            Some((labels.to_owned(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// What one HTTP flow did: the answers and what the waypoint counted.
+fn observe_http(flow: &HttpFlow, state: &ClusterState, ambit: &PathBuf) -> Observed {
+    let mut problems = Vec::new();
+    let Some(src) = state.pods.iter().find(|p| format!("{}/{}", p.namespace, p.name) == flow.from) else {
+        return Observed {
+            verdict: "-".into(),
+            mtls: "-".into(),
+            identity: "-".into(),
+            server_saw: "-".into(),
+            problems: vec![format!("no pod {}", flow.from)],
+        };
+    };
+    let before = waypoint_requests(state);
+    let out = Command::new("ip")
+        .args(["netns", "exec", &src.netns])
+        .arg(ambit)
+        .args(["app", "http", flow.url, "-X", flow.method, "--count", &flow.count.to_string()])
+        .output();
+    let lines: Vec<Value> = match &out {
+        Ok(o) => {
+            String::from_utf8_lossy(&o.stdout).lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
+        }
+        Err(e) => {
+            problems.push(format!("cannot run the client in {}: {e}", src.netns));
+            Vec::new()
+        }
+    };
+    if lines.len() != flow.count as usize {
+        problems.push(format!("the client reported {} of {} requests", lines.len(), flow.count));
+    }
+    let mut statuses: BTreeMap<String, usize> = BTreeMap::new();
+    let mut servers: BTreeMap<String, usize> = BTreeMap::new();
+    for l in &lines {
+        let status = l["status"].as_u64().map_or_else(|| "no answer".to_owned(), |s| s.to_string());
+        *statuses.entry(status).or_default() += 1;
+        if let Some(s) = l["server"].as_str() {
+            *servers.entry(s.to_owned()).or_default() += 1;
+        }
+    }
+    // The waypoint counts each request as its answer goes out.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let delta = loop {
+        let d = probe::growth(&before, &waypoint_requests(state));
+        if d.values().sum::<f64>() >= f64::from(flow.count) || Instant::now() > deadline {
+            break d;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let counted: f64 = delta.values().sum();
+    if counted < f64::from(flow.count) {
+        problems.push(format!("the waypoint counted {counted} of {} requests", flow.count));
+    }
+    let verdict = statuses.iter().map(|(s, n)| format!("{n}×{s}")).collect::<Vec<_>>().join(",");
+    let mtls = if !delta.is_empty()
+        && delta.keys().all(|k| probe::label(k, "connection_security_policy") == "mutual_tls")
+    {
+        "mTLS".to_owned()
+    } else {
+        "-".to_owned()
+    };
+    let mut identities: Vec<String> = delta.keys().map(|k| probe::label(k, "source_principal")).collect();
+    identities.sort();
+    identities.dedup();
+    let identity = if identities.is_empty() { "-".to_owned() } else { identities.join(",") };
+    let server_saw = if servers.is_empty() {
+        "the waypoint (RBAC: access denied)".to_owned()
+    } else {
+        servers.iter().map(|(s, n)| format!("{s} {n}")).collect::<Vec<_>>().join(", ")
+    };
+    if let Some((first, share)) = flow.split {
+        let got = servers.get(first).copied().unwrap_or(0) * 100 / (flow.count as usize).max(1);
+        if got.abs_diff(share as usize) > 10 {
+            problems.push(format!("{first} answered {got}%, not {share}% ± 10 points"));
+        }
+    }
+    Observed { verdict, mtls, identity, server_saw, problems }
+}
 
 /// The demo's documents, checked like any folder.
 pub fn documents() -> (Vec<(Value, Location)>, Vec<DesiredError>) {
@@ -324,6 +470,24 @@ pub fn run(at: &Target) -> ExitCode {
         ("FLOW", "EXPECTED", "OBSERVED", "MTLS", "IDENTITY THE SERVER'S PROXY SAW", "SERVER ANSWERED");
     let mut rows = Vec::new();
     let mut bad = 0;
+    let mut checked =
+        |title: &'static str, expected: String, o: Observed, want_mtls: &str, want_identity: &str| {
+            let mut problems = o.problems.clone();
+            if o.verdict != expected.split(", ").next().unwrap_or_default() {
+                problems.push(format!("{} instead of {}", o.verdict, expected));
+            }
+            if o.mtls != want_mtls {
+                problems.push(format!("{} instead of {want_mtls}", o.mtls));
+            }
+            if o.identity != want_identity {
+                problems.push(format!("identity {} instead of {want_identity}", o.identity));
+            }
+            let ok = problems.is_empty();
+            if !ok {
+                bad += 1;
+            }
+            (title, expected, o, ok, problems)
+        };
     for flow in FLOWS {
         let o = observe(flow, &state, &ambit);
         let expected = match flow.verdict {
@@ -332,28 +496,26 @@ pub fn run(at: &Target) -> ExitCode {
         };
         let want_mtls = if flow.mtls { "mTLS" } else { "plaintext" };
         let want_identity = if flow.identity.is_empty() { "-" } else { flow.identity };
-        let mut problems = o.problems.clone();
-        if o.verdict != expected {
-            problems.push(format!("{} instead of {expected}", o.verdict));
-        }
-        if o.mtls != want_mtls {
-            problems.push(format!("{} instead of {want_mtls}", o.mtls));
-        }
-        if o.identity != want_identity {
-            problems.push(format!("identity {} instead of {want_identity}", o.identity));
-        }
-        let ok = problems.is_empty();
-        if !ok {
-            bad += 1;
-        }
-        rows.push((flow.title, format!("{expected}, {want_mtls}"), o, ok, problems));
+        rows.push(checked(flow.title, format!("{expected}, {want_mtls}"), o, want_mtls, want_identity));
+    }
+    let l4_rows = rows.len();
+    for flow in HTTP_FLOWS {
+        let o = observe_http(flow, &state, &ambit);
+        let expected = format!("{}×{}, mTLS", flow.count, flow.status);
+        rows.push(checked(flow.title, expected, o, "mTLS", CLIENT));
     }
     let w = rows.iter().map(|r| r.0.len()).max().unwrap_or(4).max(4);
     println!(
         "{:<w$}  {:<20}  {:<12}  {:<10}  {:<44}  {}",
         header.0, header.1, header.2, header.3, header.4, header.5
     );
-    for (title, expected, o, ok, problems) in &rows {
+    for (i, (title, expected, o, ok, problems)) in rows.iter().enumerate() {
+        if i == l4_rows {
+            println!(
+                "\nThrough the waypoint (HTTP requests with `ambit app http`; what the waypoint counted, its \
+                 identity the source's):\n"
+            );
+        }
         println!(
             "{:<w$}  {:<20}  {:<12}  {:<10}  {:<44}  {}  {}",
             title,

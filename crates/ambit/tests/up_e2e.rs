@@ -148,11 +148,11 @@ fn the_demo_passes_and_down_leaves_nothing() {
     assert_eq!(r.code, Some(0), "ambit up --demo:\n{r}\n{}", c.logs());
     assert!(r.stdout.contains("every flow behaved as expected"), "{r}");
     let rows = r.stdout.lines().filter(|l| l.ends_with("  ok")).count();
-    assert_eq!(rows, 7, "want 7 verdict rows ok:\n{r}");
+    assert_eq!(rows, 10, "want 10 verdict rows ok (7 L4, 3 through the waypoint):\n{r}");
     assert!(!r.stdout.contains("DIFFERS"), "{r}");
     let state = c.state();
     let pids: Vec<u32> = state.processes.iter().filter_map(|p| p.pid).chain([state.owner]).collect();
-    assert_eq!(pids.len(), 12, "the owner, control, 2 agents, 2 proxies, 6 containers: {pids:?}");
+    assert_eq!(pids.len(), 15, "the owner, control, 2 agents, 2 proxies, 9 containers: {pids:?}");
     let down = c.down();
     assert!(down.stdout.contains("stopped the cluster's owner"), "{down}");
     assert_nothing_left(&c, &state.cgroup_root, &pids, &links);
