@@ -7,6 +7,8 @@
 //!
 //! `-o json` and `-o yaml` carry the same report as objects; the table is for people.
 
+mod waypoints;
+
 use std::collections::BTreeMap;
 
 use ambit_cluster::desired::Desired;
@@ -46,6 +48,8 @@ pub struct Report {
     pub policies: Vec<PolicyReport>,
     /// Each node proxy's certificates.
     pub certificates: Vec<Certificate>,
+    /// The waypoints (Gateways of class `istio-waypoint`) and what each counted.
+    pub waypoints: Vec<waypoints::WaypointReport>,
     /// The last connections each node proxy denied, with the policies that decided.
     pub denials: Vec<Denial>,
     /// Denied connections counted per source and destination (`istio_tcp_connections_failed_total`
@@ -318,6 +322,7 @@ pub fn gather(state: &ClusterState, layout: &Layout) -> Report {
         services,
         policies,
         certificates,
+        waypoints: waypoints::gather(state, layout, alive),
         denials,
         denied_totals,
         errors: state.errors.clone(),
@@ -600,6 +605,7 @@ pub fn table(r: &Report) -> String {
     }
     out += "\nPOLICIES\n";
     out += &policies_table(&r.policies);
+    out += &waypoints::render(&r.waypoints);
     out += "\nCERTIFICATES\n";
     for c in &r.certificates {
         out += &format!("  {:<6} {:<48} {:<10} expires {}\n", c.node, c.identity, c.state, c.expires);

@@ -334,6 +334,29 @@ fn a_waypoint_enforces_http_policy_splits_retries_times_out_and_carries_grpc_and
     );
     assert!(denied, "the waypoint did not count the intruder's connection as denied:\n{}", metrics(&c));
 
+    // `ambit status` shows the waypoint, ready, and what it counted.
+    let s = c.status();
+    let w = &s["waypoints"][0];
+    assert_eq!(w["gateway"], "shop/waypoint", "{s}");
+    assert_eq!((w["pod"].as_str(), w["ready"].as_bool()), (Some(WAYPOINT_POD), Some(true)), "{w}");
+    assert_eq!(w["address"], "waypoint.shop.svc.cluster.local", "{w}");
+    assert_eq!((w["destinations"].as_u64(), w["policies"].as_u64()), (Some(5), Some(3)), "{w}");
+    assert_eq!(
+        w["denials"],
+        serde_json::json!({"(no ALLOW policy matched)": 2, "shop/no-mallory": 1}),
+        "{w}"
+    );
+    assert_eq!(w["requests"]["403"], 3, "{w}");
+    let shown = c.ambit(&["status"]).stdout;
+    assert!(
+        shown.contains(&format!(
+            "\nWAYPOINTS\n  Gateway shop/waypoint  pod {WAYPOINT_POD} on {}  ready  at waypoint.shop.svc.cluster.local\n",
+            w["node"].as_str().unwrap_or_default()
+        )),
+        "{shown}"
+    );
+    assert!(shown.contains("      denied by (no ALLOW policy matched): 2, shop/no-mallory: 1\n"), "{shown}");
+
     // `use-waypoint` removed live: the node proxy sends straight to the pods (the waypoint's
     // paths policy no longer applies, and it counts nothing); added back: 403 again.
     c.apply("reviews.yaml", &reviews(false));
