@@ -108,7 +108,10 @@ async fn serve(cfg: Arc<Config>, data: tokio::runtime::Handle) -> Result<(), Sta
     let readiness = Readiness::new("waiting for the certificate and the first xDS sync");
     let drain = Drain::new();
     let quit = Arc::new(Notify::new());
-    let hbone = bind(cfg.hbone_addr)?;
+    // Bound now (a port held by anything but another waypoint stops the start), listening once
+    // ready: a replacement started beside a running waypoint (SO_REUSEPORT) gets connections
+    // only when it can serve them, and whoever replaces it can tell by its listening socket.
+    let hbone = bind_shared(cfg.hbone_addr)?;
     let (admin_l, stats_l, ready_l) =
         (bind_here(cfg.admin_addr)?, bind_here(cfg.stats_addr)?, bind_here(cfg.readiness_addr)?);
     let ctx = Arc::new(admin::AdminCtx {
@@ -122,15 +125,23 @@ async fn serve(cfg: Arc<Config>, data: tokio::runtime::Handle) -> Result<(), Sta
     tokio::spawn(ambit_admin::serve(stats_l, move |req| admin::metrics(req, registry.clone())));
     let r = readiness.clone();
     tokio::spawn(ambit_admin::serve(ready_l, move |req| admin::readiness(req, r.clone())));
-    tokio::spawn(become_ready(certs, cfg.clone(), xds, readiness.clone()));
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(become_ready(certs, cfg.clone(), xds, readiness.clone(), ready_tx));
 
-    // The listener is bound now (a port conflict stops the start) but accepts only on the
-    // data runtime, and stops when the drain starts.
+    // The HBONE socket listens once the waypoint is ready, accepts only on the data runtime,
+    // and stops when the drain starts.
     let (w, d) = (waypoint.clone(), Arc::new(drain.clone()));
+    let hbone_addr = cfg.hbone_addr;
     let accept = data.spawn(async move {
-        let listener = match tokio::net::TcpListener::from_std(hbone) {
+        if ready_rx.await.is_err() {
+            return;
+        }
+        let listener = match hbone.listen(LISTEN_BACKLOG).and_then(|()| {
+            let l: std::net::TcpListener = hbone.into();
+            tokio::net::TcpListener::from_std(l)
+        }) {
             Ok(l) => l,
-            Err(e) => return tracing::error!(error = %e, "HBONE listener unusable"),
+            Err(e) => return tracing::error!(error = %e, addr = %hbone_addr, "HBONE listener unusable"),
         };
         tokio::select! {
             r = w.run(listener, d.clone()) => if let Err(e) = r {
@@ -162,7 +173,13 @@ async fn serve(cfg: Arc<Config>, data: tokio::runtime::Handle) -> Result<(), Sta
 /// Ready once the waypoint's certificate is issued and the first xDS response of both types is
 /// installed; the certificate is retried with backoff until it comes (the manager keeps it
 /// renewed after that).
-async fn become_ready(certs: Arc<CertManager>, cfg: Arc<Config>, xds: xds::Xds, readiness: Arc<Readiness>) {
+async fn become_ready(
+    certs: Arc<CertManager>,
+    cfg: Arc<Config>,
+    xds: xds::Xds,
+    readiness: Arc<Readiness>,
+    listen: tokio::sync::oneshot::Sender<()>,
+) {
     let mut wait = CERT_RETRY.0;
     loop {
         match certs.fetch(&cfg.identity).await {
@@ -178,6 +195,7 @@ async fn become_ready(certs: Arc<CertManager>, cfg: Arc<Config>, xds: xds::Xds, 
     readiness.not_ready("waiting for the first xDS sync");
     xds.synced().await;
     tracing::info!("certificate and initial xDS sync in: ready");
+    let _ = listen.send(());
     readiness.ready();
 }
 
@@ -195,13 +213,36 @@ impl Dialer for Dial {
     }
 }
 
-fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, StartError> {
-    ambit_admin::bind_std(addr).map_err(|e| StartError::Bind(addr, e))
+/// Pending connections a listener holds.
+const LISTEN_BACKLOG: i32 = 1024;
+
+/// A socket bound to `addr` with SO_REUSEPORT (and SO_REUSEADDR), not yet listening: a
+/// replacement waypoint binds the same ports beside the running one. `[::]` falls back to
+/// `0.0.0.0` where IPv6 is off.
+fn bind_shared(addr: SocketAddr) -> Result<socket2::Socket, StartError> {
+    let one = |addr: SocketAddr| -> std::io::Result<socket2::Socket> {
+        let s = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, None)?;
+        s.set_reuse_address(true)?;
+        s.set_reuse_port(true)?;
+        s.set_nonblocking(true)?;
+        s.bind(&addr.into())?;
+        Ok(s)
+    };
+    match one(addr) {
+        Err(_) if addr.is_ipv6() && addr.ip().is_unspecified() => {
+            one(SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), addr.port()))
+        }
+        r => r,
+    }
+    .map_err(|e| StartError::Bind(addr, e))
 }
 
-/// Binds `addr` for the current (control) runtime.
+/// A listening socket on `addr` (shared as [`bind_shared`]) for the current (control) runtime.
 fn bind_here(addr: SocketAddr) -> Result<tokio::net::TcpListener, StartError> {
-    tokio::net::TcpListener::from_std(bind(addr)?).map_err(|e| StartError::Bind(addr, e))
+    let s = bind_shared(addr)?;
+    s.listen(LISTEN_BACKLOG).map_err(|e| StartError::Bind(addr, e))?;
+    let l: std::net::TcpListener = s.into();
+    tokio::net::TcpListener::from_std(l).map_err(|e| StartError::Bind(addr, e))
 }
 
 async fn wait_for_stop(quit: &Notify) {

@@ -102,6 +102,7 @@ impl hyper::body::Body for UpstreamBody {
 pub(crate) struct CountAtEnd {
     inner: crate::upstream::Body,
     pending: Option<(Arc<crate::server::Shared>, crate::metrics::RequestLabels)>,
+    started: Instant,
 }
 
 impl CountAtEnd {
@@ -109,13 +110,14 @@ impl CountAtEnd {
         inner: crate::upstream::Body,
         shared: Arc<crate::server::Shared>,
         labels: crate::metrics::RequestLabels,
+        started: Instant,
     ) -> CountAtEnd {
-        CountAtEnd { inner, pending: Some((shared, labels)) }
+        CountAtEnd { inner, pending: Some((shared, labels)), started }
     }
 
     fn count(&mut self) {
         if let Some((shared, labels)) = self.pending.take() {
-            shared.counters.request(&labels);
+            shared.counters.request(&labels, self.started.elapsed());
         }
     }
 }

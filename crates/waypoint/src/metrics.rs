@@ -1,6 +1,7 @@
 //! Request telemetry: plain counters (by status, denials by policy, retries, timeouts) and
-//! Istio's `istio_requests_total` with `reporter="waypoint"`, counted as each response head goes
-//! out, off the locks of the configuration. [`Counters::register`] puts the family in a
+//! Istio's `istio_requests_total` and `istio_request_duration_milliseconds` with
+//! `reporter="waypoint"`, counted as each response head goes out (a gRPC answer with its
+//! trailers), off the locks of the configuration. [`Counters::register`] puts the family in a
 //! Prometheus registry (the admin server's, once the waypoint has one).
 
 use std::collections::BTreeMap;
@@ -9,6 +10,7 @@ use std::sync::Mutex;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 /// The label of a denial that no DENY policy made (ALLOW policies exist and none matched).
@@ -66,16 +68,42 @@ impl From<&str> for Label {
     }
 }
 
+/// Istio's buckets of `istio_request_duration_milliseconds`.
+const DURATION_BUCKETS_MS: [f64; 19] = [
+    0.5, 1.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0, 30000.0, 60000.0,
+    300000.0, 600000.0, 1800000.0, 3600000.0,
+];
+
+fn duration_histogram() -> Histogram {
+    Histogram::new(DURATION_BUCKETS_MS)
+}
+
 /// The waypoint's counters.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Counters {
     requests: Family<RequestLabels, Counter>,
+    durations: Family<RequestLabels, Histogram, fn() -> Histogram>,
     responses: Mutex<BTreeMap<u16, u64>>,
     denials: Family<PolicyLabel, Counter>,
     connection_denials: Family<PolicyLabel, Counter>,
     retries: Counter,
     timeouts: Counter,
     tcp_connections: Counter,
+}
+
+impl Default for Counters {
+    fn default() -> Counters {
+        Counters {
+            requests: Family::default(),
+            durations: Family::new_with_constructor(duration_histogram),
+            responses: Mutex::default(),
+            denials: Family::default(),
+            connection_denials: Family::default(),
+            retries: Counter::default(),
+            timeouts: Counter::default(),
+            tcp_connections: Counter::default(),
+        }
+    }
 }
 
 /// The policy that denied (`namespace/name`, or [`NO_ALLOW_MATCHED`]).
@@ -98,6 +126,11 @@ impl Counters {
             "Requests the waypoint answered, by source, destination and response",
             self.requests.clone(),
         );
+        registry.register(
+            "istio_request_duration_milliseconds",
+            "Time from a request's head to its answer's end (its head for HTTP, its trailers for gRPC)",
+            self.durations.clone(),
+        );
         let ours = registry.sub_registry_with_prefix("ambit_waypoint");
         ours.register("denials", "HTTP requests denied (403), by the deciding policy", self.denials.clone());
         ours.register(
@@ -110,8 +143,9 @@ impl Counters {
         ours.register("tcp_connections", "TCP connections relayed", self.tcp_connections.clone());
     }
 
-    pub(crate) fn request(&self, labels: &RequestLabels) {
+    pub(crate) fn request(&self, labels: &RequestLabels, took: std::time::Duration) {
         self.requests.get_or_create(labels).inc();
+        self.durations.get_or_create(labels).observe(took.as_secs_f64() * 1e3);
     }
 
     /// `istio_requests_total` for one label set.

@@ -85,10 +85,10 @@ pub(crate) async fn handle(
     if grpc && labels.grpc_response_status.0.is_empty() {
         // The status comes in the trailers: counted when the body ends.
         let (parts, body) = resp.into_parts();
-        let body = CountAtEnd::new(body, shared.clone(), labels);
+        let body = CountAtEnd::new(body, shared.clone(), labels, started);
         return Response::from_parts(parts, BodyExt::boxed_unsync(body));
     }
-    shared.counters.request(&labels);
+    shared.counters.request(&labels, started.elapsed());
     resp
 }
 

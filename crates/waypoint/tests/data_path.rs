@@ -334,9 +334,19 @@ async fn http2_and_grpc_requests_go_through_as_http2() {
     h.waypoint.counters().register(&mut registry);
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
-    let grpc: Vec<&str> = text.lines().filter(|l| l.contains("request_protocol=\"grpc\"")).collect();
-    assert_eq!(grpc.len(), 1, "{text}");
-    assert!(grpc[0].contains("grpc_response_status=\"0\"") && grpc[0].ends_with("} 1"), "{}", grpc[0]);
+    let grpc = |name: &str| -> Vec<&str> {
+        text.lines().filter(|l| l.starts_with(name) && l.contains("request_protocol=\"grpc\"")).collect()
+    };
+    let counted = grpc("istio_requests_total{");
+    assert_eq!(counted.len(), 1, "{text}");
+    assert!(
+        counted[0].contains("grpc_response_status=\"0\"") && counted[0].ends_with("} 1"),
+        "{}",
+        counted[0]
+    );
+    // Its duration too, in Istio's histogram (one observation).
+    let count = grpc("istio_request_duration_milliseconds_count{");
+    assert!(count.len() == 1 && count[0].ends_with("} 1"), "{text}");
 }
 
 #[tokio::test]
