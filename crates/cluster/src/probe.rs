@@ -61,6 +61,24 @@ pub fn ready(netns: &str, port: u16, path: &str) -> bool {
 
 /// The TCP ports listened on in the network namespace of process `pid` (IPv4 and IPv6).
 pub fn listening_ports(pid: u32) -> BTreeSet<u16> {
+    listening(pid, None)
+}
+
+/// The TCP ports process `pid` itself listens on (its own sockets, not its namespace's: two
+/// processes sharing a port with SO_REUSEPORT are told apart).
+pub fn own_listening_ports(pid: u32) -> BTreeSet<u16> {
+    let mut inodes = BTreeSet::new();
+    for fd in std::fs::read_dir(format!("/proc/{pid}/fd")).into_iter().flatten().flatten() {
+        let target = std::fs::read_link(fd.path()).unwrap_or_default();
+        let text = target.to_string_lossy();
+        if let Some(inode) = text.strip_prefix("socket:[").and_then(|t| t.strip_suffix(']')) {
+            inodes.insert(inode.to_owned());
+        }
+    }
+    listening(pid, Some(&inodes))
+}
+
+fn listening(pid: u32, inodes: Option<&BTreeSet<String>>) -> BTreeSet<u16> {
     let mut ports = BTreeSet::new();
     for file in ["tcp", "tcp6"] {
         let text = std::fs::read_to_string(format!("/proc/{pid}/net/{file}")).unwrap_or_default();
@@ -69,6 +87,12 @@ pub fn listening_ports(pid: u32) -> BTreeSet<u16> {
             let local = fields.nth(1).unwrap_or_default();
             let state = fields.nth(1).unwrap_or_default();
             if state != "0A" {
+                continue;
+            }
+            // Then tx:rx, tr:when, retrnsmt, uid, timeout, inode.
+            if let Some(own) = inodes
+                && fields.nth(5).is_none_or(|inode| !own.contains(inode))
+            {
                 continue;
             }
             if let Some((_, port)) = local.rsplit_once(':')

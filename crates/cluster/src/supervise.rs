@@ -274,14 +274,14 @@ impl Supervisor {
     }
 
     /// Replaces process `name` without a gap: starts `spec` beside the running one, waits until
-    /// `ready()` holds (at most `timeout`), then stops the old one (SIGTERM, SIGKILL after
+    /// `ready(pid)` holds for the new one's pid (at most `timeout`), then stops the old one (SIGTERM, SIGKILL after
     /// `grace`) and supervises the new one under the same name. If the new one does not become
     /// ready it is stopped and the old one keeps running. Returns the new pid.
     pub fn replace(
         &mut self,
         name: &str,
         spec: ProcessSpec,
-        ready: &mut dyn FnMut() -> bool,
+        ready: &mut dyn FnMut(u32) -> bool,
         timeout: Duration,
         grace: Duration,
     ) -> Result<u32, ReplaceError> {
@@ -291,7 +291,7 @@ impl Supervisor {
         let mut child = spawn(&spec)?;
         note(&spec, &format!("replacement started, pid {}", child.id()));
         let deadline = Instant::now() + timeout;
-        while !ready() {
+        while !ready(child.id()) {
             if Instant::now() > deadline || matches!(child.try_wait(), Ok(Some(_))) {
                 terminate(&mut child, grace);
                 note(&spec, "replacement did not become ready; the running process stays");
@@ -507,7 +507,7 @@ mod tests {
         // The replacement is ready once its marker file exists; the old one runs until then.
         let marker = tmp.path().join("ready");
         let spec = sh(tmp.path(), "srv", &format!("touch {}; exec sleep 30", marker.display()), true);
-        let mut ready = || marker.exists() && crate::state::pid_alive(second);
+        let mut ready = |_: u32| marker.exists() && crate::state::pid_alive(second);
         let third = s
             .replace("srv", spec, &mut ready, Duration::from_secs(5), Duration::from_secs(2))
             .expect("replace");
@@ -515,11 +515,11 @@ mod tests {
         assert_eq!(s.status()[0].pid, Some(third));
         // A replacement that never gets ready leaves the running one alone.
         let never = sh(tmp.path(), "srv", "exec sleep 30", true);
-        let err = s.replace("srv", never, &mut || false, Duration::from_millis(200), Duration::from_secs(1));
+        let err = s.replace("srv", never, &mut |_| false, Duration::from_millis(200), Duration::from_secs(1));
         assert!(matches!(err, Err(ReplaceError::NotReady { .. })), "{err:?}");
         assert_eq!(s.status()[0].pid, Some(third));
         assert!(matches!(
-            s.replace("nope", sh(tmp.path(), "nope", "", false), &mut || true, Duration::ZERO, Duration::ZERO),
+            s.replace("nope", sh(tmp.path(), "nope", "", false), &mut |_| true, Duration::ZERO, Duration::ZERO),
             Err(ReplaceError::Unknown(n)) if n == "nope"
         ));
         let log = std::fs::read_to_string(tmp.path().join("srv.log")).expect("log");

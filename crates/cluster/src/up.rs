@@ -50,6 +50,10 @@ pub const AGENT_HEALTH: u16 = 8000;
 pub const AGENT_METRICS: u16 = 15014;
 /// How long a replaced node proxy may drain its connections.
 pub const PROXY_DRAIN: Duration = Duration::from_secs(5);
+/// How long a replaced waypoint drains (its TERMINATION_DRAIN_DURATION default).
+pub const WAYPOINT_DRAIN: Duration = Duration::from_secs(5);
+/// The waypoint's HBONE port.
+pub const WAYPOINT_HBONE_PORT: u16 = 15008;
 /// How long each component may take to become ready.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a pod's containers may take to listen on their declared ports.
@@ -518,8 +522,13 @@ impl Cluster {
         }
         let proxy_node =
             req.name.strip_prefix("proxy/").and_then(|n| self.nodes.iter().position(|m| m.member.name == n));
+        let waypoint = self
+            .sup
+            .spec(&req.name)
+            .is_some_and(|s| s.program == self.cfg.ambit && s.args.first().is_some_and(|a| a == "waypoint"));
         match (req.op.as_str(), proxy_node) {
             ("restart", Some(i)) => self.replace_proxy(i),
+            ("restart", None) if waypoint && !req.kill => self.replace_waypoint(&req.name),
             ("restart", None) => {
                 self.sup.hold(&req.name, STOP_GRACE, req.kill);
                 self.sup.release(&req.name).map_err(|e| e.to_string())?;
@@ -857,8 +866,9 @@ impl Cluster {
         let mut sup = std::mem::take(&mut self.sup);
         let r = {
             let this = &*self;
-            let mut ready =
-                || probe::ready(&netns, ready_port, "/healthz/ready") && this.proxy_serves(i, new) >= serving;
+            let mut ready = |_: u32| {
+                probe::ready(&netns, ready_port, "/healthz/ready") && this.proxy_serves(i, new) >= serving
+            };
             sup.replace(&name, spec, &mut ready, READY_TIMEOUT, PROXY_DRAIN + Duration::from_secs(5))
         };
         self.sup = sup;
@@ -875,6 +885,21 @@ impl Cluster {
             }
             Err(e) => Err(e.to_string()),
         }
+    }
+
+    /// Replaces a waypoint container as a rolling update replaces its pod, without a gap: the
+    /// new process starts beside the old one in the pod (the waypoint's ports are SO_REUSEPORT),
+    /// and once it listens on its HBONE port (which it does only when ready: certificate and
+    /// configuration in) the old one gets SIGTERM and drains, its listener closed, so new
+    /// connections reach only the new one.
+    fn replace_waypoint(&mut self, name: &str) -> Result<String, String> {
+        let spec = self.sup.spec(name).cloned().ok_or_else(|| format!("no process named {name:?}"))?;
+        let mut ready = |pid: u32| probe::own_listening_ports(pid).contains(&WAYPOINT_HBONE_PORT);
+        let pid = self
+            .sup
+            .replace(name, spec, &mut ready, READY_TIMEOUT, WAYPOINT_DRAIN + Duration::from_secs(5))
+            .map_err(|e| e.to_string())?;
+        Ok(format!("{name} replaced: pid {pid} took over; the previous one drained"))
     }
 
     /// Waits for `GET path` on `port` in `netns` to answer 200, supervising meanwhile.
