@@ -3,7 +3,8 @@
 //! where `ambit up` places it), interleaved: every round runs the three paths back to back, the
 //! order rotating between rounds, so all see the same machine load.
 //!
-//! - direct: a client and a server pod in a namespace that is not enrolled;
+//! - direct: a client and a server pod in a namespace that is not enrolled (to the pod's
+//!   address: without kube-proxy, a VIP exists only for captured pods);
 //! - L4: the same pods' twins in an enrolled namespace, to a Service without a waypoint (both
 //!   node proxies carry each connection);
 //! - waypoint: the same enrolled pods, to a Service with `istio.io/use-waypoint` (node proxy →
@@ -75,11 +76,6 @@ apiVersion: v1
 kind: Service
 metadata: {name: l7, namespace: mesh, labels: {istio.io/use-waypoint: waypoint}}
 spec: {clusterIP: 10.96.0.31, selector: {app: server}, ports: [{name: http, port: 80, targetPort: 8080}]}
----
-apiVersion: v1
-kind: Service
-metadata: {name: direct, namespace: plain}
-spec: {clusterIP: 10.96.0.32, selector: {app: server}, ports: [{name: http, port: 80, targetPort: 8080}]}
 "#;
 
 /// `count` more Services (`<prefix>-<i>`) bound to the waypoint, each selecting the server.
@@ -110,7 +106,8 @@ fn wrk(c: &LocalCluster, from: &str, url: &str, conns: u32, secs: u64) -> (f64, 
         .args(["netns", "exec", &netns, "wrk", "-t1", &conns, "-d", &d, "--latency", url])
         .output()
         .expect("wrk");
-    let out = String::from_utf8_lossy(&out.stdout).into_owned();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    let out = String::from_utf8_lossy(&out.stdout).into_owned() + &err;
     assert!(!out.contains("Socket errors") && !out.contains("Non-2xx"), "wrk saw errors on {url}:\n{out}");
     let number = |prefix: &str| {
         out.lines()
@@ -180,8 +177,10 @@ fn waypoint_against_l4_and_direct() {
     let mut c = LocalCluster::new();
     let dir = c.file("config/cluster.yaml", CLUSTER);
     c.up(2, dir.parent().unwrap_or(&dir));
+    // Out of the mesh there is no Service VIP (no kube-proxy here): direct goes to the pod.
+    let direct = format!("http://{}:8080/", c.addr("plain/server", 8080).ip());
     let paths = [
-        ("direct", "plain/client", "http://10.96.0.32:80/"),
+        ("direct", "plain/client", direct.as_str()),
         ("L4", "mesh/client", "http://10.96.0.30:80/"),
         ("waypoint", "mesh/client", "http://10.96.0.31:80/"),
     ];

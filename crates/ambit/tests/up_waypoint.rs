@@ -3,7 +3,8 @@
 //! pod, as istiod's gateway controller does), `istio.io/use-waypoint` on Services, an HTTPRoute
 //! and AuthorizationPolicies targeting the Gateway and a Service. Every verdict is read off the
 //! waypoint itself: its answer (403 `RBAC: access denied`), its counters (`/metrics`) and its
-//! access log (the deciding policy).
+//! access log (the deciding policy). Last, the waypoint is replaced under load without a failed
+//! request.
 //!
 //! Needs root (under `CI=true` a missing privilege fails instead of skipping).
 
@@ -171,6 +172,50 @@ fn http(c: &LocalCluster, from: &str, url: &str, args: &[&str]) -> Vec<Value> {
     r.stdout.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}\n{r}"))).collect()
 }
 
+/// Sends `payload` from pod `from` to `ip:8080` with a raw socket (python3) and reads until the
+/// peer closes or `wait` seconds pass: the answer's status line (else `(closed)`, `(reset)` or
+/// `(no answer, open)`) and the seconds it took.
+fn raw_http(c: &LocalCluster, from: &str, ip: &str, payload: &str, wait: u64) -> (String, f64) {
+    const SCRIPT: &str = r#"
+import socket, sys, time
+ip, wait, payload = sys.argv[1], float(sys.argv[2]), sys.stdin.buffer.read()
+s = socket.create_connection((ip, 8080), timeout=wait)
+t0 = time.monotonic()
+s.sendall(payload)
+data = b""
+try:
+    while True:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+        if b"\r\n" in data:
+            break
+except socket.timeout:
+    data = data or b"(no answer, open)"
+except ConnectionResetError:
+    data = data or b"(reset)"
+line = data.split(b"\r\n")[0].decode() if data else "(closed)"
+print(line)
+print(round(time.monotonic() - t0, 2))
+"#;
+    use std::io::Write;
+    let netns = c.pod(from).netns;
+    let mut child = std::process::Command::new("ip")
+        .args(["netns", "exec", &netns, "python3", "-c", SCRIPT, ip, &wait.to_string()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    child.stdin.take().expect("stdin").write_all(payload.as_bytes()).expect("payload");
+    let out = child.wait_with_output().expect("python3");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut lines = text.lines();
+    let head = lines.next().unwrap_or_default().to_owned();
+    let took = lines.next().and_then(|t| t.parse().ok()).unwrap_or(f64::NAN);
+    (head, took)
+}
+
 /// One request's `(status, answering pod)`.
 fn one(c: &LocalCluster, url: &str, args: &[&str]) -> (u64, String) {
     let line = http(c, "shop/client", url, args).remove(0);
@@ -334,6 +379,24 @@ fn a_waypoint_enforces_http_policy_splits_retries_times_out_and_carries_grpc_and
     );
     assert!(denied, "the waypoint did not count the intruder's connection as denied:\n{}", metrics(&c));
 
+    // The HTTP side against a hostile client, through both node proxies to the real process:
+    // Content-Length with Transfer-Encoding (smuggling) is 400, a head over 60 KiB is 431, and a
+    // head that never ends is cut at the waypoint's header timeout (10 s) with no answer.
+    let raw = |payload: &str, wait: u64| raw_http(&c, "shop/client", &reviews_vip, payload, wait);
+    let smuggled = "POST /api/x HTTP/1.1\r\nHost: reviews\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
+    let (head, _) = raw(smuggled, 5);
+    assert_eq!(head, "HTTP/1.1 400 Bad Request", "CL + TE");
+    let big = format!("GET /api/x HTTP/1.1\r\nHost: reviews\r\nX-Big: {}\r\n\r\n", "a".repeat(64 * 1024));
+    let (head, _) = raw(&big, 5);
+    assert_eq!(head, "HTTP/1.1 431 Request Header Fields Too Large", "a 64 KiB header");
+    let (head, took) = raw("GET /api/x HTTP/1.1\r\nHost: reviews\r\nX-Slow: a", 30);
+    // The waypoint ends the stream; the client's node proxy resets the client's connection.
+    assert_eq!(head, "(reset)", "a head that never ends");
+    assert!(
+        (9.0..16.0).contains(&took),
+        "the slow head was cut after {took:.1} s, not the 10 s header timeout"
+    );
+
     // `ambit status` shows the waypoint, ready, and what it counted.
     let s = c.status();
     let w = &s["waypoints"][0];
@@ -372,4 +435,33 @@ fn a_waypoint_enforces_http_policy_splits_retries_times_out_and_carries_grpc_and
     c.apply("reviews.yaml", &reviews(true));
     let through = wait_for(|| one(&c, &url("/admin"), &[]).0 == 403, Duration::from_secs(15));
     assert!(through, "GET /admin is not denied again after use-waypoint was added back\n{}", c.logs());
+
+    // The waypoint replaced under load: 400 requests, 10 ms apart, on keep-alive connections,
+    // while `ambit restart` replaces it (the new one starts beside it, the old one drains once
+    // the new one listens). Every request is answered 200: the old one finished what it had,
+    // closed its connections after their response in flight, and a request that met such a
+    // close as it went out was sent again, as keep-alive clients do.
+    let name = "pod/shop/waypoint-0/istio-proxy";
+    let pid = |c: &LocalCluster| c.state().processes.iter().find(|p| p.name == name).and_then(|p| p.pid);
+    let old = pid(&c);
+    let (lines, restarted) = std::thread::scope(|s| {
+        let load =
+            s.spawn(|| http(&c, "shop/client", &url("/api/load"), &["--count", "400", "--interval", "10ms"]));
+        std::thread::sleep(Duration::from_millis(1500));
+        let r = c.ambit(&["restart", name]);
+        (load.join().expect("load"), r)
+    });
+    assert_eq!(restarted.code, Some(0), "{restarted}");
+    assert_ne!(pid(&c), old, "the waypoint was not replaced");
+    assert_eq!(lines.len(), 400);
+    let failed: Vec<&Value> = lines.iter().filter(|l| l["status"] != 200).collect();
+    let moved = lines.iter().filter(|l| l.get("reconnected").is_some() || l.get("retried").is_some()).count();
+    let retried = lines.iter().filter(|l| l.get("retried").is_some()).count();
+    println!(
+        "restart under load: 400 requests, {} failed, {moved} on a new connection ({retried} sent again)",
+        failed.len()
+    );
+    assert!(failed.is_empty(), "requests failed while the waypoint was replaced: {failed:?}");
+    assert!(moved >= 1, "no request moved to a new connection: the old waypoint was not drained");
+    assert!(restarted.stdout.contains(&format!("{name} replaced: pid ")), "{restarted}");
 }

@@ -11,7 +11,9 @@
 //! Client (`ambit app http`): one connection, N requests one after the other, one JSON line
 //! each: `{"status", "server", "ms"}` (and `"grpcStatus"` for gRPC), or `{"error", "detail"}`
 //! when no answer came. A connection the server closes between requests is opened again
-//! (counted as `"reconnected": true` on the next line), as any keep-alive client does.
+//! (`"reconnected": true` on the next line), and an idempotent request that meets such a close
+//! as it goes out is sent once more on a new connection (`"retried"`: the first error), as any
+//! keep-alive client does.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -190,6 +192,7 @@ pub fn client(args: &HttpArgs) -> Result<(), String> {
     let failed = rt.block_on(async {
         let mut conn: Option<Sender> = None;
         let mut reconnected = false;
+        let mut sent_on_conn = 0u32;
         let mut failed = 0;
         for i in 0..args.count {
             if i > 0 && !args.interval.is_zero() {
@@ -198,6 +201,7 @@ pub fn client(args: &HttpArgs) -> Result<(), String> {
             let t0 = Instant::now();
             if conn.as_ref().is_none_or(Sender::closed) {
                 reconnected = conn.is_some();
+                sent_on_conn = 0;
                 conn = match open(authority, args.http2 || args.grpc, args.timeout).await {
                     Ok(c) => Some(c),
                     Err(e) => {
@@ -214,6 +218,29 @@ pub fn client(args: &HttpArgs) -> Result<(), String> {
                 Ok(Err(e)) => json!({ "error": "request", "detail": e }),
                 Ok(Ok(line)) => line,
             };
+            // A reused connection the server closed as this request went out: an idempotent
+            // request is sent again once on a new connection (RFC 9112 §9.3.1), as browsers
+            // and curl do.
+            let reused = sent_on_conn > 0;
+            sent_on_conn += 1;
+            if line["error"] == "request" && reused && method.is_idempotent() && !args.grpc {
+                let first = line["detail"].clone();
+                line = match open(authority, args.http2, args.timeout).await {
+                    Err(e) => json!({ "error": "connect", "detail": e }),
+                    Ok(mut fresh) => {
+                        let req = request(&method, authority, path, &headers, false);
+                        let again = match tokio::time::timeout(args.timeout, fresh.send(req)).await {
+                            Err(_) => json!({ "error": "timeout", "detail": format!("no answer in {:?}", args.timeout) }),
+                            Ok(Err(e)) => json!({ "error": "request", "detail": e }),
+                            Ok(Ok(line)) => line,
+                        };
+                        conn = Some(fresh);
+                        sent_on_conn = 1;
+                        again
+                    }
+                };
+                line["retried"] = json!(first);
+            }
             if line.get("error").is_some() {
                 failed += 1;
                 conn = None;
