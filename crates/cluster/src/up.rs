@@ -14,9 +14,12 @@
 //!
 //! A change of the desired folder is applied only once the whole folder checks (see
 //! [`crate::desired`]): a bad edit is reported in the record and nothing of it is used.
+//!
+//! Here: building, the loop, the record. `components`: the control plane's, agents' and
+//! proxies' process specs (and a proxy's replacement); `pods`: the pods' lifecycle (and a
+//! waypoint's replacement); `requests`: `ambit restart|stop|start`.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::ffi::OsString;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,15 +27,20 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{Value, json};
 
-use crate::cni::{self, NetworkList};
-use crate::desired::waypoints::WAYPOINT_COMMAND;
+use crate::cni::NetworkList;
 use crate::desired::{Desired, DesiredErrors, PodTemplate};
 use crate::node::{self, NodeError, PreparedNode};
 use crate::probe;
 use crate::sandbox::{self, Sandbox, SandboxError};
 use crate::state::{ClusterState, PodState, ProxyPorts, StateError, VERSION};
-use crate::supervise::{Event, ProcessSpec, SuperviseError, Supervisor};
+use crate::supervise::{Event, SuperviseError, Supervisor};
 use crate::topology::{Network, NetworkError, NetworkSpec};
+
+mod components;
+mod pods;
+mod requests;
+
+pub use requests::{Reply, Request, submit};
 
 /// The control plane's member name on the segment.
 pub const CONTROL_HOST: &str = "control";
@@ -60,6 +68,8 @@ pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
 pub const POD_READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often the desired folder is looked at.
 pub const POLL: Duration = Duration::from_millis(100);
+/// How often every file of the desired folder is looked at when the folder itself did not change.
+const FULL_STAMP_EVERY: Duration = Duration::from_secs(1);
 /// How long a process is given between SIGTERM and SIGKILL when the cluster stops.
 pub const STOP_GRACE: Duration = Duration::from_secs(5);
 /// Pause before a pod whose creation failed is tried again.
@@ -215,6 +225,8 @@ pub struct Cluster {
     passed: BTreeMap<String, String>,
     desired: Desired,
     desired_stamp: Vec<(PathBuf, SystemTime, u64)>,
+    /// The desired folder's own modification time and when its files were last all looked at.
+    folder_stamp: (Option<SystemTime>, Instant),
     state: ClusterState,
     events: Vec<String>,
     cgroup_root: PathBuf,
@@ -289,6 +301,7 @@ impl Cluster {
             passed: BTreeMap::new(),
             desired: Desired::default(),
             desired_stamp: Vec::new(),
+            folder_stamp: (None, Instant::now()),
             state,
             events: Vec::new(),
             cgroup_root,
@@ -447,6 +460,22 @@ impl Cluster {
     /// the record written.
     pub fn tick(&mut self) {
         self.supervise();
+        // Every file's size and time are read when the folder's own time moved (a file added,
+        // removed or renamed over, as `ambit apply` writes) or a second after the last full look
+        // (an edit in place): a folder of thousands of objects is not stat'ed ten times a second.
+        let folder = std::fs::metadata(self.layout.desired()).and_then(|m| m.modified()).ok();
+        if folder != self.folder_stamp.0 || self.folder_stamp.1.elapsed() >= FULL_STAMP_EVERY {
+            self.folder_stamp = (folder, Instant::now());
+            self.apply_desired();
+        }
+        self.reconcile();
+        self.check_pods();
+        self.handle_requests();
+        let _ = self.save();
+    }
+
+    /// The desired folder applied if a file of it changed (once the whole folder checks).
+    fn apply_desired(&mut self) {
         let stamp = self.stamp();
         if stamp != self.desired_stamp {
             self.desired_stamp = stamp;
@@ -468,82 +497,6 @@ impl Cluster {
                     ));
                 }
             }
-        }
-        self.reconcile();
-        self.check_pods();
-        self.handle_requests();
-        let _ = self.save();
-    }
-
-    /// Carries out the requests `ambit restart|stop|start` left in the requests folder.
-    fn handle_requests(&mut self) {
-        let dir = self.layout.requests();
-        let Ok(entries) = std::fs::read_dir(&dir) else { return };
-        let mut files: Vec<PathBuf> = entries
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| p.extension().is_some_and(|e| e == "json"))
-            .collect();
-        files.sort();
-        for file in files {
-            // A request is a few dozen bytes; read at most MAX_REQUEST of whatever is there.
-            let mut text = String::new();
-            if let Ok(f) = std::fs::File::open(&file) {
-                use std::io::Read;
-                let _ = f.take(MAX_REQUEST).read_to_string(&mut text);
-            }
-            let _ = std::fs::remove_file(&file);
-            let reply = match serde_json::from_str::<Request>(&text) {
-                Ok(req) => {
-                    let r = self.handle(&req);
-                    let line = match &r {
-                        Ok(m) => m.clone(),
-                        Err(m) => format!("{} {} failed: {m}", req.op, req.name),
-                    };
-                    self.event(line);
-                    match r {
-                        Ok(message) => Reply { ok: true, message },
-                        Err(message) => Reply { ok: false, message },
-                    }
-                }
-                Err(e) => Reply { ok: false, message: format!("not a request: {e}") },
-            };
-            let _ = write_atomic(
-                &file.with_extension("done"),
-                &serde_json::to_string(&reply).unwrap_or_default(),
-            );
-        }
-    }
-
-    fn handle(&mut self, req: &Request) -> Result<String, String> {
-        if self.sup.spec(&req.name).is_none() {
-            let names: Vec<String> = self.sup.status().into_iter().map(|p| p.name).collect();
-            return Err(format!("no process named {:?}; there are: {}", req.name, names.join(", ")));
-        }
-        let proxy_node =
-            req.name.strip_prefix("proxy/").and_then(|n| self.nodes.iter().position(|m| m.member.name == n));
-        let waypoint = self
-            .sup
-            .spec(&req.name)
-            .is_some_and(|s| s.program == self.cfg.ambit && s.args.first().is_some_and(|a| a == "waypoint"));
-        match (req.op.as_str(), proxy_node) {
-            ("restart", Some(i)) => self.replace_proxy(i),
-            ("restart", None) if waypoint && !req.kill => self.replace_waypoint(&req.name),
-            ("restart", None) => {
-                self.sup.hold(&req.name, STOP_GRACE, req.kill);
-                self.sup.release(&req.name).map_err(|e| e.to_string())?;
-                Ok(format!("{} restarted", req.name))
-            }
-            ("stop", _) => {
-                self.sup.hold(&req.name, STOP_GRACE, req.kill);
-                let how = if req.kill { "killed (SIGKILL)" } else { "stopped" };
-                Ok(format!("{} {how}; it stays down until `ambit start {}{}`", req.name, req.name, req.flags))
-            }
-            ("start", _) => {
-                self.sup.release(&req.name).map_err(|e| e.to_string())?;
-                Ok(format!("{} started", req.name))
-            }
-            (op, _) => Err(format!("unknown operation {op:?} (restart, stop, start)")),
         }
     }
 
@@ -699,209 +652,6 @@ impl Cluster {
         Ok(())
     }
 
-    fn env(&self) -> Vec<(OsString, OsString)> {
-        let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into());
-        vec![("PATH".into(), path), ("RUST_LOG".into(), "info".into())]
-    }
-
-    fn spec(&self, name: &str, netns: &str, args: Vec<String>, env: Vec<(&str, String)>) -> ProcessSpec {
-        let mut all = self.env();
-        all.extend(env.into_iter().map(|(k, v)| (OsString::from(k), OsString::from(v))));
-        ProcessSpec {
-            name: name.to_owned(),
-            netns: Some(netns.to_owned()),
-            program: self.cfg.ambit.clone(),
-            args: args.into_iter().map(OsString::from).collect(),
-            env: all,
-            log: self.layout.log(name),
-            restart: true,
-        }
-    }
-
-    fn start_control(&mut self) -> Result<(), UpError> {
-        let l = &self.layout;
-        let args = vec![
-            "control".into(),
-            "--config".into(),
-            l.objects().display().to_string(),
-            "--capture-state-dir".into(),
-            l.capture().display().to_string(),
-            "--state-dir".into(),
-            l.control().display().to_string(),
-            "--secure-grpc-addr".into(),
-            format!("0.0.0.0:{CONTROL_GRPC}"),
-            "--grpc-addr".into(),
-            String::new(),
-            "--monitoring-addr".into(),
-            format!("0.0.0.0:{CONTROL_MONITORING}"),
-            "--http-addr".into(),
-            format!("0.0.0.0:{CONTROL_READY}"),
-        ];
-        let spec = self.spec("control", &self.control_netns(), args, Vec::new());
-        self.sup.start(spec)?;
-        Ok(())
-    }
-
-    fn start_agent(&mut self, i: usize) -> Result<(), UpError> {
-        let n = &self.nodes[i];
-        let l = &self.layout;
-        let args = vec![
-            "agent".into(),
-            "--source-dir".into(),
-            l.objects().display().to_string(),
-            "--capture-state-dir".into(),
-            l.capture().display().to_string(),
-            "--node-name".into(),
-            n.member.name.clone(),
-            "--run-dir".into(),
-            n.dirs.agent_run_dir().display().to_string(),
-            "--zds-socket".into(),
-            n.dirs.zds_socket().display().to_string(),
-            "--source-poll".into(),
-            "100ms".into(),
-            "--metrics-addr".into(),
-            format!("0.0.0.0:{AGENT_METRICS}"),
-            "--health-addr".into(),
-            format!("0.0.0.0:{AGENT_HEALTH}"),
-            "--exclude-namespaces".into(),
-            "kube-system".into(),
-            "--cni-conf-dir".into(),
-            n.dirs.conf_dir().display().to_string(),
-            "--cni-bin-dir".into(),
-            n.dirs.bin_dir().display().to_string(),
-            "--cni-binary".into(),
-            self.cfg.ambit_cni.display().to_string(),
-        ];
-        let spec = self.spec(&format!("agent/{}", n.member.name), &n.member.netns, args, Vec::new());
-        self.sup.start(spec)?;
-        Ok(())
-    }
-
-    /// Node `i`'s proxy of generation `generation` (its ports: [`ProxyPorts::of_generation`]).
-    fn proxy_spec(&self, i: usize, generation: u32) -> ProcessSpec {
-        let n = &self.nodes[i];
-        let ports = ProxyPorts::of_generation(generation);
-        let url = format!("https://{}:{CONTROL_GRPC}", self.control_ip());
-        let root = self.layout.root_cert().display().to_string();
-        let token = self.layout.control().join("tokens").join(format!("{}.token", n.member.name));
-        let env = vec![
-            ("PROXY_MODE", "shared".to_owned()),
-            ("INPOD_UDS", n.dirs.zds_socket().display().to_string()),
-            ("XDS_ADDRESS", url.clone()),
-            ("CA_ADDRESS", url),
-            ("XDS_ROOT_CA", root.clone()),
-            ("CA_ROOT_CA", root),
-            ("ALT_XDS_HOSTNAME", CONTROL_HOSTNAME.to_owned()),
-            ("ALT_CA_HOSTNAME", CONTROL_HOSTNAME.to_owned()),
-            ("AUTH_TOKEN", token.display().to_string()),
-            ("NODE_NAME", n.member.name.clone()),
-            ("INSTANCE_IP", n.member.ip.to_string()),
-            ("POD_NAME", format!("ztunnel-{}", n.member.name)),
-            ("POD_NAMESPACE", crate::desired::SYSTEM_NAMESPACE.to_owned()),
-            ("FAKE_CA", "false".to_owned()),
-            (
-                "ZTUNNEL_WORKER_THREADS",
-                proxy_workers(std::env::var("ZTUNNEL_WORKER_THREADS").ok(), host_cores(), self.nodes.len()),
-            ),
-            ("AMBIT_ADMIN_ADDR", format!("127.0.0.1:{}", ports.admin)),
-            ("AMBIT_STATS_ADDR", format!("[::]:{}", ports.stats)),
-            ("AMBIT_READINESS_ADDR", format!("[::]:{}", ports.ready)),
-            ("CONNECTION_TERMINATION_DEADLINE", format!("{}s", PROXY_DRAIN.as_secs())),
-        ];
-        self.spec(&format!("proxy/{}", n.member.name), &n.member.netns, vec!["proxy".into()], env)
-    }
-
-    /// What a container running `ambit waypoint` is given, as istiod's injection gives a
-    /// waypoint's pod its control plane and token: the control plane's address and roots, its
-    /// node's token (asking for its certificate on the node's behalf, [`AMBIT_NODE_TOKEN`]) and
-    /// its pod IP.
-    fn waypoint_env(&self, node: usize, ip: Option<Ipv4Addr>) -> Vec<(OsString, OsString)> {
-        let url = format!("https://{}:{CONTROL_GRPC}", self.control_ip());
-        let root = self.layout.root_cert().display().to_string();
-        let node_name = &self.nodes[node].member.name;
-        let token = self.layout.control().join("tokens").join(format!("{node_name}.token"));
-        [
-            ("XDS_ADDRESS", url.clone()),
-            ("CA_ADDRESS", url),
-            ("XDS_ROOT_CA", root.clone()),
-            ("CA_ROOT_CA", root),
-            ("ALT_XDS_HOSTNAME", CONTROL_HOSTNAME.to_owned()),
-            ("ALT_CA_HOSTNAME", CONTROL_HOSTNAME.to_owned()),
-            ("AUTH_TOKEN", token.display().to_string()),
-            ("AMBIT_NODE_TOKEN", "true".to_owned()),
-            ("INSTANCE_IP", ip.map(|i| i.to_string()).unwrap_or_default()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (OsString::from(k), OsString::from(v)))
-        .collect()
-    }
-
-    /// The pods node `i`'s proxy of generation `generation` serves (`workloadState` `Up`).
-    fn proxy_serves(&self, i: usize, generation: u32) -> usize {
-        let ports = ProxyPorts::of_generation(generation);
-        match probe::http_get(&self.nodes[i].member.netns, ports.admin, "/config_dump") {
-            Ok((200, body)) => {
-                let dump: Value = serde_json::from_str(&body).unwrap_or_default();
-                dump["workloadState"]
-                    .as_object()
-                    .map_or(0, |m| m.values().filter(|v| v["state"] == "Up").count())
-            }
-            _ => 0,
-        }
-    }
-
-    /// Replaces node `i`'s proxy as a DaemonSet rolling update does, without a gap: the new one
-    /// starts beside the old one (the other set of ports), and once it is ready and serves as
-    /// many pods as the old one (the agent hands it every pod), the old one gets SIGTERM and
-    /// drains.
-    fn replace_proxy(&mut self, i: usize) -> Result<String, String> {
-        let old = self.proxy_generation[i];
-        let new = old + 1;
-        let serving = self.proxy_serves(i, old);
-        let spec = self.proxy_spec(i, new);
-        let name = format!("proxy/{}", self.nodes[i].member.name);
-        let netns = self.nodes[i].member.netns.clone();
-        let ready_port = ProxyPorts::of_generation(new).ready;
-        // The supervisor is taken out while the readiness check borrows the rest.
-        let mut sup = std::mem::take(&mut self.sup);
-        let r = {
-            let this = &*self;
-            let mut ready = |_: u32| {
-                probe::ready(&netns, ready_port, "/healthz/ready") && this.proxy_serves(i, new) >= serving
-            };
-            sup.replace(&name, spec, &mut ready, READY_TIMEOUT, PROXY_DRAIN + Duration::from_secs(5))
-        };
-        self.sup = sup;
-        match r {
-            Ok(pid) => {
-                self.proxy_generation[i] = new;
-                {
-                    let p = ProxyPorts::of_generation(new);
-                    Ok(format!(
-                        "{name} replaced: pid {pid} serves {serving} pod(s) (admin :{}, metrics :{}, readiness :{}); the previous one drained",
-                        p.admin, p.stats, p.ready
-                    ))
-                }
-            }
-            Err(e) => Err(e.to_string()),
-        }
-    }
-
-    /// Replaces a waypoint container as a rolling update replaces its pod, without a gap: the
-    /// new process starts beside the old one in the pod (the waypoint's ports are SO_REUSEPORT),
-    /// and once it listens on its HBONE port (which it does only when ready: certificate and
-    /// configuration in) the old one gets SIGTERM and drains, its listener closed, so new
-    /// connections reach only the new one.
-    fn replace_waypoint(&mut self, name: &str) -> Result<String, String> {
-        let spec = self.sup.spec(name).cloned().ok_or_else(|| format!("no process named {name:?}"))?;
-        let mut ready = |pid: u32| probe::own_listening_ports(pid).contains(&WAYPOINT_HBONE_PORT);
-        let pid = self
-            .sup
-            .replace(name, spec, &mut ready, READY_TIMEOUT, WAYPOINT_DRAIN + Duration::from_secs(5))
-            .map_err(|e| e.to_string())?;
-        Ok(format!("{name} replaced: pid {pid} took over; the previous one drained"))
-    }
-
     /// Waits for `GET path` on `port` in `netns` to answer 200, supervising meanwhile.
     fn wait_ready(
         &mut self,
@@ -955,238 +705,6 @@ impl Cluster {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
-
-    /// Brings the pods to the desired folder: pods gone or changed are deleted, missing ones
-    /// created (a failed one is tried again after [`POD_RETRY`]).
-    fn reconcile(&mut self) {
-        let want: BTreeMap<(String, String), PodTemplate> =
-            self.desired.pods.iter().map(|t| ((t.namespace.clone(), t.name.clone()), t.clone())).collect();
-        let stale: Vec<(String, String)> = self
-            .pods
-            .iter()
-            .filter(|(k, p)| want.get(*k).is_none_or(|t| t.digest != p.template.digest))
-            .map(|(k, _)| k.clone())
-            .collect();
-        for k in stale {
-            self.delete_pod(&k);
-        }
-        self.failed.retain(|k, _| want.contains_key(k));
-        for (k, t) in want {
-            if self.pods.contains_key(&k) {
-                continue;
-            }
-            if let Some((at, _)) = self.failed.get(&k)
-                && at.elapsed() < POD_RETRY
-            {
-                continue;
-            }
-            match self.create_pod(&t) {
-                Ok(p) => {
-                    self.failed.remove(&k);
-                    self.event(format!(
-                        "pod {}/{} created on {} ({}, CNI ADD {:.0} ms)",
-                        t.namespace,
-                        t.name,
-                        self.nodes[p.node].member.name,
-                        p.ip.map(|ip| ip.to_string()).unwrap_or_default(),
-                        p.cni_add.as_secs_f64() * 1e3
-                    ));
-                    self.pods.insert(k, p);
-                }
-                Err(why) => {
-                    self.event(format!("pod {}/{}: {why}", t.namespace, t.name));
-                    self.failed.insert(k, (Instant::now(), why));
-                }
-            }
-        }
-    }
-
-    /// The node a new pod goes on: the one asked for, else the one with the fewest pods.
-    fn place(&self, t: &PodTemplate) -> usize {
-        if let Some(want) = &t.node
-            && let Some(i) = self.nodes.iter().position(|n| &n.member.name == want)
-        {
-            return i;
-        }
-        let mut count = vec![0usize; self.nodes.len()];
-        for p in self.pods.values() {
-            count[p.node] += 1;
-        }
-        (0..self.nodes.len()).min_by_key(|&i| (count[i], i)).unwrap_or(0)
-    }
-
-    fn create_pod(&mut self, t: &PodTemplate) -> Result<RunningPod, String> {
-        let node = self.place(t);
-        let created = Instant::now();
-        let netns = self.pod_netns(t);
-        let mut sandbox = Sandbox::create(&netns, &t.namespace, &t.name, None, &self.cgroup_root)
-            .map_err(|e| format!("sandbox: {e}"))?;
-        let write = |c: &Cluster, sb: &Sandbox, ip: Option<Ipv4Addr>| {
-            write_atomic(&c.pod_file(t), &pretty(&c.observed(t, node, sb, ip)))
-        };
-        if let Err(e) = write(self, &sandbox, None) {
-            let _ = sandbox.remove();
-            return Err(e.to_string());
-        }
-        let t0 = Instant::now();
-        let added = self.nodes[node].runtime.add(&sandbox.pod);
-        let cni_add = t0.elapsed();
-        let ip = match added {
-            Ok((result, _)) => cni::result_ipv4(&result),
-            Err(e) => {
-                let _ = std::fs::remove_file(self.pod_file(t));
-                let _ = self.nodes[node].runtime.del(&sandbox.pod);
-                let _ = sandbox.remove();
-                return Err(format!("CNI ADD on {} failed: {e}", self.nodes[node].member.name));
-            }
-        };
-        let mut pod = RunningPod {
-            template: t.clone(),
-            node,
-            sandbox,
-            ip,
-            containers: Vec::new(),
-            ready: false,
-            created,
-            cni_add,
-        };
-        if let Err(e) = write(self, &pod.sandbox, ip) {
-            self.remove_pod(&mut pod);
-            return Err(e.to_string());
-        }
-        for c in &t.containers {
-            let name = format!("pod/{}/{}/{}", t.namespace, t.name, c.name);
-            let mut argv = c.argv.iter();
-            let program = match argv.next().map(String::as_str) {
-                Some("ambit") | None => self.cfg.ambit.clone(),
-                Some(p) => PathBuf::from(p),
-            };
-            let mut env = self.env();
-            let node_name = self.nodes[node].member.name.clone();
-            for (k, v) in [
-                ("POD_NAME", t.name.clone()),
-                ("POD_NAMESPACE", t.namespace.clone()),
-                ("POD_IP", ip.map(|i| i.to_string()).unwrap_or_default()),
-                ("NODE_NAME", node_name),
-                ("SERVICE_ACCOUNT", t.service_account.clone()),
-            ] {
-                env.push((k.into(), v.into()));
-            }
-            if c.argv.iter().map(String::as_str).eq(WAYPOINT_COMMAND) {
-                env.extend(self.waypoint_env(node, ip));
-            }
-            env.extend(c.env.iter().map(|(k, v)| (OsString::from(k), OsString::from(v))));
-            let spec = ProcessSpec {
-                name: name.clone(),
-                netns: Some(pod.sandbox.netns.clone()),
-                program,
-                args: argv.map(OsString::from).collect(),
-                env,
-                log: self.layout.log(&name),
-                restart: true,
-            };
-            if let Err(e) = self.sup.start(spec) {
-                self.remove_pod(&mut pod);
-                return Err(e.to_string());
-            }
-            pod.containers.push(name);
-        }
-        Ok(pod)
-    }
-
-    /// Marks pods ready once every declared port listens in their namespace.
-    fn check_pods(&mut self) {
-        let mut became = Vec::new();
-        for p in self.pods.values_mut().filter(|p| !p.ready) {
-            let want: BTreeSet<u16> =
-                p.template.containers.iter().flat_map(|c| c.ports.iter().copied()).collect();
-            let have = probe::listening_ports(p.sandbox.pause_pid());
-            let probes_pass = || {
-                p.template
-                    .containers
-                    .iter()
-                    .filter_map(|c| c.ready_http.as_ref())
-                    .all(|(port, path)| probe::ready(&p.sandbox.netns, *port, path))
-            };
-            if want.is_subset(&have) && probes_pass() {
-                p.ready = true;
-                became.push(format!(
-                    "pod {}/{} ready after {:.0} ms",
-                    p.template.namespace,
-                    p.template.name,
-                    p.created.elapsed().as_secs_f64() * 1e3
-                ));
-            }
-        }
-        for e in became {
-            self.event(e);
-        }
-    }
-
-    fn delete_pod(&mut self, key: &(String, String)) {
-        if let Some(mut p) = self.pods.remove(key) {
-            self.remove_pod(&mut p);
-            self.event(format!("pod {}/{} deleted", key.0, key.1));
-        }
-    }
-
-    /// Containers stopped, the Pod object removed, CNI DEL, the sandbox removed.
-    fn remove_pod(&mut self, p: &mut RunningPod) {
-        for c in std::mem::take(&mut p.containers) {
-            self.sup.stop(&c, STOP_GRACE);
-        }
-        let _ = std::fs::remove_file(self.pod_file(&p.template));
-        if let Err(e) = self.nodes[p.node].runtime.del(&p.sandbox.pod) {
-            tracing::warn!("CNI DEL of {}/{}: {e}", p.template.namespace, p.template.name);
-        }
-        if let Err(e) = p.sandbox.remove() {
-            tracing::warn!("removing the sandbox of {}/{}: {e}", p.template.namespace, p.template.name);
-        }
-    }
-
-    fn pod_netns(&self, t: &PodTemplate) -> String {
-        let name = format!("{}-{}-{}", self.cfg.tag, t.namespace, t.name);
-        if name.len() <= 64 && !crate::ip::netns_exists(&name) {
-            name
-        } else {
-            format!("{}-pod-{}", self.cfg.tag, &sandbox::random_uid()[..8])
-        }
-    }
-
-    fn pod_file(&self, t: &PodTemplate) -> PathBuf {
-        self.layout.objects().join(format!("pod-{}-{}.yaml", t.namespace, t.name))
-    }
-
-    /// The Pod object as kubelet reports it: Pending on its node, then Running with its IP.
-    fn observed(&self, t: &PodTemplate, node: usize, sb: &Sandbox, ip: Option<Ipv4Addr>) -> Value {
-        let mut spec = match &t.spec {
-            Value::Object(m) => Value::Object(m.clone()),
-            _ => json!({}),
-        };
-        spec["nodeName"] = json!(self.nodes[node].member.name);
-        spec["serviceAccountName"] = json!(t.service_account);
-        let status = match ip {
-            Some(ip) => json!({
-                "phase": "Running",
-                "hostIP": self.nodes[node].member.ip.to_string(),
-                "podIP": ip.to_string(),
-                "podIPs": [{ "ip": ip.to_string() }],
-                "conditions": [{ "type": "Ready", "status": "True" }],
-            }),
-            None => json!({ "phase": "Pending" }),
-        };
-        let mut metadata = json!({
-            "name": t.name,
-            "namespace": t.namespace,
-            "uid": sb.pod.uid,
-            "labels": t.labels,
-            "annotations": t.annotations,
-        });
-        if let Some(d) = &t.deployment {
-            metadata["ownerReferences"] = json!([{ "apiVersion": "apps/v1", "kind": "Deployment", "name": d, "uid": d, "controller": true }]);
-        }
-        json!({ "apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec, "status": status })
-    }
 }
 
 fn pretty(v: &Value) -> String {
@@ -1200,58 +718,6 @@ fn humantime_now() -> String {
     let t = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
     let s = t.as_secs();
     format!("{:02}:{:02}:{:02}", (s / 3600) % 24, (s / 60) % 60, s % 60)
-}
-
-/// A request to the cluster's owner: `restart`, `stop` or `start` process `name` (as
-/// `ambit status` lists them: `control`, `agent/node1`, `proxy/node1`, `pod/demo/web/app`).
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Request {
-    /// `restart`, `stop` or `start`.
-    pub op: String,
-    /// The process.
-    pub name: String,
-    /// SIGKILL instead of SIGTERM (`stop`, `restart`).
-    #[serde(default)]
-    pub kill: bool,
-    /// How the requester names this cluster on a command line (` --run-dir D --tag T`, or empty
-    /// for the default one), for the commands the answer suggests.
-    #[serde(default)]
-    pub flags: String,
-}
-
-/// The owner's answer.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Reply {
-    /// Whether it was done.
-    pub ok: bool,
-    /// What happened.
-    pub message: String,
-}
-
-/// Hands `req` to the owner of the cluster in `run_dir` and waits (at most `timeout`) for its
-/// answer.
-pub fn submit(run_dir: &Path, req: &Request, timeout: Duration) -> Result<Reply, String> {
-    let layout = Layout(run_dir.to_owned());
-    let state = ClusterState::load(run_dir).map_err(|e| e.to_string())?;
-    if !state.owner_alive() {
-        return Err("the cluster's owner is gone; `ambit down`, then `ambit up`".into());
-    }
-    let nanos = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_nanos();
-    let file = layout.requests().join(format!("{nanos:020}-{}.json", std::process::id()));
-    write_atomic(&file, &serde_json::to_string(req).unwrap_or_default()).map_err(|e| e.to_string())?;
-    let done = file.with_extension("done");
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Ok(text) = std::fs::read_to_string(&done) {
-            let _ = std::fs::remove_file(&done);
-            return serde_json::from_str(&text).map_err(|e| format!("a garbled answer: {e}"));
-        }
-        if Instant::now() > deadline {
-            let _ = std::fs::remove_file(&file);
-            return Err(format!("no answer from the cluster's owner within {timeout:?}"));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// Runs the cluster in this process until `stop` is set: starts it, reports each step and the
