@@ -614,6 +614,17 @@ pub fn apply(args: ApplyArgs, delete: bool) -> ExitCode {
     } else {
         next.extend(ours.iter().cloned());
     }
+    if !delete {
+        let added = names
+            .iter()
+            .filter(|n| {
+                !current_files.iter().any(|f| f.file_name().and_then(|x| x.to_str()) == Some(n.as_str()))
+            })
+            .count();
+        if let Some(problem) = too_many_objects(current_files.len(), added) {
+            return fail(what, problem);
+        }
+    }
     let nodes: Vec<String> = state.network.nodes.iter().map(|n| n.name.clone()).collect();
     match Desired::check(next, errors, &nodes) {
         Ok(d) => desired::fill_cluster_ips(&mut ours, &d),
@@ -649,6 +660,18 @@ pub fn apply(args: ApplyArgs, delete: bool) -> ExitCode {
         crate::policies::print_warnings(ours.iter().map(|(v, _)| v));
     }
     ExitCode::SUCCESS
+}
+
+/// Why `added` more objects do not fit beside `held` in a cluster's folder (one file each), if
+/// they do not: checked before anything is written, so an apply is never half done.
+fn too_many_objects(held: usize, added: usize) -> Option<String> {
+    (held + added > desired::MAX_FILES).then(|| {
+        format!(
+            "{added} new object(s) beside the {held} the cluster holds would make {}; a local cluster holds at most {} (one file each); nothing was applied",
+            held + added,
+            desired::MAX_FILES
+        )
+    })
 }
 
 /// The record of the cluster at `target`, whose owner must be running.
@@ -768,5 +791,21 @@ pub fn request(op: &str, args: ProcessArgs) -> ExitCode {
         }
         Ok(r) => fail(op, r.message),
         Err(e) => fail(op, e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_apply_past_the_folders_limit_is_refused_whole() {
+        assert_eq!(too_many_objects(19_000, 1_000), None);
+        assert_eq!(
+            too_many_objects(19_500, 501).as_deref(),
+            Some(
+                "501 new object(s) beside the 19500 the cluster holds would make 20001; a local cluster holds at most 20000 (one file each); nothing was applied"
+            )
+        );
     }
 }

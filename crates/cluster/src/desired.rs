@@ -37,8 +37,9 @@ use serde_json::Value;
 pub const MAX_REPLICAS: i32 = 64;
 /// Most pods one cluster runs.
 pub const MAX_PODS: usize = 1_000;
-/// Most YAML files read from one folder.
-pub const MAX_FILES: usize = 1_000;
+/// Most YAML files read from one folder (`ambit apply` writes one per object, so this bounds
+/// the objects of a cluster: 20 000 Services, Pods and policies together).
+pub const MAX_FILES: usize = 20_000;
 /// Longest pod name (a DNS label, as Kubernetes requires of pod hostnames).
 pub const MAX_POD_NAME: usize = 63;
 /// The namespace every cluster has without being told.
