@@ -2,7 +2,7 @@
 //! (Envoy's `%START_TIME% "%METHOD% %PATH% %PROTOCOL%" %RESPONSE_CODE% %RESPONSE_FLAGS%
 //! %RESPONSE_CODE_DETAILS% …` text format), logged with target `access` at info, so a
 //! denial names the policy that decided it (`rbac_access_denied_matched_policy[ns[<ns>]-policy[<name>]]`,
-//! or `[none]` with the ALLOW policies none of which matched) and `/logging?access=off` (or
+//! or `[none]` with the ALLOW policies none of which matched) and `POST /logging?level=access:off` (or
 //! `RUST_LOG=access=off`) turns it off. Fields the waypoint does not know are `-`, as in Envoy.
 
 use std::fmt::Write as _;
