@@ -19,9 +19,11 @@ use hyper_util::rt::TokioIo;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 
+mod control_args;
 pub mod logging;
 pub mod profile;
 
+pub use control_args::{ControlArgs, DEFAULT_ROOT_CA};
 pub use profile::ProfileError;
 
 /// A response body.

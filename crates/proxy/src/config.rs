@@ -37,35 +37,13 @@ pub struct ProxyArgs {
     /// with xDS.
     #[arg(long, env = "LOCAL_XDS_PATH")]
     pub local_xds_path: Option<PathBuf>,
-    /// xDS server address; `https://` is assumed when no scheme is given; empty disables xDS.
-    /// Default: `https://istiod.istio-system.svc:15012` when KUBERNETES_SERVICE_HOST is set,
-    /// else `https://localhost:15012`.
-    #[arg(long, env = "XDS_ADDRESS")]
-    pub xds_address: Option<String>,
-    /// Roots that verify the xDS server: a PEM file, `SYSTEM` (the OS trust store) or the PEM itself.
-    #[arg(long, env = "XDS_ROOT_CA", default_value = DEFAULT_ROOT_CA)]
-    pub xds_root_ca: String,
-    /// A name the xDS server's certificate may carry instead of the address's host.
-    #[arg(long, env = "ALT_XDS_HOSTNAME")]
-    pub alt_xds_hostname: Option<String>,
+    /// Where xDS and certificates come from (XDS_*, CA_*, AUTH_TOKEN, FAKE_CA*, SECRET_TTL).
+    #[command(flatten)]
+    pub control: ambit_admin::ControlArgs,
     /// Fetch addresses on demand (by IP, when a destination is unknown) instead of all of them;
     /// not with the DNS proxy.
     #[arg(long, env = "XDS_ON_DEMAND", default_value_t = false, action = clap::ArgAction::Set)]
     pub xds_on_demand: bool,
-    /// Istio CA API address (gRPC); `https://` is assumed when no scheme is given. Default as
-    /// XDS_ADDRESS's.
-    #[arg(long, env = "CA_ADDRESS")]
-    pub ca_address: Option<String>,
-    /// Roots that verify the CA: a PEM file, `SYSTEM` (the OS trust store) or the PEM itself.
-    #[arg(long, env = "CA_ROOT_CA", default_value = DEFAULT_ROOT_CA)]
-    pub ca_root_ca: String,
-    /// A name the CA's certificate may carry instead of the address's host.
-    #[arg(long, env = "ALT_CA_HOSTNAME")]
-    pub alt_ca_hostname: Option<String>,
-    /// Bearer token for the CA and xDS: a file (re-read per request) or, when no such file
-    /// exists, the token itself. Default: ./var/run/secrets/tokens/istio-token if it exists.
-    #[arg(long, env = "AUTH_TOKEN")]
-    pub auth_token: Option<String>,
     /// This pod's name (xDS node id and metadata).
     #[arg(long, env = "POD_NAME")]
     pub pod_name: Option<String>,
@@ -78,16 +56,6 @@ pub struct ProxyArgs {
     /// This pod's service account (accepted for the chart; the proxy has no identity of its own).
     #[arg(long, env = "SERVICE_ACCOUNT")]
     pub service_account: Option<String>,
-    /// Development: sign workload certificates in-process instead of calling a CA.
-    #[arg(long, env = "FAKE_CA", default_value_t = false, action = clap::ArgAction::Set)]
-    pub fake_ca: bool,
-    /// Development: directory with root-cert.pem and root-key.pem for FAKE_CA (see `ambit dev-ca init`);
-    /// without it, a fresh in-memory root that only this process trusts.
-    #[arg(long, env = "FAKE_CA_ROOT")]
-    pub fake_ca_root: Option<PathBuf>,
-    /// Requested certificate lifetime.
-    #[arg(long, env = "SECRET_TTL", default_value = "24h", value_parser = parse_duration)]
-    pub secret_ttl: Duration,
     /// SO_MARK on proxy sockets (decimal or 0x hex). Default: 1337 in shared mode, none in dedicated.
     #[arg(long, env = "PACKET_MARK", value_parser = parse_u32)]
     pub packet_mark: Option<u32>,
@@ -216,8 +184,6 @@ pub struct ProxyArgs {
     pub extra_args: Vec<String>,
 }
 
-/// Default of `CA_ROOT_CA` and `XDS_ROOT_CA` (relative to the working directory, `/` in a pod).
-pub const DEFAULT_ROOT_CA: &str = "./var/run/secrets/istio/root-cert.pem";
 /// Default control-plane address inside Kubernetes (KUBERNETES_SERVICE_HOST set).
 pub const DEFAULT_ISTIOD_IN_CLUSTER: &str = "https://istiod.istio-system.svc:15012";
 /// Default control-plane address outside Kubernetes.
@@ -465,7 +431,7 @@ impl Config {
         } else {
             DEFAULT_ISTIOD_LOCAL
         };
-        let token = TokenSource::from_setting(a.auth_token.as_deref());
+        let token = TokenSource::from_setting(a.control.auth_token.as_deref());
         let control = |service: Service, address: &str, roots: &str, alt: &Option<String>| {
             let setting = ControlSetting {
                 service,
@@ -477,7 +443,7 @@ impl Config {
             };
             ControlSettings::resolve(setting, env)
         };
-        let xds_address = a.xds_address.as_deref().unwrap_or(default_address);
+        let xds_address = a.control.xds_address.as_deref().unwrap_or(default_address);
         let xds = if xds_address.is_empty() {
             None
         } else {
@@ -485,19 +451,27 @@ impl Config {
                 return Err(ConfigError::OnDemandWithDns);
             }
             Some(XdsSettings {
-                control: control(Service::Xds, xds_address, &a.xds_root_ca, &a.alt_xds_hostname)?,
+                control: control(
+                    Service::Xds,
+                    xds_address,
+                    &a.control.xds_root_ca,
+                    &a.control.alt_xds_hostname,
+                )?,
                 on_demand: a.xds_on_demand,
                 node: node_info(a, env),
             })
         };
-        let ca = if a.fake_ca {
-            CaSource::Fake { root: a.fake_ca_root.clone() }
+        let ca = if a.control.fake_ca {
+            CaSource::Fake { root: a.control.fake_ca_root.clone() }
         } else {
-            match a.ca_address.as_deref().unwrap_or(default_address) {
+            match a.control.ca_address.as_deref().unwrap_or(default_address) {
                 "" => return Err(ConfigError::NoCa),
-                address => {
-                    CaSource::Remote(control(Service::Ca, address, &a.ca_root_ca, &a.alt_ca_hostname)?)
-                }
+                address => CaSource::Remote(control(
+                    Service::Ca,
+                    address,
+                    &a.control.ca_root_ca,
+                    &a.control.alt_ca_hostname,
+                )?),
             }
         };
         let mut unsupported: Vec<String> = UNSUPPORTED_SETTINGS
@@ -540,7 +514,7 @@ impl Config {
             dns_proxy,
             prefered_service_namespace: a.prefered_service_namespace.clone().filter(|n| !n.is_empty()),
             ca,
-            secret_ttl: a.secret_ttl,
+            secret_ttl: a.control.secret_ttl,
             packet_mark,
             local_node: a.node_name.clone().filter(|n| !n.is_empty()),
             cluster_id,

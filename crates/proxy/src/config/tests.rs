@@ -158,7 +158,11 @@ fn xds_address_defaults_follow_the_cluster_and_empty_disables_xds() {
     assert_eq!(c.local_xds_path, None, "neither source: the proxy starts with no workloads");
 
     let a = args(&["--xds-address", "istiod-1-24.istio-system.svc:15012", "--xds-root-ca", &r.path]);
-    let a = ProxyArgs { fake_ca: true, local_xds_path: Some("/x.yaml".into()), ..a };
+    let a = ProxyArgs {
+        control: ambit_admin::ControlArgs { fake_ca: true, ..a.control.clone() },
+        local_xds_path: Some("/x.yaml".into()),
+        ..a
+    };
     let c = config(&a).expect("local file and xDS combine");
     assert_eq!(xds(&c).control.address, "https://istiod-1-24.istio-system.svc:15012");
     assert_eq!(c.local_xds_path.as_deref(), Some(std::path::Path::new("/x.yaml")));

@@ -17,31 +17,9 @@ use serde_json::Value;
 /// flags override the environment.
 #[derive(Clone, Debug, clap::Args)]
 pub struct WaypointArgs {
-    /// xDS server address; `https://` is assumed when no scheme is given. Default:
-    /// `https://istiod.istio-system.svc:15012` when KUBERNETES_SERVICE_HOST is set, else
-    /// `https://localhost:15012`.
-    #[arg(long, env = "XDS_ADDRESS")]
-    pub xds_address: Option<String>,
-    /// Roots that verify the xDS server: a PEM file, `SYSTEM` (the OS trust store) or the PEM itself.
-    #[arg(long, env = "XDS_ROOT_CA", default_value = DEFAULT_ROOT_CA)]
-    pub xds_root_ca: String,
-    /// A name the xDS server's certificate may carry instead of the address's host.
-    #[arg(long, env = "ALT_XDS_HOSTNAME")]
-    pub alt_xds_hostname: Option<String>,
-    /// Istio CA API address (gRPC); `https://` is assumed when no scheme is given. Default as
-    /// XDS_ADDRESS's.
-    #[arg(long, env = "CA_ADDRESS")]
-    pub ca_address: Option<String>,
-    /// Roots that verify the CA: a PEM file, `SYSTEM` (the OS trust store) or the PEM itself.
-    #[arg(long, env = "CA_ROOT_CA", default_value = DEFAULT_ROOT_CA)]
-    pub ca_root_ca: String,
-    /// A name the CA's certificate may carry instead of the address's host.
-    #[arg(long, env = "ALT_CA_HOSTNAME")]
-    pub alt_ca_hostname: Option<String>,
-    /// Bearer token for the CA and xDS: a file (re-read per request) or, when no such file
-    /// exists, the token itself. Default: ./var/run/secrets/tokens/istio-token if it exists.
-    #[arg(long, env = "AUTH_TOKEN")]
-    pub auth_token: Option<String>,
+    /// Where xDS and certificates come from (XDS_*, CA_*, AUTH_TOKEN, FAKE_CA*, SECRET_TTL).
+    #[command(flatten)]
+    pub control: ambit_admin::ControlArgs,
     /// Local clusters (`ambit up`): AUTH_TOKEN is the node's token, so the certificate is asked
     /// for on the node's behalf (as a node proxy asks for its pods', through the CA's node
     /// authorization), and the xDS stream presents that certificate, so that the control plane
@@ -71,16 +49,6 @@ pub struct WaypointArgs {
     /// Trust domain of the waypoint's identity.
     #[arg(long, env = "TRUST_DOMAIN", default_value = "cluster.local")]
     pub trust_domain: String,
-    /// Development: sign the waypoint's certificate in-process instead of calling a CA.
-    #[arg(long, env = "FAKE_CA", default_value_t = false, action = clap::ArgAction::Set)]
-    pub fake_ca: bool,
-    /// Development: directory with root-cert.pem and root-key.pem for FAKE_CA (see `ambit dev-ca
-    /// init`); without it, a fresh in-memory root that only this process trusts.
-    #[arg(long, env = "FAKE_CA_ROOT")]
-    pub fake_ca_root: Option<PathBuf>,
-    /// Requested certificate lifetime.
-    #[arg(long, env = "SECRET_TTL", default_value = "24h", value_parser = ambit_admin::parse_duration)]
-    pub secret_ttl: Duration,
     /// How long open requests may finish after SIGTERM (istio-agent's name and default).
     #[arg(long, env = "TERMINATION_DRAIN_DURATION", default_value = "5s", value_parser = ambit_admin::parse_duration)]
     pub termination_drain_duration: Duration,
@@ -107,9 +75,6 @@ pub struct WaypointArgs {
     #[arg(long, env = "AMBIT_READINESS_ADDR", default_value = "[::]:15021")]
     pub readiness_addr: SocketAddr,
 }
-
-/// Default of `CA_ROOT_CA` and `XDS_ROOT_CA` (relative to the working directory, `/` in a pod).
-pub const DEFAULT_ROOT_CA: &str = "./var/run/secrets/istio/root-cert.pem";
 
 /// Environment the waypoint reads outside its flags: `ISTIO_META_CLUSTER_ID` (wins over
 /// CLUSTER_ID), `ISTIO_META_WORKLOAD_NAME` (its baggage's workload), `KUBERNETES_SERVICE_HOST`
@@ -266,7 +231,7 @@ impl Config {
         } else {
             DEFAULT_ISTIOD_LOCAL
         };
-        let token = TokenSource::from_setting(a.auth_token.as_deref());
+        let token = TokenSource::from_setting(a.control.auth_token.as_deref());
         let control = |service, address, roots, alt: &Option<String>| {
             let setting = ControlSetting {
                 service,
@@ -278,22 +243,27 @@ impl Config {
             };
             ControlSettings::resolve(setting, env)
         };
-        let xds = match a.xds_address.as_deref().unwrap_or(default_address) {
+        let xds = match a.control.xds_address.as_deref().unwrap_or(default_address) {
             "" => return Err(ConfigError::NoXds),
-            address => control(Service::Xds, address, &a.xds_root_ca, &a.alt_xds_hostname)?,
+            address => control(Service::Xds, address, &a.control.xds_root_ca, &a.control.alt_xds_hostname)?,
         };
-        let ca = if a.fake_ca {
-            CaSource::Fake { root: a.fake_ca_root.clone() }
+        let ca = if a.control.fake_ca {
+            CaSource::Fake { root: a.control.fake_ca_root.clone() }
         } else {
-            match a.ca_address.as_deref().unwrap_or(default_address) {
+            match a.control.ca_address.as_deref().unwrap_or(default_address) {
                 "" => return Err(ConfigError::NoCa),
                 address => CaSource::Remote {
-                    control: control(Service::Ca, address, &a.ca_root_ca, &a.alt_ca_hostname)?,
+                    control: control(
+                        Service::Ca,
+                        address,
+                        &a.control.ca_root_ca,
+                        &a.control.alt_ca_hostname,
+                    )?,
                     impersonate: a.node_token,
                 },
             }
         };
-        if a.node_token && a.fake_ca {
+        if a.node_token && a.control.fake_ca {
             return Err(ConfigError::NodeTokenWithFakeCa);
         }
         let pod = a.pod_name.clone().unwrap_or_default();
@@ -312,7 +282,7 @@ impl Config {
             xds,
             xds_presents_cert: a.node_token,
             ca,
-            secret_ttl: a.secret_ttl,
+            secret_ttl: a.control.secret_ttl,
             drain_deadline: a.termination_drain_duration,
             worker_threads: if a.worker_threads == 0 {
                 std::thread::available_parallelism().map_or(1, std::num::NonZero::get)

@@ -73,6 +73,13 @@ fn identity_gateway_node_and_baggage() {
     assert!(c.baggage.contains("k8s.deployment.name=wp-deploy,service.name=waypoint"), "{}", c.baggage);
 }
 
+/// The test arguments with their control-plane flags changed by `f`.
+fn with_control(f: impl FnOnce(&mut ambit_admin::ControlArgs)) -> WaypointArgs {
+    let mut a = args(&[]);
+    f(&mut a.control);
+    a
+}
+
 #[test]
 fn startup_errors_name_the_variable_and_the_value() {
     let mut a = args(&[]);
@@ -88,20 +95,20 @@ fn startup_errors_name_the_variable_and_the_value() {
     a.instance_ip = Some("10.0.0".into());
     assert_eq!(err(&a), "INSTANCE_IP=\"10.0.0\" is not an IP address");
     assert_eq!(
-        err(&WaypointArgs { xds_address: Some(String::new()), ..args(&[]) }),
+        err(&with_control(|c| c.xds_address = Some(String::new()))),
         "XDS_ADDRESS is empty: the waypoint's configuration comes only from xDS; set it to istiod (or `ambit control`)"
     );
     assert_eq!(
-        err(&WaypointArgs { fake_ca: false, ca_address: Some(String::new()), ..args(&[]) }),
+        err(&with_control(|c| (c.fake_ca, c.ca_address) = (false, Some(String::new())))),
         "CA_ADDRESS is empty: set it to the Istio CA (istiod), or FAKE_CA=true for development"
     );
     assert_eq!(
-        err(&WaypointArgs { xds_address: Some("ftp://istiod".into()), ..args(&[]) }),
+        err(&with_control(|c| c.xds_address = Some("ftp://istiod".into()))),
         "XDS_ADDRESS=\"ftp://istiod\" is not a usable xDS server address: use https:// (or http:// for local development)"
     );
     assert_eq!(err(&args(&["--log-format", "xml"])), "LOG_FORMAT=\"xml\" is not `plain` or `json`");
     assert_eq!(
-        err(&WaypointArgs { fake_ca: true, node_token: true, ..args(&[]) }),
+        err(&WaypointArgs { node_token: true, ..with_control(|c| c.fake_ca = true) }),
         "AMBIT_NODE_TOKEN=true asks the CA for the certificate on the node's behalf, but FAKE_CA=true signs it in-process; set one of them"
     );
     let a = WaypointArgs { service_account: Some("a/b".into()), ..args(&[]) };
