@@ -210,32 +210,12 @@ fn waypoint_requests(state: &ClusterState) -> BTreeMap<String, f64> {
 fn observe_http(flow: &HttpFlow, state: &ClusterState, ambit: &PathBuf) -> Observed {
     let mut problems = Vec::new();
     let Some(src) = state.pods.iter().find(|p| format!("{}/{}", p.namespace, p.name) == flow.from) else {
-        return Observed {
-            verdict: "-".into(),
-            mtls: "-".into(),
-            identity: "-".into(),
-            server_saw: "-".into(),
-            problems: vec![format!("no pod {}", flow.from)],
-        };
+        return Observed::missing(flow.from);
     };
     let before = waypoint_requests(state);
-    let out = Command::new("ip")
-        .args(["netns", "exec", &src.netns])
-        .arg(ambit)
-        .args(["app", "http", flow.url, "-X", flow.method, "--count", &flow.count.to_string()])
-        .output();
-    let lines: Vec<Value> = match &out {
-        Ok(o) => {
-            String::from_utf8_lossy(&o.stdout).lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
-        }
-        Err(e) => {
-            problems.push(format!("cannot run the client in {}: {e}", src.netns));
-            Vec::new()
-        }
-    };
-    if lines.len() != flow.count as usize {
-        problems.push(format!("the client reported {} of {} requests", lines.len(), flow.count));
-    }
+    let count = flow.count.to_string();
+    let args = ["app", "http", flow.url, "-X", flow.method, "--count", &count];
+    let lines = run_client(&src.netns, ambit, &args, flow.count, "requests", &mut problems);
     let mut statuses: BTreeMap<String, usize> = BTreeMap::new();
     let mut servers: BTreeMap<String, usize> = BTreeMap::new();
     for l in &lines {
@@ -305,6 +285,34 @@ pub fn documents() -> (Vec<(Value, Location)>, Vec<DesiredError>) {
     )
 }
 
+/// `ambit <args>` in network namespace `netns`: its JSON lines; a problem when it could not
+/// run or reported fewer than `count` lines (`what`: what a line stands for).
+fn run_client(
+    netns: &str,
+    ambit: &PathBuf,
+    args: &[&str],
+    count: u32,
+    what: &str,
+    problems: &mut Vec<String>,
+) -> Vec<Value> {
+    let out = Command::new("ip").args(["netns", "exec", netns]).arg(ambit).args(args).output();
+    let lines: Vec<Value> = match &out {
+        Ok(o) => {
+            String::from_utf8_lossy(&o.stdout).lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
+        }
+        Err(e) => {
+            problems.push(format!("cannot run the client in {netns}: {e}"));
+            Vec::new()
+        }
+    };
+    if lines.len() != count as usize {
+        let stderr =
+            out.as_ref().map(|o| String::from_utf8_lossy(&o.stderr).into_owned()).unwrap_or_default();
+        problems.push(format!("the client reported {} of {count} {what}: {}", lines.len(), stderr.trim()));
+    }
+    lines
+}
+
 /// What one flow did.
 struct Observed {
     verdict: String,
@@ -314,45 +322,33 @@ struct Observed {
     problems: Vec<String>,
 }
 
-fn observe(flow: &Flow, state: &ClusterState, ambit: &PathBuf) -> Observed {
-    let pod = |name: &str| state.pods.iter().find(|p| format!("{}/{}", p.namespace, p.name) == name);
-    let mut problems = Vec::new();
-    let Some(src) = pod(flow.from) else {
-        return Observed {
+impl Observed {
+    /// A flow whose source pod does not exist.
+    fn missing(pod: &str) -> Observed {
+        Observed {
             verdict: "-".into(),
             mtls: "-".into(),
             identity: "-".into(),
             server_saw: "-".into(),
-            problems: vec![format!("no pod {}", flow.from)],
-        };
+            problems: vec![format!("no pod {pod}")],
+        }
+    }
+}
+
+fn observe(flow: &Flow, state: &ClusterState, ambit: &PathBuf) -> Observed {
+    let pod = |name: &str| state.pods.iter().find(|p| format!("{}/{}", p.namespace, p.name) == name);
+    let mut problems = Vec::new();
+    let Some(src) = pod(flow.from) else {
+        return Observed::missing(flow.from);
     };
     let addr = match pod(flow.to) {
         Some(p) => format!("{}:{}", p.ip.map(|i| i.to_string()).unwrap_or_default(), flow.port),
         None => flow.to.to_owned(),
     };
     let before = probe::destination_counters(state);
-    let out = Command::new("ip")
-        .args(["netns", "exec", &src.netns])
-        .arg(ambit)
-        .args(["app", "client", &addr, "--count", &flow.count.to_string(), "--timeout", "3s"])
-        .output();
-    let lines: Vec<Value> = match &out {
-        Ok(o) => {
-            String::from_utf8_lossy(&o.stdout).lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
-        }
-        Err(e) => {
-            problems.push(format!("cannot run the client in {}: {e}", src.netns));
-            Vec::new()
-        }
-    };
-    if lines.len() != flow.count as usize {
-        problems.push(format!(
-            "the client reported {} of {} connections: {}",
-            lines.len(),
-            flow.count,
-            out.as_ref().map(|o| String::from_utf8_lossy(&o.stderr).into_owned()).unwrap_or_default().trim()
-        ));
-    }
+    let count = flow.count.to_string();
+    let args = ["app", "client", &addr, "--count", &count, "--timeout", "3s"];
+    let lines = run_client(&src.netns, ambit, &args, flow.count, "connections", &mut problems);
     let replies: Vec<&Value> = lines.iter().filter_map(|l| l.get("reply")).collect();
     // The destination proxy counts at connection time; give it a moment to be scraped.
     let deadline = Instant::now() + Duration::from_secs(2);

@@ -98,16 +98,13 @@ impl Cluster {
         Ok(())
     }
 
-    /// Node `i`'s proxy of generation `generation` (its ports: [`ProxyPorts::of_generation`]).
-    pub(super) fn proxy_spec(&self, i: usize, generation: u32) -> ProcessSpec {
-        let n = &self.nodes[i];
-        let ports = ProxyPorts::of_generation(generation);
+    /// How a process on node `i` reaches the control plane: its address (as istiod's name, for
+    /// the certificate), roots, and the node's token.
+    pub(super) fn control_env(&self, i: usize) -> [(&'static str, String); 7] {
         let url = format!("https://{}:{CONTROL_GRPC}", self.control_ip());
         let root = self.layout.root_cert().display().to_string();
-        let token = self.layout.control().join("tokens").join(format!("{}.token", n.member.name));
-        let env = vec![
-            ("PROXY_MODE", "shared".to_owned()),
-            ("INPOD_UDS", n.dirs.zds_socket().display().to_string()),
+        let token = self.layout.control().join("tokens").join(format!("{}.token", self.nodes[i].member.name));
+        [
             ("XDS_ADDRESS", url.clone()),
             ("CA_ADDRESS", url),
             ("XDS_ROOT_CA", root.clone()),
@@ -115,6 +112,19 @@ impl Cluster {
             ("ALT_XDS_HOSTNAME", CONTROL_HOSTNAME.to_owned()),
             ("ALT_CA_HOSTNAME", CONTROL_HOSTNAME.to_owned()),
             ("AUTH_TOKEN", token.display().to_string()),
+        ]
+    }
+
+    /// Node `i`'s proxy of generation `generation` (its ports: [`ProxyPorts::of_generation`]).
+    pub(super) fn proxy_spec(&self, i: usize, generation: u32) -> ProcessSpec {
+        let n = &self.nodes[i];
+        let ports = ProxyPorts::of_generation(generation);
+        let mut env = vec![
+            ("PROXY_MODE", "shared".to_owned()),
+            ("INPOD_UDS", n.dirs.zds_socket().display().to_string()),
+        ];
+        env.extend(self.control_env(i));
+        env.extend([
             ("NODE_NAME", n.member.name.clone()),
             ("INSTANCE_IP", n.member.ip.to_string()),
             ("POD_NAME", format!("ztunnel-{}", n.member.name)),
@@ -128,7 +138,7 @@ impl Cluster {
             ("AMBIT_STATS_ADDR", format!("[::]:{}", ports.stats)),
             ("AMBIT_READINESS_ADDR", format!("[::]:{}", ports.ready)),
             ("CONNECTION_TERMINATION_DEADLINE", format!("{}s", PROXY_DRAIN.as_secs())),
-        ];
+        ]);
         self.spec(&format!("proxy/{}", n.member.name), &n.member.netns, vec!["proxy".into()], env)
     }
 

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use super::{
-    CONTROL_GRPC, CONTROL_HOSTNAME, Cluster, POD_RETRY, READY_TIMEOUT, RunningPod, STOP_GRACE,
-    WAYPOINT_DRAIN, WAYPOINT_HBONE_PORT, pretty, write_atomic,
+    Cluster, POD_RETRY, READY_TIMEOUT, RunningPod, STOP_GRACE, WAYPOINT_DRAIN, WAYPOINT_HBONE_PORT, pretty,
+    write_atomic,
 };
 use crate::cni;
 use crate::desired::PodTemplate;
@@ -24,27 +24,17 @@ use crate::supervise::ProcessSpec;
 impl Cluster {
     /// What a container running `ambit waypoint` is given, as istiod's injection gives a
     /// waypoint's pod its control plane and token: the control plane's address and roots, its
-    /// node's token (asking for its certificate on the node's behalf, [`AMBIT_NODE_TOKEN`]) and
+    /// node's token (asking for its certificate on the node's behalf, `AMBIT_NODE_TOKEN`) and
     /// its pod IP.
     pub(super) fn waypoint_env(&self, node: usize, ip: Option<Ipv4Addr>) -> Vec<(OsString, OsString)> {
-        let url = format!("https://{}:{CONTROL_GRPC}", self.control_ip());
-        let root = self.layout.root_cert().display().to_string();
-        let node_name = &self.nodes[node].member.name;
-        let token = self.layout.control().join("tokens").join(format!("{node_name}.token"));
-        [
-            ("XDS_ADDRESS", url.clone()),
-            ("CA_ADDRESS", url),
-            ("XDS_ROOT_CA", root.clone()),
-            ("CA_ROOT_CA", root),
-            ("ALT_XDS_HOSTNAME", CONTROL_HOSTNAME.to_owned()),
-            ("ALT_CA_HOSTNAME", CONTROL_HOSTNAME.to_owned()),
-            ("AUTH_TOKEN", token.display().to_string()),
-            ("AMBIT_NODE_TOKEN", "true".to_owned()),
-            ("INSTANCE_IP", ip.map(|i| i.to_string()).unwrap_or_default()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (OsString::from(k), OsString::from(v)))
-        .collect()
+        self.control_env(node)
+            .into_iter()
+            .chain([
+                ("AMBIT_NODE_TOKEN", "true".to_owned()),
+                ("INSTANCE_IP", ip.map(|i| i.to_string()).unwrap_or_default()),
+            ])
+            .map(|(k, v)| (OsString::from(k), OsString::from(v)))
+            .collect()
     }
 
     /// Replaces a waypoint container as a rolling update replaces its pod, without a gap: the
