@@ -475,30 +475,41 @@ fn prepare_upstream_headers(headers: &mut HeaderMap, downstream: &Downstream) {
     if trailers {
         headers.insert(header::TE, HeaderValue::from_static("trailers"));
     }
-    let ip = downstream.source.ip.to_string();
+    // The source's address is formatted once per connection (`Source::ip_header`).
     let xff = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
-        Some(prev) => format!("{prev},{ip}"),
-        None => ip,
+        Some(prev) => HeaderValue::from_str(&format!("{prev},{}", downstream.source.ip)).ok(),
+        None => Some(downstream.source.ip_header.clone()),
     };
-    if let Ok(v) = HeaderValue::from_str(&xff) {
+    if let Some(v) = xff {
         headers.insert("x-forwarded-for", v);
     }
     if !headers.contains_key("x-forwarded-proto") {
         headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
     }
     if !headers.contains_key("x-request-id")
-        && let Ok(v) = HeaderValue::from_str(&uuid_v4())
+        && let Ok(v) = HeaderValue::from_bytes(&uuid_v4())
     {
         headers.insert("x-request-id", v);
     }
 }
 
-fn uuid_v4() -> String {
+/// A random (version 4) UUID in its text form, written without allocating.
+fn uuid_v4() -> [u8; 36] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut b: [u8; 16] = rand::rng().random();
     b[6] = (b[6] & 0x0f) | 0x40;
     b[8] = (b[8] & 0x3f) | 0x80;
-    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+    let mut out = [b'-'; 36];
+    let mut j = 0;
+    for (i, x) in b.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            j += 1;
+        }
+        out[j] = HEX[usize::from(x >> 4)];
+        out[j + 1] = HEX[usize::from(x & 0x0f)];
+        j += 2;
+    }
+    out
 }
 
 /// A request body that can be sent again (buffered) or only once (streamed).
@@ -694,4 +705,22 @@ fn mirror(
             let _ = tokio::time::timeout(timeout, resp.into_body().collect()).await;
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn request_ids_are_version_4_uuids() {
+        let a = super::uuid_v4();
+        let text = std::str::from_utf8(&a).expect("ascii");
+        let groups: Vec<&str> = text.split('-').collect();
+        assert_eq!(groups.iter().map(|g| g.len()).collect::<Vec<_>>(), [8, 4, 4, 4, 12], "{text}");
+        assert!(
+            text.bytes().all(|c| c == b'-' || c.is_ascii_hexdigit() && !c.is_ascii_uppercase()),
+            "{text}"
+        );
+        assert_eq!(&groups[2][..1], "4", "{text}");
+        assert!(matches!(&groups[3][..1], "8" | "9" | "a" | "b"), "{text}");
+        assert_ne!(super::uuid_v4(), a);
+    }
 }

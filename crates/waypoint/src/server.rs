@@ -241,7 +241,10 @@ async fn connection<S: Shutdown>(
     // The node proxy connects with the source workload's certificate: its identity is the
     // request's source principal.
     let principal = ambit_identity::peer_identity(&tls.peer_certificates).map(|id| id.to_string());
-    let source = Arc::new(Source { principal, ip: peer.ip().to_canonical() });
+    let ip = peer.ip().to_canonical();
+    let ip_header =
+        http::HeaderValue::from_str(&ip.to_string()).unwrap_or(http::HeaderValue::from_static("unknown"));
+    let source = Arc::new(Source { principal, ip, ip_header });
     let cfg = shared.settings.hbone;
     let budget =
         Budget(Windows { stream: cfg.settings.window_size, connection: cfg.settings.connection_window_size });
@@ -261,6 +264,8 @@ pub(crate) struct Source {
     pub(crate) principal: Option<String>,
     /// The peer's address.
     pub(crate) ip: IpAddr,
+    /// The same, as the `x-forwarded-for` value a request without one gets.
+    pub(crate) ip_header: http::HeaderValue,
 }
 
 async fn on_connect<S: Shutdown>(
