@@ -5,7 +5,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -96,39 +96,97 @@ impl hyper::body::Body for UpstreamBody {
     }
 }
 
-/// A gRPC response whose status comes in its trailers: `istio_requests_total` is counted when
-/// the body ends (or is dropped, when the client went away), with the trailers' `grpc-status`,
-/// as Envoy's Istio stats count a stream at its end.
-pub(crate) struct CountAtEnd {
-    inner: crate::upstream::Body,
-    pending: Option<(Arc<crate::server::Shared>, crate::metrics::RequestLabels)>,
-    started: Instant,
+/// Sizes as Istio's stats count them: header bytes (every name and value, pseudo-headers
+/// included, as Envoy's header map sizes them) plus body bytes, trailers included.
+pub(crate) fn header_bytes(headers: &http::HeaderMap) -> u64 {
+    headers.iter().map(|(n, v)| (n.as_str().len() + v.len()) as u64).sum()
 }
 
-impl CountAtEnd {
-    pub(crate) fn new(
-        inner: crate::upstream::Body,
-        shared: Arc<crate::server::Shared>,
-        labels: crate::metrics::RequestLabels,
-        started: Instant,
-    ) -> CountAtEnd {
-        CountAtEnd { inner, pending: Some((shared, labels)), started }
+/// A request body that counts the bytes read from downstream into a shared counter.
+pub(crate) struct Counting<B> {
+    inner: B,
+    read: Arc<AtomicU64>,
+}
+
+impl<B> Counting<B> {
+    pub(crate) fn new(inner: B, read: Arc<AtomicU64>) -> Counting<B> {
+        Counting { inner, read }
+    }
+}
+
+impl<B: hyper::body::Body<Data = Bytes> + Unpin> hyper::body::Body for Counting<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled {
+            let n = match (frame.data_ref(), frame.trailers_ref()) {
+                (Some(data), _) => data.len() as u64,
+                (None, Some(trailers)) => header_bytes(trailers),
+                (None, None) => 0,
+            };
+            this.read.fetch_add(n, Ordering::Relaxed);
+        }
+        polled
     }
 
-    fn count(&mut self) {
-        if let Some((shared, labels)) = self.pending.take() {
-            shared.counters.request(&labels, self.started.elapsed());
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// What one request's telemetry needs once its answer ends.
+pub(crate) struct Pending {
+    pub(crate) shared: Arc<crate::server::Shared>,
+    pub(crate) labels: crate::metrics::RequestLabels,
+    pub(crate) started: Instant,
+    /// The request's head, in bytes.
+    pub(crate) request_head: u64,
+    /// The request's body and trailers read so far, in bytes.
+    pub(crate) request_body: Arc<AtomicU64>,
+    /// `grpc-status` is still to come, in the trailers.
+    pub(crate) grpc_status_pending: bool,
+}
+
+/// An answer on its way downstream: `istio_requests_total`, the duration and both sizes are
+/// recorded when its body ends (or is dropped, when the client went away), as Envoy's Istio stats
+/// record a stream at its end; a gRPC answer's status is read from its trailers.
+pub(crate) struct Telemetry {
+    inner: crate::upstream::Body,
+    pending: Option<Pending>,
+    sent: u64,
+}
+
+impl Telemetry {
+    /// `response_head`: the answer's head, in bytes.
+    pub(crate) fn new(inner: crate::upstream::Body, pending: Pending, response_head: u64) -> Telemetry {
+        Telemetry { inner, pending: Some(pending), sent: response_head }
+    }
+
+    fn record(&mut self) {
+        if let Some(p) = self.pending.take() {
+            let request = p.request_head + p.request_body.load(Ordering::Relaxed);
+            p.shared.counters.request(&p.labels, p.started.elapsed(), request, self.sent);
         }
     }
 }
 
-impl Drop for CountAtEnd {
+impl Drop for Telemetry {
     fn drop(&mut self) {
-        self.count();
+        self.record();
     }
 }
 
-impl hyper::body::Body for CountAtEnd {
+impl hyper::body::Body for Telemetry {
     type Data = Bytes;
     type Error = BoxError;
 
@@ -140,15 +198,24 @@ impl hyper::body::Body for CountAtEnd {
         let polled = Pin::new(&mut this.inner).poll_frame(cx);
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
-                if let Some(status) = frame.trailers_ref().and_then(|t| t.get("grpc-status"))
-                    && let Some((_, labels)) = &mut this.pending
-                {
-                    labels.grpc_response_status =
-                        crate::metrics::Label(String::from_utf8_lossy(status.as_bytes()).into_owned());
-                    this.count();
+                if let Some(data) = frame.data_ref() {
+                    this.sent += data.len() as u64;
+                }
+                if let Some(trailers) = frame.trailers_ref() {
+                    this.sent += header_bytes(trailers);
+                    if let Some(p) = &mut this.pending
+                        && p.grpc_status_pending
+                        && let Some(status) = trailers.get("grpc-status")
+                    {
+                        p.labels.grpc_response_status =
+                            crate::metrics::Label(String::from_utf8_lossy(status.as_bytes()).into_owned());
+                    }
+                }
+                if this.inner.is_end_stream() {
+                    this.record();
                 }
             }
-            Poll::Ready(_) => this.count(),
+            Poll::Ready(_) => this.record(),
             Poll::Pending => {}
         }
         polled

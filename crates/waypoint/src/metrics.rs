@@ -1,7 +1,7 @@
 //! Request telemetry: plain counters (by status, denials by policy, retries, timeouts) and
-//! Istio's `istio_requests_total` and `istio_request_duration_milliseconds` with
-//! `reporter="waypoint"`, counted as each response head goes out (a gRPC answer with its
-//! trailers), off the locks of the configuration. [`Counters::register`] puts the family in a
+//! Istio's `istio_requests_total`, `istio_request_duration_milliseconds`, `istio_request_bytes`
+//! and `istio_response_bytes` with `reporter="waypoint"`, recorded as each answer ends (a gRPC
+//! answer with the status of its trailers), off the locks of the configuration. [`Counters::register`] puts the family in a
 //! Prometheus registry (the admin server's, once the waypoint has one).
 
 use std::collections::BTreeMap;
@@ -68,14 +68,14 @@ impl From<&str> for Label {
     }
 }
 
-/// Istio's buckets of `istio_request_duration_milliseconds`.
-const DURATION_BUCKETS_MS: [f64; 19] = [
+/// Envoy's default histogram buckets, which Istio's request duration and sizes use.
+const ENVOY_BUCKETS: [f64; 19] = [
     0.5, 1.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0, 30000.0, 60000.0,
     300000.0, 600000.0, 1800000.0, 3600000.0,
 ];
 
-fn duration_histogram() -> Histogram {
-    Histogram::new(DURATION_BUCKETS_MS)
+fn histogram() -> Histogram {
+    Histogram::new(ENVOY_BUCKETS)
 }
 
 /// The waypoint's counters.
@@ -83,6 +83,8 @@ fn duration_histogram() -> Histogram {
 pub struct Counters {
     requests: Family<RequestLabels, Counter>,
     durations: Family<RequestLabels, Histogram, fn() -> Histogram>,
+    request_bytes: Family<RequestLabels, Histogram, fn() -> Histogram>,
+    response_bytes: Family<RequestLabels, Histogram, fn() -> Histogram>,
     responses: Mutex<BTreeMap<u16, u64>>,
     denials: Family<PolicyLabel, Counter>,
     connection_denials: Family<PolicyLabel, Counter>,
@@ -95,7 +97,9 @@ impl Default for Counters {
     fn default() -> Counters {
         Counters {
             requests: Family::default(),
-            durations: Family::new_with_constructor(duration_histogram),
+            durations: Family::new_with_constructor(histogram),
+            request_bytes: Family::new_with_constructor(histogram),
+            response_bytes: Family::new_with_constructor(histogram),
             responses: Mutex::default(),
             denials: Family::default(),
             connection_denials: Family::default(),
@@ -128,8 +132,18 @@ impl Counters {
         );
         registry.register(
             "istio_request_duration_milliseconds",
-            "Time from a request's head to its answer's end (its head for HTTP, its trailers for gRPC)",
+            "Time from a request's head to its answer's end",
             self.durations.clone(),
+        );
+        registry.register(
+            "istio_request_bytes",
+            "Request sizes: head (headers and pseudo-headers) and body, trailers included",
+            self.request_bytes.clone(),
+        );
+        registry.register(
+            "istio_response_bytes",
+            "Response sizes: head (headers and :status) and body, trailers included",
+            self.response_bytes.clone(),
         );
         let ours = registry.sub_registry_with_prefix("ambit_waypoint");
         ours.register("denials", "HTTP requests denied (403), by the deciding policy", self.denials.clone());
@@ -143,9 +157,18 @@ impl Counters {
         ours.register("tcp_connections", "TCP connections relayed", self.tcp_connections.clone());
     }
 
-    pub(crate) fn request(&self, labels: &RequestLabels, took: std::time::Duration) {
+    /// One answered request: its duration and its request's and response's sizes in bytes.
+    pub(crate) fn request(
+        &self,
+        labels: &RequestLabels,
+        took: std::time::Duration,
+        request: u64,
+        response: u64,
+    ) {
         self.requests.get_or_create(labels).inc();
         self.durations.get_or_create(labels).observe(took.as_secs_f64() * 1e3);
+        self.request_bytes.get_or_create(labels).observe(request as f64);
+        self.response_bytes.get_or_create(labels).observe(response as f64);
     }
 
     /// `istio_requests_total` for one label set.

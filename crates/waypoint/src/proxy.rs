@@ -21,7 +21,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -34,7 +34,7 @@ use tokio::time::Instant;
 
 use crate::access;
 use crate::authz::{self, Decision, remote_ip};
-use crate::body::{Active, CountAtEnd, UpstreamBody};
+use crate::body::{Active, Counting, Pending, Telemetry, UpstreamBody, header_bytes};
 use crate::config::Endpoint;
 use crate::config::{
     Backend, Destination, Filter, HeaderModifier, Mirror, Port, Protocol, Retry, Route, Snapshot,
@@ -58,7 +58,7 @@ pub(crate) struct Downstream {
 const HOP_BY_HOP: [&str; 7] =
     ["connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade", "te", "trailer"];
 
-/// Answers one request and counts its status.
+/// Answers one request and counts its status; its telemetry is recorded when the answer ends.
 pub(crate) async fn handle(
     shared: Arc<Shared>,
     downstream: Arc<Downstream>,
@@ -69,7 +69,9 @@ pub(crate) async fn handle(
     let started = Instant::now();
     let seen = tracing::enabled!(target: "access", tracing::Level::INFO)
         .then(|| access::Seen::of(req.method(), req.uri(), req.version(), req.headers()));
-    let resp = answer(&shared, &downstream, &conflict, req).await;
+    let request_head = request_head_bytes(&req);
+    let request_body = Arc::new(AtomicU64::new(0));
+    let resp = answer(&shared, &downstream, &conflict, req, &request_body).await;
     let status = resp.status();
     shared.counters.response(status);
     let flags = match resp.extensions().get::<LocalText>() {
@@ -82,14 +84,25 @@ pub(crate) async fn handle(
     }
     let resp = if grpc && resp.extensions().get::<Local>().is_some() { grpc_local(resp) } else { resp };
     let labels = request_labels(&shared, &downstream, endpoint.as_deref(), grpc, status, flags, &resp);
-    if grpc && labels.grpc_response_status.0.is_empty() {
-        // The status comes in the trailers: counted when the body ends.
-        let (parts, body) = resp.into_parts();
-        let body = CountAtEnd::new(body, shared.clone(), labels, started);
-        return Response::from_parts(parts, BodyExt::boxed_unsync(body));
-    }
-    shared.counters.request(&labels, started.elapsed());
-    resp
+    let grpc_status_pending = grpc && labels.grpc_response_status.0.is_empty();
+    let (parts, body) = resp.into_parts();
+    // `:status` and its three digits.
+    let response_head = header_bytes(&parts.headers) + 10;
+    let pending = Pending { shared, labels, started, request_head, request_body, grpc_status_pending };
+    Response::from_parts(parts, BodyExt::boxed_unsync(Telemetry::new(body, pending, response_head)))
+}
+
+/// A request's head in bytes as Envoy's header map sizes it: its headers and the pseudo-headers
+/// `:method`, `:path`, `:authority` (or `Host`, already a header) and `:scheme`.
+fn request_head_bytes<B>(req: &Request<B>) -> u64 {
+    let uri = req.uri();
+    let pseudo = ":method".len()
+        + req.method().as_str().len()
+        + ":path".len()
+        + uri.path_and_query().map_or(1, |p| p.as_str().len())
+        + uri.authority().map_or(0, |a| ":authority".len() + a.as_str().len())
+        + uri.scheme_str().map_or(0, |s| ":scheme".len() + s.len());
+    header_bytes(req.headers()) + pseudo as u64
 }
 
 /// One access log line (see [`crate::access`]); a denial that no ALLOW policy allowed also
@@ -266,6 +279,7 @@ async fn answer(
     downstream: &Downstream,
     conflict: &AtomicBool,
     mut req: Request<Incoming>,
+    request_body: &Arc<AtomicU64>,
 ) -> Response<Body> {
     if req.version() == Version::HTTP_11
         && conflict.load(Ordering::Relaxed)
@@ -333,8 +347,8 @@ async fn answer(
     }
     let route = route.as_deref();
     let retries = route.map_or(Retry::istio_default().attempts, |r| r.retry.attempts);
-    let body =
-        Replay::new(body, retries > 0 || !mirrors.is_empty(), shared.settings.limits.max_replay_body).await;
+    let want = retries > 0 || !mirrors.is_empty();
+    let body = Replay::new(body, want, shared.settings.limits.max_replay_body, request_body).await;
     let body = match body {
         Ok(b) => b,
         Err(e) => {
@@ -512,16 +526,23 @@ fn uuid_v4() -> [u8; 36] {
     out
 }
 
-/// A request body that can be sent again (buffered) or only once (streamed).
+/// A request body that can be sent again (buffered) or only once (streamed); either way its
+/// bytes are counted for `istio_request_bytes`.
 enum Replay {
     Buffered(Bytes),
-    Once(Option<Incoming>),
+    Once(Option<Counting<Incoming>>),
 }
 
 impl Replay {
     /// Buffers `body` when `want` and it is known to fit in `limit` bytes.
-    async fn new(body: Incoming, want: bool, limit: usize) -> Result<Replay, hyper::Error> {
+    async fn new(
+        body: Incoming,
+        want: bool,
+        limit: usize,
+        read: &Arc<AtomicU64>,
+    ) -> Result<Replay, hyper::Error> {
         let fits = body.size_hint().upper().is_some_and(|n| n <= limit as u64);
+        let body = Counting::new(body, read.clone());
         if want && fits {
             Ok(Replay::Buffered(body.collect().await?.to_bytes()))
         } else {

@@ -115,6 +115,39 @@ async fn policies_allow_and_deny_by_method_path_and_header_and_denials_are_count
 }
 
 #[tokio::test]
+async fn request_and_response_sizes_are_recorded_in_istios_histograms_when_the_answer_ends() {
+    let ca = Arc::new(FakeCa::generate());
+    let (_backends, node) = three_backends(&ca).await;
+    let h = Harness::start(ca, Harness::settings(), node.addr).await;
+    let svc =
+        service("svc", Some("10.0.0.10"), &[(80, 8080, api::Protocol::Http)], vec![endpoint("10.1.0.1")]);
+    h.configure(&[named("app-ns/svc", svc)], &[]);
+    let mut c = h.http1(sock("10.0.0.10:80")).await;
+    let post = Request::post("/x").header("host", "svc").body(body("hello world")).expect("request");
+    assert_eq!(send(&mut c, post).await, (StatusCode::OK, "a".into()));
+
+    let mut registry = prometheus_client::registry::Registry::default();
+    h.waypoint.counters().register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+    let value = |name: &str| -> &str {
+        let line =
+            text.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no {name} in {text}"));
+        assert!(line.contains("reporter=\"waypoint\"") && line.contains("response_code=\"200\""), "{line}");
+        line.rsplit(' ').next().expect("a value")
+    };
+    // The request: `:method` POST (11 bytes), `:path` /x (7), host: svc (7), content-length: 11
+    // (16), then the 11 bytes of its body.
+    assert_eq!(value("istio_request_bytes_sum{"), "52.0");
+    assert_eq!(value("istio_request_bytes_count{"), "1");
+    // The answer: `:status` 200 (10), x-backend: a (10), content-length: 1 (15), date: <29
+    // characters> (33), and its body "a".
+    assert_eq!(value("istio_response_bytes_sum{"), "69.0");
+    assert_eq!(value("istio_response_bytes_count{"), "1");
+    assert_eq!(value("istio_requests_total{"), "1");
+}
+
+#[tokio::test]
 async fn a_90_10_split_holds_per_request_on_one_keepalive_connection() {
     let ca = Arc::new(FakeCa::generate());
     let (backends, node) = three_backends(&ca).await;
