@@ -21,7 +21,11 @@ use serde_json::Value;
 use crate::context::{self, Target};
 use crate::demo;
 
+mod apply;
+
 pub use crate::context::{RUN_DIR, TAG};
+pub use apply::apply;
+use apply::{live_state, read_source};
 /// How long `ambit up` waits for the cluster to be ready.
 pub const UP_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -77,6 +81,11 @@ pub struct UpArgs {
     pub cni_plugins_dir: Vec<PathBuf>,
     #[command(flatten)]
     pub at: Where,
+    /// Run this binary as every node's proxy instead of `ambit proxy`, e.g. the reference
+    /// ztunnel, for interop and comparison: it is started as `<binary> proxy ztunnel` (as
+    /// Istio's chart starts ztunnel) with the environment `ambit proxy` gets.
+    #[arg(long, value_name = "BINARY")]
+    pub node_proxy: Option<PathBuf>,
     /// Run as the cluster's owner (what `ambit up` starts in the background).
     #[arg(long, hide = true)]
     pub supervise: bool,
@@ -139,6 +148,17 @@ fn require_root(what: &str) -> Result<(), String> {
 
 fn node_names(n: u16) -> Vec<String> {
     (1..=n).map(|i| format!("node{i}")).collect()
+}
+
+/// `--node-proxy`'s binary as an absolute path, once it is known to be an executable file.
+fn executable(path: &Path) -> Result<PathBuf, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let full = std::fs::canonicalize(path).map_err(|e| format!("--node-proxy {}: {e}", path.display()))?;
+    match std::fs::metadata(&full) {
+        Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => Ok(full),
+        Ok(_) => Err(format!("--node-proxy {}: not an executable file", path.display())),
+        Err(e) => Err(format!("--node-proxy {}: {e}", path.display())),
+    }
 }
 
 /// The `ambit-cni` binary: next to this one (cargo builds both into one directory), else on PATH.
@@ -250,6 +270,10 @@ pub fn up(args: UpArgs) -> ExitCode {
     if let Err(e) = plugins {
         return fail("up", e);
     }
+    let node_proxy = match args.node_proxy.as_deref().map(executable).transpose() {
+        Ok(p) => p,
+        Err(e) => return fail("up", e),
+    };
     // The objects, checked before anything is created.
     let nodes = node_names(args.nodes);
     let (documents, errors) = if args.demo {
@@ -302,6 +326,7 @@ pub fn up(args: UpArgs) -> ExitCode {
                 .iter()
                 .flat_map(|d| [std::ffi::OsStr::new("--cni-plugins-dir"), d.as_os_str()]),
         )
+        .args(node_proxy.iter().flat_map(|p| [std::ffi::OsStr::new("--node-proxy"), p.as_os_str()]))
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(log_err);
@@ -470,6 +495,7 @@ fn supervise(args: &UpArgs) -> ExitCode {
         segment: (250, 0),
         pods: 244,
         plugin_dirs: args.cni_plugins_dir.clone(),
+        node_proxy: args.node_proxy.clone(),
     };
     match up::run(cfg, &STOP) {
         Ok(()) => ExitCode::SUCCESS,
@@ -552,182 +578,6 @@ fn owned_elsewhere(at: &Target) -> Option<String> {
     None
 }
 
-/// `ambit apply -f FILE` and `ambit delete -f FILE`: the desired folder with FILE's objects
-/// written (or removed), checked as a whole first; nothing changes when it does not check.
-pub fn apply(args: ApplyArgs, delete: bool) -> ExitCode {
-    let what = if delete { "delete" } else { "apply" };
-    let target = match args.at.resolve() {
-        Ok(t) => t,
-        Err(e) => return fail(what, e),
-    };
-    let state = match live_state(&target) {
-        Ok(s) => s,
-        Err(e) => return fail(what, e),
-    };
-    let layout = Layout(target.run_dir.clone());
-    let (mut ours, errors) = read_source(&args.file);
-    if !errors.is_empty() {
-        print_errors(what, &DesiredErrors(errors));
-        return ExitCode::FAILURE;
-    }
-    if ours.is_empty() {
-        return fail(what, format!("{}: no objects", source_name(&args.file)));
-    }
-    let current_files = match desired::yaml_files(&layout.desired()) {
-        Ok(f) => f,
-        Err(e) => return fail(what, e),
-    };
-    let (current, errors) = desired::read_files(&current_files);
-    if !delete {
-        desired::keep_cluster_ips(&mut ours, &current);
-    }
-    let mut names = Vec::new();
-    for (value, at) in &ours {
-        match desired::object_file(value) {
-            Some(f) => names.push(f),
-            None => {
-                let e =
-                    DesiredError { at: at.clone(), problem: "the object has no usable kind and name".into() };
-                print_errors(what, &DesiredErrors(vec![e]));
-                return ExitCode::FAILURE;
-            }
-        }
-    }
-    let replaced = |at: &Location| {
-        at.path.file_name().and_then(|n| n.to_str()).is_some_and(|n| names.iter().any(|m| m == n))
-    };
-    let mut next: Vec<(Value, Location)> = current.iter().filter(|(_, at)| !replaced(at)).cloned().collect();
-    if delete {
-        let missing: Vec<DesiredError> = ours
-            .iter()
-            .zip(&names)
-            .filter(|(_, n)| !current_files.iter().any(|f| f.file_name().and_then(|x| x.to_str()) == Some(n)))
-            .map(|((v, at), _)| DesiredError {
-                at: at.clone(),
-                problem: format!("{} {} is not in the cluster", kind_of(v), name_of(v)),
-            })
-            .collect();
-        if !missing.is_empty() {
-            print_errors(what, &DesiredErrors(missing));
-            return ExitCode::FAILURE;
-        }
-    } else {
-        next.extend(ours.iter().cloned());
-    }
-    if !delete {
-        let added = names
-            .iter()
-            .filter(|n| {
-                !current_files.iter().any(|f| f.file_name().and_then(|x| x.to_str()) == Some(n.as_str()))
-            })
-            .count();
-        if let Some(problem) = too_many_objects(current_files.len(), added) {
-            return fail(what, problem);
-        }
-    }
-    let nodes: Vec<String> = state.network.nodes.iter().map(|n| n.name.clone()).collect();
-    match Desired::check(next, errors, &nodes) {
-        Ok(d) => desired::fill_cluster_ips(&mut ours, &d),
-        Err(e) => {
-            print_errors(what, &e);
-            return ExitCode::FAILURE;
-        }
-    }
-    for ((value, _), name) in ours.iter().zip(&names) {
-        let path = layout.desired().join(name);
-        let existed = path.exists();
-        let same = |(v, at): &(Value, Location)| v == value && at.path == path;
-        if !delete && current.iter().any(same) {
-            println!("{} {} unchanged", kind_of(value), name_of(value));
-            continue;
-        }
-        let done = if delete {
-            std::fs::remove_file(&path).map_err(|e| format!("{}: {e}", path.display()))
-        } else {
-            write_objects(&layout.desired(), &[(value.clone(), Location::new(path.clone(), 0))])
-        };
-        if let Err(e) = done {
-            return fail(what, e);
-        }
-        let verb = match (delete, existed) {
-            (true, _) => "deleted",
-            (false, true) => "configured",
-            (false, false) => "created",
-        };
-        println!("{} {} {verb}", kind_of(value), name_of(value));
-    }
-    if !delete {
-        crate::policies::print_warnings(ours.iter().map(|(v, _)| v));
-    }
-    ExitCode::SUCCESS
-}
-
-/// Why `added` more objects do not fit beside `held` in a cluster's folder (one file each), if
-/// they do not: checked before anything is written, so an apply is never half done.
-fn too_many_objects(held: usize, added: usize) -> Option<String> {
-    (held + added > desired::MAX_FILES).then(|| {
-        format!(
-            "{added} new object(s) beside the {held} the cluster holds would make {}; a local cluster holds at most {} (one file each); nothing was applied",
-            held + added,
-            desired::MAX_FILES
-        )
-    })
-}
-
-/// The record of the cluster at `target`, whose owner must be running.
-fn live_state(target: &Target) -> Result<ClusterState, String> {
-    let s = target.load()?;
-    if s.owner_alive() {
-        Ok(s)
-    } else {
-        Err(format!(
-            "the cluster's owner is gone (a crash or a killed `ambit up`); `{}`, then `{}`",
-            target.command("down"),
-            target.command("up")
-        ))
-    }
-}
-
-/// How `-f`'s argument is named in messages.
-fn source_name(path: &Path) -> String {
-    if path == Path::new("-") { STDIN.to_owned() } else { path.display().to_string() }
-}
-
-/// What errors and locations call standard input.
-const STDIN: &str = "<stdin>";
-
-/// The documents of `-f PATH` (or `--config PATH`), as kubectl reads them: a file, every
-/// `.yaml`/`.yml` file of a folder (not hidden, in name order), or `-`, standard input.
-fn read_source(path: &Path) -> (Vec<(Value, Location)>, Vec<DesiredError>) {
-    if path == Path::new("-") {
-        let (mut docs, mut errors) = desired::read_files(&[PathBuf::from("/dev/stdin")]);
-        for at in docs.iter_mut().map(|(_, at)| at).chain(errors.iter_mut().map(|e| &mut e.at)) {
-            at.path = PathBuf::from(STDIN);
-        }
-        return (docs, errors);
-    }
-    if path.is_dir() {
-        return match desired::yaml_files(path) {
-            Ok(files) => desired::read_files(&files),
-            Err(e) => (Vec::new(), vec![e]),
-        };
-    }
-    desired::read_files(&[path.to_owned()])
-}
-
-fn kind_of(v: &Value) -> String {
-    v.get("kind").and_then(Value::as_str).unwrap_or_default().to_owned()
-}
-
-fn name_of(v: &Value) -> String {
-    let m = v.get("metadata");
-    let name = m.and_then(|m| m.get("name")).and_then(Value::as_str).unwrap_or_default();
-    match m.and_then(|m| m.get("namespace")).and_then(Value::as_str) {
-        Some(ns) => format!("{ns}/{name}"),
-        None => name.to_owned(),
-    }
-}
-
 /// `ambit status`.
 pub fn status(args: StatusArgs) -> ExitCode {
     let at = match args.at.resolve() {
@@ -799,13 +649,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_apply_past_the_folders_limit_is_refused_whole() {
-        assert_eq!(too_many_objects(19_000, 1_000), None);
+    fn a_node_proxy_must_be_an_executable_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let plain = dir.path().join("plain");
+        std::fs::write(&plain, "").expect("write");
         assert_eq!(
-            too_many_objects(19_500, 501).as_deref(),
-            Some(
-                "501 new object(s) beside the 19500 the cluster holds would make 20001; a local cluster holds at most 20000 (one file each); nothing was applied"
-            )
+            executable(&plain).unwrap_err(),
+            format!("--node-proxy {}: not an executable file", plain.display())
         );
+        assert_eq!(
+            executable(dir.path()).unwrap_err(),
+            format!("--node-proxy {}: not an executable file", dir.path().display())
+        );
+        let missing = dir.path().join("missing");
+        assert_eq!(
+            executable(&missing).unwrap_err(),
+            format!("--node-proxy {}: No such file or directory (os error 2)", missing.display())
+        );
+        let exe = dir.path().join("ztunnel");
+        std::fs::write(&exe, "#!/bin/sh\n").expect("write");
+        std::fs::set_permissions(&exe, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+        assert_eq!(executable(&exe).ok(), std::fs::canonicalize(&exe).ok());
     }
 }

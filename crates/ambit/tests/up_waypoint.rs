@@ -249,10 +249,59 @@ fn a_waypoint_enforces_http_policy_splits_retries_times_out_and_carries_grpc_and
     if !require_root() {
         return;
     }
+    through_the_waypoint(NodeProxies::Ambit);
+}
+
+/// Interop: the reference ztunnel as both node proxies (`ambit up --node-proxy`, with the
+/// environment `ambit proxy` gets) sends to `ambit waypoint`, and the waypoint reaches the pods
+/// behind it; every check above holds. Needs a ztunnel binary, which CI cannot build (its source
+/// is not on the machine); TESTING.md says how to build one and run this.
+#[test]
+#[ignore = "needs the reference ztunnel: AMBIT_ZTUNNEL=<path of a ztunnel binary>, see TESTING.md"]
+fn the_reference_ztunnel_sends_to_the_waypoint_which_reaches_pods_behind_it() {
+    let Some(ztunnel) = std::env::var_os("AMBIT_ZTUNNEL") else {
+        panic!("AMBIT_ZTUNNEL is not set: the path of a ztunnel binary (TESTING.md)");
+    };
+    if !require_root() {
+        return;
+    }
+    through_the_waypoint(NodeProxies::Ztunnel(ztunnel.to_string_lossy().into_owned()));
+}
+
+/// What runs as the node proxies.
+enum NodeProxies {
+    Ambit,
+    /// The reference ztunnel, at this path.
+    Ztunnel(String),
+}
+
+fn through_the_waypoint(proxies: NodeProxies) {
     let mut c = LocalCluster::new();
     let dir = c.file("config/mesh.yaml", MESH);
     c.file("config/reviews.yaml", &reviews(true));
-    let up = c.up(2, dir.parent().unwrap_or(&dir));
+    let extra: Vec<&str> = match &proxies {
+        NodeProxies::Ambit => vec![],
+        NodeProxies::Ztunnel(path) => vec!["--node-proxy", path],
+    };
+    let up = c.up_with(2, dir.parent().unwrap_or(&dir), &extra);
+    if let NodeProxies::Ztunnel(path) = &proxies {
+        // Both node proxies are that binary.
+        let want = std::fs::canonicalize(path).expect("the ztunnel binary");
+        for node in ["node1", "node2"] {
+            let name = format!("proxy/{node}");
+            let pid = c.state().processes.iter().find(|p| p.name == name).and_then(|p| p.pid);
+            let exe = pid.and_then(|pid| std::fs::read_link(format!("/proc/{pid}/exe")).ok());
+            assert_eq!(exe.as_deref(), Some(want.as_path()), "{name} is not {path}");
+        }
+        // Only `ambit proxy` can be replaced beside itself.
+        let r = c.ambit(&["restart", "proxy/node1"]);
+        assert_eq!(r.code, Some(1), "{r}");
+        let refusal = format!(
+            "the node proxies are {} (ambit up --node-proxy), which cannot listen beside itself on a second set of ports; only `ambit proxy` is replaced without a gap",
+            want.display()
+        );
+        assert!(r.stderr.contains(&refusal), "{r}");
+    }
     assert!(up.stdout.contains("pod shop/waypoint-0 "), "ambit up did not start the waypoint pod:\n{up}");
     let (reviews_vip, grpc_vip, tcp_vip) =
         (vip(&c, "reviews"), vip(&c, "reviews-grpc"), vip(&c, "reviews-tcp"));
@@ -390,8 +439,13 @@ fn a_waypoint_enforces_http_policy_splits_retries_times_out_and_carries_grpc_and
     let (head, _) = raw(&big, 5);
     assert_eq!(head, "HTTP/1.1 431 Request Header Fields Too Large", "a 64 KiB header");
     let (head, took) = raw("GET /api/x HTTP/1.1\r\nHost: reviews\r\nX-Slow: a", 30);
-    // The waypoint ends the stream; the client's node proxy resets the client's connection.
-    assert_eq!(head, "(reset)", "a head that never ends");
+    // The waypoint ends the stream; the client's node proxy ends the client's connection: Ambit
+    // with a reset (the answer never came), ztunnel with a FIN.
+    let ended = match proxies {
+        NodeProxies::Ambit => "(reset)",
+        NodeProxies::Ztunnel(_) => "(closed)",
+    };
+    assert_eq!(head, ended, "a head that never ends");
     assert!(
         (9.0..16.0).contains(&took),
         "the slow head was cut after {took:.1} s, not the 10 s header timeout"

@@ -98,6 +98,10 @@ pub struct UpConfig {
     pub pods: u8,
     /// Where the reference CNI plugins are ([`crate::cni::PLUGIN_DIRS`] when empty).
     pub plugin_dirs: Vec<PathBuf>,
+    /// A binary every node runs as its proxy instead of `ambit proxy` (the reference ztunnel,
+    /// for interop and comparison): started as `<binary> proxy ztunnel`, as Istio's chart starts
+    /// ztunnel, with the environment `ambit proxy` gets.
+    pub node_proxy: Option<PathBuf>,
 }
 
 /// The run directory's parts.

@@ -120,14 +120,16 @@ impl LocalCluster {
 
     /// `ambit up --nodes N --config DIR`, which must succeed.
     pub fn up(&mut self, nodes: u16, config: &Path) -> Ran {
+        self.up_with(nodes, config, &[])
+    }
+
+    /// `ambit up` of `config` on `nodes` nodes with `extra` flags, which must succeed.
+    pub fn up_with(&mut self, nodes: u16, config: &Path, extra: &[&str]) -> Ran {
         self.up = true;
-        let r = self.ambit(&[
-            "up",
-            "--nodes",
-            &nodes.to_string(),
-            "--config",
-            config.to_str().unwrap_or_default(),
-        ]);
+        let nodes = nodes.to_string();
+        let mut args = vec!["up", "--nodes", &nodes, "--config", config.to_str().unwrap_or_default()];
+        args.extend_from_slice(extra);
+        let r = self.ambit(&args);
         assert_eq!(r.code, Some(0), "ambit up failed:\n{r}\n{}", self.logs());
         r
     }

@@ -139,7 +139,13 @@ impl Cluster {
             ("AMBIT_READINESS_ADDR", format!("[::]:{}", ports.ready)),
             ("CONNECTION_TERMINATION_DEADLINE", format!("{}s", PROXY_DRAIN.as_secs())),
         ]);
-        self.spec(&format!("proxy/{}", n.member.name), &n.member.netns, vec!["proxy".into()], env)
+        let mut spec =
+            self.spec(&format!("proxy/{}", n.member.name), &n.member.netns, vec!["proxy".into()], env);
+        if let Some(other) = &self.cfg.node_proxy {
+            spec.program = other.clone();
+            spec.args = vec!["proxy".into(), "ztunnel".into()];
+        }
+        spec
     }
 
     /// The pods node `i`'s proxy of generation `generation` serves (`workloadState` `Up`).
@@ -161,6 +167,12 @@ impl Cluster {
     /// many pods as the old one (the agent hands it every pod), the old one gets SIGTERM and
     /// drains.
     pub(super) fn replace_proxy(&mut self, i: usize) -> Result<String, String> {
+        if let Some(other) = &self.cfg.node_proxy {
+            return Err(format!(
+                "the node proxies are {} (ambit up --node-proxy), which cannot listen beside itself on a second set of ports; only `ambit proxy` is replaced without a gap",
+                other.display()
+            ));
+        }
         let old = self.proxy_generation[i];
         let new = old + 1;
         let serving = self.proxy_serves(i, old);
