@@ -654,17 +654,17 @@ mod tests {
         let plain = dir.path().join("plain");
         std::fs::write(&plain, "").expect("write");
         assert_eq!(
-            executable(&plain).unwrap_err(),
-            format!("--node-proxy {}: not an executable file", plain.display())
+            executable(&plain).err(),
+            Some(format!("--node-proxy {}: not an executable file", plain.display()))
         );
         assert_eq!(
-            executable(dir.path()).unwrap_err(),
-            format!("--node-proxy {}: not an executable file", dir.path().display())
+            executable(dir.path()).err(),
+            Some(format!("--node-proxy {}: not an executable file", dir.path().display()))
         );
         let missing = dir.path().join("missing");
         assert_eq!(
-            executable(&missing).unwrap_err(),
-            format!("--node-proxy {}: No such file or directory (os error 2)", missing.display())
+            executable(&missing).err(),
+            Some(format!("--node-proxy {}: No such file or directory (os error 2)", missing.display()))
         );
         let exe = dir.path().join("ztunnel");
         std::fs::write(&exe, "#!/bin/sh\n").expect("write");
