@@ -345,3 +345,120 @@ fn policies_get_istiods_ztunnel_accepted_condition() {
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(status_patches(&api, "l4"), Vec::<serde_json::Value>::new());
 }
+
+/// The objects applied (server-side apply) under `path`, in order.
+fn applied(api: &ScriptedApi, path: &str) -> Vec<serde_json::Value> {
+    api.requests()
+        .into_iter()
+        .filter(|r| r.method == "PATCH" && r.path == path)
+        .filter(|r| r.query.get("fieldManager").map(String::as_str) == Some("ambit-control"))
+        .filter_map(|r| r.body)
+        .collect()
+}
+
+/// istiod's gateway controller, for waypoints: an `istio-waypoint` Gateway gets its mesh root
+/// ConfigMap, ServiceAccount, Service and Deployment by server-side apply (owned by the
+/// Gateway, running the configured image against the control plane), then its address and
+/// `Programmed`; while RBAC refuses, the control plane says so and tries again; without an image
+/// the Gateway says nothing was deployed.
+#[test]
+fn waypoint_gateways_are_deployed_as_istiods_gateway_controller_deploys_them() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("rt");
+    let api = rt.block_on(ScriptedApi::start());
+    api.put_namespace("istio-system", &[]);
+    api.put_namespace("shop", &[("istio.io/dataplane-mode", "ambient")]);
+    let gateway = json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+        "metadata": {"name": "waypoint", "namespace": "shop", "uid": "uid-gw", "generation": 1},
+        "spec": {"gatewayClassName": "istio-waypoint",
+            "listeners": [{"name": "mesh", "port": 15008, "protocol": "HBONE"}]}});
+    api.put(gateway.clone());
+    api.forbid("deployments.apps", "create");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let image = "registry.example/ambit:1.2.3";
+    let (control, _, _) = start_control(&api, dir.path(), &[("AMBIT_WAYPOINT_IMAGE", image)]);
+    let deployment = "/apis/apps/v1/namespaces/shop/deployments/waypoint";
+    let refused = "cannot deploy the waypoint (ApiError: deployments.apps \"waypoint\" is forbidden: User";
+    let said = wait_for(|| control.logs().contains(refused), Duration::from_secs(10));
+    assert!(said, "the refusal was not logged:\n{}", control.logs());
+    assert!(
+        api.object(ambit_objects::Kind::Gateway, "shop", "waypoint").is_some_and(|g| g["status"].is_null())
+    );
+
+    // RBAC fixed: deployed within the retry interval (5 s).
+    api.allow("deployments.apps", "create");
+    let deployed = wait_for(|| !applied(&api, deployment).is_empty(), Duration::from_secs(10));
+    assert!(deployed, "no Deployment applied:\n{:?}\n{}", api.requests(), control.logs());
+    let d = applied(&api, deployment).remove(0);
+    let owner = json!([{"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway", "name": "waypoint", "uid": "uid-gw"}]);
+    assert_eq!(d["metadata"]["ownerReferences"], owner, "{d}");
+    let c = &d["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!((c["image"].as_str(), &c["command"]), (Some(image), &json!(["ambit", "waypoint"])), "{c}");
+    let xds = c["env"].as_array().and_then(|e| e.iter().find(|e| e["name"] == "XDS_ADDRESS")).cloned();
+    assert_eq!(xds, Some(json!({"name": "XDS_ADDRESS", "value": "ambit-control.istio-system.svc:15012"})));
+    for (path, kind) in [
+        ("/api/v1/namespaces/shop/serviceaccounts/waypoint", "ServiceAccount"),
+        ("/api/v1/namespaces/shop/services/waypoint", "Service"),
+    ] {
+        // Applied before the refused Deployment, and again on the retry.
+        let o = applied(&api, path).pop().unwrap_or_else(|| panic!("{path} was not applied"));
+        assert_eq!((o["kind"].as_str(), &o["metadata"]["ownerReferences"]), (Some(kind), &owner));
+    }
+    // The root the waypoint trusts is the control plane's own.
+    let root = applied(&api, "/api/v1/namespaces/shop/configmaps/istio-ca-root-cert");
+    assert!(!root.is_empty(), "the root ConfigMap was not applied");
+    let ours =
+        std::fs::read_to_string(dir.path().join("state/ca/root-cert.pem")).expect("the control plane's root");
+    assert!(ours.contains("BEGIN CERTIFICATE"), "{ours}");
+    assert!(root.iter().all(|r| r["data"]["root-cert.pem"] == ours.as_str()), "{root:?}");
+    // The Gateway's status: its Service's hostname, Accepted and Programmed.
+    let programmed = wait_for(
+        || {
+            api.object(ambit_objects::Kind::Gateway, "shop", "waypoint")
+                .is_some_and(|g| g["status"]["conditions"][1]["status"] == "True")
+        },
+        Duration::from_secs(10),
+    );
+    assert!(programmed, "{:?}", api.object(ambit_objects::Kind::Gateway, "shop", "waypoint"));
+    let g = api.object(ambit_objects::Kind::Gateway, "shop", "waypoint").expect("gateway");
+    assert_eq!(
+        g["status"]["addresses"],
+        json!([{"type": "Hostname", "value": "waypoint.shop.svc.cluster.local"}])
+    );
+    assert_eq!(g["status"]["conditions"][0]["type"], "Accepted");
+    assert_eq!(g["status"]["conditions"][1]["observedGeneration"], 1);
+    // The status write comes back as a change; nothing is applied again. A new generation is.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(applied(&api, deployment).len(), 1, "{:?}", api.requests());
+    let mut changed = gateway.clone();
+    changed["metadata"]["generation"] = json!(2);
+    api.put(changed);
+    let again = wait_for(|| applied(&api, deployment).len() == 2, Duration::from_secs(10));
+    assert!(again, "generation 2 was not applied:\n{}", control.logs());
+    drop(control);
+
+    // Without an image nothing is deployed, and the Gateway says why.
+    let api = rt.block_on(ScriptedApi::start());
+    api.put_namespace("shop", &[]);
+    api.put(gateway);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (control, _, _) = start_control(&api, dir.path(), &[]);
+    let said = wait_for(
+        || {
+            api.object(ambit_objects::Kind::Gateway, "shop", "waypoint")
+                .is_some_and(|g| g["status"]["conditions"][1]["reason"] == "Invalid")
+        },
+        Duration::from_secs(10),
+    );
+    assert!(said, "{:?}\n{}", api.object(ambit_objects::Kind::Gateway, "shop", "waypoint"), control.logs());
+    let g = api.object(ambit_objects::Kind::Gateway, "shop", "waypoint").expect("gateway");
+    assert_eq!(
+        g["status"]["conditions"][1]["message"],
+        "ambit control has no waypoint image (--waypoint-image, AMBIT_WAYPOINT_IMAGE): no waypoint was deployed"
+    );
+    assert!(applied(&api, deployment).is_empty());
+    let warned = control.wait_for_log(
+        "no --waypoint-image (AMBIT_WAYPOINT_IMAGE): waypoint Gateways are not deployed",
+        Duration::from_secs(5),
+    );
+    assert!(warned, "{}", control.logs());
+}

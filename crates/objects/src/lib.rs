@@ -22,6 +22,7 @@ pub mod route;
 pub mod strict;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod waypoint;
 
 use std::collections::BTreeSet;
 

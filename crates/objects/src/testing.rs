@@ -8,7 +8,8 @@
 //!
 //! Served: `GET /api/v1/<resource>` and `GET /apis/<group>/<version>/<resource>` (list, or watch
 //! with `watch=true`; `fieldSelector=spec.nodeName=…` is honoured), `PATCH
-//! /api/v1/namespaces/{ns}/pods/{name}/status` (JSON merge patch) and `POST
+//! /api/v1/namespaces/{ns}/pods/{name}/status` (JSON merge patch; and any kind's `status`), server-side
+//! apply of namespaced objects (`PATCH` with `application/apply-patch+yaml`) and `POST
 //! /apis/authentication.k8s.io/v1/tokenreviews`. Everything else answers 404. Resources are named
 //! as RBAC names them: `pods`, `authorizationpolicies.security.istio.io`
 //! ([`crate::kube::resource`]).
@@ -507,8 +508,66 @@ async fn handle(
             let resource = format!("{plural}.{group}");
             merge_status(req, &state, &user, (&resource, plural, group), ns, name).await
         }
+        (&Method::PATCH, ["api", "v1", "namespaces", ns, plural, name]) => {
+            let plural = (*plural).to_owned();
+            server_side_apply(req, &state, &user, (&plural, &plural, ""), ns, name).await
+        }
+        (&Method::PATCH, ["apis", group, _version, "namespaces", ns, plural, name]) => {
+            let resource = format!("{plural}.{group}");
+            server_side_apply(req, &state, &user, (&resource, plural, group), ns, name).await
+        }
         _ => status(404, "NotFound", "the server could not find the requested resource"),
     }
+}
+
+/// A server-side apply (`application/apply-patch+yaml`, a `fieldManager` required, as the real
+/// server requires them): the applied object is stored as given (one manager owns every field
+/// here) and kept as the request's body. `patch` is checked, and `create` too when the object is
+/// new, as the real server authorizes an apply that creates.
+async fn server_side_apply(
+    req: Request<Incoming>,
+    state: &Arc<Mutex<State>>,
+    user: &str,
+    (resource, plural, group): (&str, &str, &str),
+    ns: &str,
+    name: &str,
+) -> Response<Body> {
+    let apply =
+        req.headers().get(http::header::CONTENT_TYPE).is_some_and(|v| v == "application/apply-patch+yaml");
+    if !apply {
+        return status(415, "UnsupportedMediaType", "only server-side apply is served");
+    }
+    if !req.uri().query().is_some_and(|q| q.split('&').any(|kv| kv.starts_with("fieldManager="))) {
+        return status(400, "BadRequest", "PATCH with apply requires a fieldManager");
+    }
+    let key = key(ns, name);
+    let exists =
+        state.lock().unwrap_or_else(|p| p.into_inner()).resource(resource).objects.contains_key(&key);
+    for verb in if exists { vec!["patch"] } else { vec!["patch", "create"] } {
+        if state.lock().unwrap_or_else(|p| p.into_inner()).forbidden(resource, verb) {
+            return status(
+                403,
+                "Forbidden",
+                &format!(
+                    "{resource} \"{name}\" is forbidden: User \"{user}\" cannot {verb} resource \"{plural}\" in API group \"{group}\" in the namespace \"{ns}\""
+                ),
+            );
+        }
+    }
+    let body = match req.into_body().collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => return status(400, "BadRequest", "unreadable body"),
+    };
+    let Ok(object) = serde_json::from_slice::<Value>(&body) else {
+        return status(400, "BadRequest", "the applied object is not JSON");
+    };
+    let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(s) = st.seen.last_mut() {
+        s.body = Some(object.clone());
+    }
+    st.put(resource, key.clone(), object);
+    let object = st.resource(resource).objects.get(&key).cloned().unwrap_or_default();
+    json_response(200, &object)
 }
 
 /// A JSON merge patch of an object's `status` (`resource` as the server keys it, its plural and

@@ -70,11 +70,21 @@ pub fn agent_permissions() -> BTreeSet<(String, String, String)> {
 }
 
 /// `(apiGroup, resource, verb)` the control plane may use: it watches every kind it reads,
-/// creates TokenReviews and patches the AuthorizationPolicies' status (ZtunnelAccepted).
+/// creates TokenReviews, patches the AuthorizationPolicies' status (ZtunnelAccepted), and
+/// deploys waypoints: server-side apply (create, patch) of Deployments, Services,
+/// ServiceAccounts and the root ConfigMap, and the Gateways' status.
 pub fn control_permissions() -> BTreeSet<(String, String, String)> {
     let mut out = watch(Kind::ALL);
     out.insert(("authentication.k8s.io".into(), "tokenreviews".into(), "create".into()));
     out.insert(("security.istio.io".into(), "authorizationpolicies/status".into(), "patch".into()));
+    for (group, resource) in
+        [("apps", "deployments"), ("", "services"), ("", "serviceaccounts"), ("", "configmaps")]
+    {
+        for verb in ["create", "patch"] {
+            out.insert((group.into(), resource.into(), verb.into()));
+        }
+    }
+    out.insert(("gateway.networking.k8s.io".into(), "gateways/status".into(), "patch".into()));
     out
 }
 
@@ -550,6 +560,26 @@ fn control(r: &Release, e: &Expect, p: &mut Problems) {
     let custom = env(c, "ISTIOD_CUSTOM_HOST").unwrap_or_default();
     p.ensure(custom.split(',').any(|h| h == host), || {
         format!("{what}: the serving certificate does not name {host} (ISTIOD_CUSTOM_HOST={custom:?})")
+    });
+    // The waypoints it deploys run the proxy's image (it holds `ambit waypoint`) and dial the
+    // address the node proxies dial.
+    let proxy_image = r
+        .daemon_sets
+        .iter()
+        .find(|d| name(&d.metadata) == "ztunnel")
+        .and_then(|d| d.spec.as_ref()?.template.spec.as_ref()?.containers.first()?.image.clone());
+    p.ensure(proxy_image.is_some() && env(c, "AMBIT_WAYPOINT_IMAGE") == proxy_image.as_deref(), || {
+        format!(
+            "{what}: AMBIT_WAYPOINT_IMAGE {:?}, want the proxy's image {proxy_image:?}",
+            env(c, "AMBIT_WAYPOINT_IMAGE")
+        )
+    });
+    p.ensure(env(c, "AMBIT_WAYPOINT_CONTROL_ADDRESS") == Some(e.discovery_address.as_str()), || {
+        format!(
+            "{what}: AMBIT_WAYPOINT_CONTROL_ADDRESS {:?}, want {}",
+            env(c, "AMBIT_WAYPOINT_CONTROL_ADDRESS"),
+            e.discovery_address
+        )
     });
     // The Service reaches the pods on 15012 and 15014, and only those.
     for s in &r.services {

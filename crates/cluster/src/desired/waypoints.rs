@@ -9,14 +9,7 @@ use serde_json::{Value, json};
 
 use super::{DEFAULT_NAMESPACE, Location};
 
-/// The Gateway class that makes a waypoint.
-pub const WAYPOINT_CLASS: &str = "istio-waypoint";
-/// What a waypoint's container runs.
-pub const WAYPOINT_COMMAND: [&str; 2] = ["ambit", "waypoint"];
-/// The label naming the Gateway a pod or Service belongs to.
-pub const GATEWAY_NAME_LABEL: &str = "gateway.networking.k8s.io/gateway-name";
-/// The waypoint's readiness port and path (Istio's waypoints').
-pub const READINESS: (u16, &str) = (15021, "/healthz/ready");
+pub use ambit_objects::waypoint::{GATEWAY_NAME_LABEL, READINESS, WAYPOINT_CLASS, WAYPOINT_COMMAND};
 /// The domain the Service's hostname is in (`ambit control`'s default, istiod's).
 pub const DOMAIN: &str = "cluster.local";
 
@@ -85,65 +78,9 @@ pub(super) fn expand(documents: &mut Vec<(Value, Location)>) -> Vec<(Location, S
         return problems;
     }
     for w in found {
-        for doc in made_for(&w.namespace, &w.name) {
+        for doc in ambit_objects::waypoint::objects(&w.namespace, &w.name) {
             documents.push((doc, w.at.clone()));
         }
     }
     Vec::new()
-}
-
-/// The ServiceAccount, Service and Deployment of waypoint `ns/name`, as istiod's templates make
-/// them (labels, ports 15021 `status-port` and 15008 `mesh`, readiness on 15021), with
-/// `ambit waypoint` as the container.
-fn made_for(ns: &str, name: &str) -> [Value; 3] {
-    let labels = json!({
-        GATEWAY_NAME_LABEL: name,
-        "gateway.istio.io/managed": "istio.io-mesh-controller",
-        "istio.io/dataplane-mode": "none",
-        "service.istio.io/canonical-name": name,
-        "service.istio.io/canonical-revision": "latest",
-    });
-    let meta = json!({ "name": name, "namespace": ns, "labels": labels });
-    let (ready_port, ready_path) = READINESS;
-    [
-        json!({ "apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta }),
-        json!({
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": meta,
-            "spec": {
-                "selector": { GATEWAY_NAME_LABEL: name },
-                "ports": [
-                    { "name": "status-port", "port": ready_port, "protocol": "TCP", "appProtocol": "tcp" },
-                    { "name": "mesh", "port": 15008, "protocol": "TCP", "appProtocol": "all" },
-                ],
-            },
-        }),
-        json!({
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": meta,
-            "spec": {
-                "replicas": 1,
-                "selector": { "matchLabels": { GATEWAY_NAME_LABEL: name } },
-                "template": {
-                    "metadata": { "labels": labels },
-                    "spec": {
-                        "serviceAccountName": name,
-                        "containers": [{
-                            "name": "istio-proxy",
-                            "command": WAYPOINT_COMMAND,
-                            "ports": [
-                                { "name": "status-port", "containerPort": ready_port, "protocol": "TCP" },
-                                { "name": "mesh", "containerPort": 15008, "protocol": "TCP" },
-                            ],
-                            "readinessProbe": {
-                                "httpGet": { "path": ready_path, "port": ready_port },
-                            },
-                        }],
-                    },
-                },
-            },
-        }),
-    ]
 }

@@ -110,6 +110,15 @@ pub struct ControlArgs {
     /// AuthorizationPolicy (whether node proxies enforce it, and what they cannot enforce).
     #[arg(long, env = "AMBIENT_ENABLE_STATUS", default_value_t = true, action = clap::ArgAction::Set)]
     pub ambient_enable_status: bool,
+    /// With the Kubernetes source: the image of the waypoints deployed for `istio-waypoint`
+    /// Gateways (one with `ambit` in it; the chart passes its own). Without it no waypoint is
+    /// deployed, and each such Gateway says so in its `Programmed` condition.
+    #[arg(long, env = "AMBIT_WAYPOINT_IMAGE")]
+    pub waypoint_image: Option<String>,
+    /// The xDS and CA address the deployed waypoints dial. Default:
+    /// `ambit-control.<POD_NAMESPACE>.svc:15012` (the chart's Service).
+    #[arg(long, env = "AMBIT_WAYPOINT_CONTROL_ADDRESS")]
+    pub waypoint_control_address: Option<String>,
     /// Log filter (`RUST_LOG` syntax; changeable at run time through `/logging`).
     #[arg(long, env = "RUST_LOG", default_value = "info")]
     pub rust_log: String,

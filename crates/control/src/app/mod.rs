@@ -6,6 +6,7 @@ mod debug;
 mod publish;
 mod run;
 mod status;
+mod waypoints;
 
 pub use args::{ControlArgs, Listen, parse_addr};
 pub use run::{ControlError, run, settings};

@@ -171,6 +171,18 @@ async fn serve(args: ControlArgs) -> Result<(), ControlError> {
         .as_ref()
         .filter(|_| args.ambient_enable_status)
         .map(|client| super::status::StatusWriter::spawn(client.clone()));
+    let waypoints = kube_client.as_ref().map(|client| {
+        let settings = super::waypoints::WaypointSettings {
+            image: args.waypoint_image.clone().filter(|i| !i.is_empty()),
+            control_address: args
+                .waypoint_control_address
+                .clone()
+                .unwrap_or_else(|| format!("ambit-control.{}.svc:15012", args.namespace)),
+            domain: args.domain.clone(),
+            root_pem: authority.root_bundle_pem().to_owned(),
+        };
+        super::waypoints::WaypointDeployer::spawn(client.clone(), settings)
+    });
     if let Some(client) = kube_client {
         let reviewer = Arc::new(KubeTokenReviewer::new(client));
         let cfg = KubeJwtConfig {
@@ -238,6 +250,7 @@ async fn serve(args: ControlArgs) -> Result<(), ControlError> {
         poll: args.config_poll,
         file_errors: file_errors.clone(),
         status,
+        waypoints,
     };
     worker.apply(first);
     tracing::info!(
@@ -385,6 +398,8 @@ struct Worker {
     file_errors: Arc<Mutex<Vec<String>>>,
     /// Writes the policies' status conditions (Kubernetes source).
     status: Option<super::status::StatusWriter>,
+    /// Deploys the waypoint Gateways (Kubernetes source).
+    waypoints: Option<super::waypoints::WaypointDeployer>,
 }
 
 impl Worker {
@@ -433,9 +448,17 @@ impl Worker {
             Change::Upsert(o) => o.kind() == Kind::AuthorizationPolicy,
             Change::Delete(key) => key.kind == Kind::AuthorizationPolicy,
         });
+        let gateway_changed = changes.iter().any(|c| match c {
+            Change::Upsert(o) => o.kind() == Kind::Gateway,
+            Change::Delete(key) => key.kind == Kind::Gateway,
+        });
         let out = self.translator.apply(changes);
         if policy_changed && let Some(status) = &self.status {
             status.want(self.translator.ztunnel_conditions());
+        }
+        if gateway_changed && let Some(waypoints) = &self.waypoints {
+            let gateways = self.translator.gateways().filter_map(super::waypoints::WantedGateway::of);
+            waypoints.want(gateways.collect());
         }
         let (addresses, authorizations) = (out.addresses.len(), out.authorizations.len());
         let (destinations, policies) = (out.destinations.len(), out.policies.len());

@@ -271,6 +271,11 @@ impl Translator {
         out
     }
 
+    /// Every Gateway there is.
+    pub fn gateways(&self) -> impl Iterator<Item = &ambit_objects::gateway::Gateway> {
+        self.store.gateways.values().map(|g| g.as_ref())
+    }
+
     /// istiod's `ZtunnelAccepted` condition of each AuthorizationPolicy (`None` where istiod
     /// writes none), with the generation it was computed for, by `(namespace, name)`.
     pub fn ztunnel_conditions(&self) -> explain::Conditions {

@@ -55,7 +55,7 @@ pub(crate) const USE_WAYPOINT_CANARY_NAMESPACE: &str = "istio.io/use-waypoint-ca
 pub(crate) const CANARY_WEIGHT_ANNOTATION: &str = "istio.io/use-waypoint-canary-weight";
 pub(crate) const INGRESS_USE_WAYPOINT: &str = "istio.io/ingress-use-waypoint";
 pub(crate) const WAYPOINT_FOR: &str = "istio.io/waypoint-for";
-pub(crate) const GATEWAY_NAME_LABEL: &str = "gateway.networking.k8s.io/gateway-name";
+pub(crate) use ambit_objects::waypoint::GATEWAY_NAME_LABEL;
 pub(crate) const INBOUND_BINDING_ANNOTATION: &str = "ambient.istio.io/waypoint-inbound-binding";
 pub(crate) const MANAGED_LABEL: &str = "gateway.istio.io/managed";
 pub(crate) const TRAFFIC_DISTRIBUTION_ANNOTATION: &str = "networking.istio.io/traffic-distribution";

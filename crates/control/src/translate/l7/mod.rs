@@ -31,8 +31,7 @@ use super::Ctx;
 use super::names::{self, Name};
 use super::waypoints;
 
-/// The class of Istio's waypoints.
-const WAYPOINT_CLASS: &str = "istio-waypoint";
+use ambit_objects::waypoint::WAYPOINT_CLASS;
 
 /// Something in the objects that keeps part of a waypoint's configuration from being what was
 /// written; shown in `/debug/config_errors`, never silently dropped.
