@@ -666,8 +666,10 @@ async fn attempts(
                     return switched;
                 }
                 let status = resp.status().as_u16();
-                if attempt + 1 < attempts && retry.codes.contains(&status) {
-                    tracing::debug!(status, "retrying a listed status");
+                let grpc_retriable =
+                    retry.grpc && resp.headers().get("grpc-status").is_some_and(|s| s == "14" || s == "1");
+                if attempt + 1 < attempts && (retry.codes.contains(&status) || grpc_retriable) {
+                    tracing::debug!(status, grpc_retriable, "retrying a listed status");
                     previous = Some(endpoint);
                     last_failure = downstream_response(resp, active, deadline);
                     continue;

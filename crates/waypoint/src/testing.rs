@@ -55,14 +55,15 @@ pub struct Seen {
 }
 
 /// An HTTP/1.1 + HTTP/2 backend on loopback that answers with its name (or a set status, after
-/// a set delay), gRPC requests with `grpc-status: 0` trailers, and `/slow-body` with a head at
+/// a set delay), gRPC requests with `grpc-status: 0` trailers (or, with a set status, that gRPC
+/// status trailers-only), and `/slow-body` with a head at
 /// once and the rest of the body 5 s later, and upgrades with 101 and an echo.
 pub struct Backend {
     /// Its name (the body of its answers).
     pub name: String,
     /// Where it listens.
     pub addr: SocketAddr,
-    /// Status to answer with (0: 200).
+    /// Status to answer with (0: 200); for gRPC requests, the gRPC status (0: OK).
     pub status: Arc<AtomicU16>,
     /// Delay before answering, in ms.
     pub delay_ms: Arc<AtomicU64>,
@@ -150,7 +151,17 @@ async fn answer(
     if ms > 0 {
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
+    let code = status.load(Ordering::Relaxed);
     if parts.headers.get("content-type").is_some_and(|v| v.as_bytes().starts_with(b"application/grpc")) {
+        if code != 0 {
+            // A set status is a gRPC status here, answered trailers-only (in the head).
+            let mut resp =
+                Response::new(Full::new(Bytes::new()).map_err(|never| match never {}).boxed_unsync());
+            let headers = resp.headers_mut();
+            headers.insert("content-type", http::HeaderValue::from_static("application/grpc"));
+            headers.insert("grpc-status", http::HeaderValue::from(code));
+            return resp;
+        }
         let mut trailers = HeaderMap::new();
         trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
         // One empty gRPC message: not compressed, length 0.
@@ -175,7 +186,6 @@ async fn answer(
         });
         return Response::new(BodyExt::boxed_unsync(StreamBody::new(frames)));
     }
-    let code = status.load(Ordering::Relaxed);
     let mut resp =
         Response::new(Full::new(Bytes::from(name.to_owned())).map_err(|never| match never {}).boxed_unsync());
     if code != 0 {

@@ -329,6 +329,58 @@ async fn istios_default_retry_applies_unless_a_route_sets_its_own() {
     assert_eq!(counters.retries(), retried, "attempts: 0 retried");
 }
 
+/// Istio's default retry covers gRPC `UNAVAILABLE` and `CANCELLED` answered trailers-only: the
+/// endpoint that answers them is left for another (before, its `grpc-status: 14` reached the
+/// client).
+#[tokio::test]
+async fn istios_default_retry_retries_grpc_unavailable_and_cancelled() {
+    let ca = Arc::new(FakeCa::generate());
+    let (backends, node) = three_backends(&ca).await;
+    let h = Harness::start(ca, Harness::settings(), node.addr).await;
+    let grpc = service(
+        "grpc",
+        Some("10.0.0.12"),
+        &[(9090, 8080, api::Protocol::Grpc)],
+        vec![endpoint("10.1.0.1"), endpoint("10.1.0.2")],
+    );
+    h.configure(&[named("app-ns/grpc", grpc)], &[]);
+    let mut c = h.http2(sock("10.0.0.12:9090")).await;
+    for code in [14, 1] {
+        backends[0].status.store(code, Ordering::Relaxed);
+        for _ in 0..4 {
+            let req = Request::post("http://grpc.app-ns/pkg.Echo/Say")
+                .header("content-type", "application/grpc")
+                .header("te", "trailers")
+                .body(body(&[0u8, 0, 0, 0, 0][..]))
+                .expect("request");
+            let resp =
+                tokio::time::timeout(T, c.send_request(req)).await.expect("in time").expect("response");
+            assert_eq!(resp.headers().get("grpc-status"), None, "grpc-status {code} reached the client");
+            let collected = http_body_util::BodyExt::collect(resp.into_body()).await.expect("body");
+            let trailers = collected.trailers().cloned().expect("trailers");
+            assert_eq!(trailers.get("grpc-status").map(|v| v.as_bytes()), Some(&b"0"[..]));
+        }
+    }
+    assert!(backends[0].requests() > 0, "the failing endpoint was never tried");
+    assert!(h.waypoint.counters().retries() >= 1, "retries: {}", h.waypoint.counters().retries());
+    // A route's own retry policy lists HTTP statuses only: gRPC statuses are not retried.
+    let mut grpc =
+        service("grpc", Some("10.0.0.12"), &[(9090, 8080, api::Protocol::Grpc)], vec![endpoint("10.1.0.1")]);
+    let mut r = route("app-ns/grpc#0", vec![backend("app-ns/grpc", 9090, 1)]);
+    r.retry = Some(api::Retry { attempts: 2, codes: vec![503], backoff_ms: 0 });
+    grpc.routes = vec![r];
+    h.configure(&[named("app-ns/grpc", grpc)], &[]);
+    backends[0].status.store(14, Ordering::Relaxed);
+    let before = h.waypoint.counters().retries();
+    let req = Request::post("http://grpc.app-ns/pkg.Echo/Say")
+        .header("content-type", "application/grpc")
+        .body(body(&[0u8, 0, 0, 0, 0][..]))
+        .expect("request");
+    let resp = tokio::time::timeout(T, c.send_request(req)).await.expect("in time").expect("response");
+    assert_eq!(resp.headers().get("grpc-status").map(|v| v.as_bytes()), Some(&b"14"[..]));
+    assert_eq!(h.waypoint.counters().retries(), before);
+}
+
 #[tokio::test]
 async fn http2_and_grpc_requests_go_through_as_http2() {
     let ca = Arc::new(FakeCa::generate());

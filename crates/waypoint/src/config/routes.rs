@@ -157,15 +157,20 @@ pub struct Retry {
     pub codes: Vec<u16>,
     /// Wait between attempts.
     pub backoff: Duration,
+    /// gRPC answers `UNAVAILABLE` (14) and `CANCELLED` (1) with the status in the head
+    /// (trailers-only) are retried too: Envoy's `unavailable` and `cancelled`.
+    pub grpc: bool,
 }
 
 impl Retry {
     /// What Istio gives a route that sets no retry policy (its mesh default,
-    /// `defaultHttpRetryPolicy`): 2 retries, of connection failures, refused streams and 503s,
-    /// each on another endpoint, after Envoy's 25 ms base interval. A route that sets one (even
+    /// `defaultHttpRetryPolicy`): 2 retries, of connection failures, refused streams, 503s and
+    /// gRPC `UNAVAILABLE`/`CANCELLED` (`retryOn: connect-failure,refused-stream,unavailable,
+    /// cancelled,retriable-status-codes`), each on another endpoint, after Envoy's 25 ms base
+    /// interval. A route that sets one (even
     /// `attempts: 0`) gets what it sets.
     pub fn istio_default() -> Retry {
-        Retry { attempts: 2, codes: vec![503], backoff: Duration::from_millis(25) }
+        Retry { attempts: 2, codes: vec![503], backoff: Duration::from_millis(25), grpc: true }
     }
 }
 
@@ -312,6 +317,7 @@ pub(super) fn parse_route(r: &api::Route) -> Result<Route, String> {
                 })
                 .collect::<Result<Vec<_>, _>>()?,
             backoff: Duration::from_millis(u64::from(retry.backoff_ms)),
+            grpc: false,
         },
     };
     Ok(Route {
