@@ -7,7 +7,7 @@
 //!
 //! `-o json` and `-o yaml` carry the same report as objects; the table is for people.
 
-mod waypoints;
+pub(crate) mod waypoints;
 
 use std::collections::BTreeMap;
 

@@ -473,6 +473,24 @@ fn through_the_waypoint(proxies: NodeProxies) {
         "{shown}"
     );
     assert!(shown.contains("      denied by (no ALLOW policy matched): 2, shop/no-mallory: 1\n"), "{shown}");
+    // `ambit inspect waypoints`: what the waypoint serves, read off its own /config_dump.
+    let inspected = c.ambit(&["inspect", "waypoints", "-o", "json"]);
+    assert_eq!(inspected.code, Some(0), "{inspected}");
+    let rows: Vec<Value> =
+        serde_json::from_str(&inspected.stdout).unwrap_or_else(|e| panic!("{e}: {inspected}"));
+    let row = rows.iter().find(|r| r["destination"] == "shop/reviews").unwrap_or_else(|| panic!("{rows:?}"));
+    assert_eq!(row["waypoint"], format!("shop/waypoint ({WAYPOINT_POD})"), "{row}");
+    assert_eq!(row["kind"], "service", "{row}");
+    assert_eq!(row["listeners"], serde_json::json!([format!("{reviews_vip}:8080/http")]), "{row}");
+    assert_eq!(row["policies"], serde_json::json!(["shop/no-mallory", "shop/reviews-read"]), "{row}");
+    assert!(
+        row["routes"].as_array().is_some_and(|r| r.iter().any(|l| l.as_str().is_some_and(|l| l.ends_with(
+            ": reviews-v1.shop.svc.cluster.local:8080 (90), reviews-v2.shop.svc.cluster.local:8080 (10)"
+        )))),
+        "{row}"
+    );
+    let table = c.ambit(&["inspect", "waypoints"]).stdout;
+    assert!(table.starts_with("WAYPOINT  ") && table.contains(" shop/reviews-tcp "), "{table}");
 
     // `use-waypoint` removed live: the node proxy sends straight to the pods (the waypoint's
     // paths policy no longer applies, and it counts nothing); added back: 403 again.

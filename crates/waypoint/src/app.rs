@@ -120,6 +120,7 @@ async fn serve(cfg: Arc<Config>, data: tokio::runtime::Handle) -> Result<(), Sta
         xds: xds.clone(),
         drain: drain.clone(),
         quit: quit.clone(),
+        waypoint: waypoint.clone(),
     });
     tokio::spawn(ambit_admin::serve(admin_l, move |req| admin::admin(req, ctx.clone())));
     tokio::spawn(ambit_admin::serve(stats_l, move |req| admin::metrics(req, registry.clone())));

@@ -460,9 +460,11 @@ fn parse_endpoint(e: &api::Endpoint) -> Result<Endpoint, String> {
     })
 }
 
+mod dump;
 mod policy;
 mod routes;
 
+pub use dump::{DestinationDump, EndpointDump, RouteDump};
 pub use policy::parse_policy;
 pub use routes::{
     Backend, Filter, HeaderModifier, Match, Mirror, PathMatch, PathRewrite, Redirect, Retry, Rewrite, Route,

@@ -10,6 +10,7 @@
 
 mod policy;
 mod render;
+mod waypoints;
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::process::ExitCode;
@@ -70,6 +71,9 @@ pub enum What {
     },
     /// Each proxy's xDS state against the control plane's (`proxy-status`).
     Sync,
+    /// What each waypoint serves: the Services and workloads bound to it, their listeners,
+    /// policies, endpoints and routes (the local cluster's waypoint pods, or `--admin` of one).
+    Waypoints,
 }
 
 /// One proxy to ask: its name for the output and where its admin endpoints are.
@@ -136,6 +140,10 @@ fn run(args: &InspectArgs) -> Result<String, String> {
             };
             let streams = json_of(&get(c.netns.as_deref(), c.admin, "/debug/connections")?)?;
             output(args, render::sync(&dumps(&targets)?, &streams))
+        }
+        What::Waypoints => {
+            let waypoints = waypoints::targets(args)?;
+            output(args, waypoints::served(&dumps(&waypoints)?, ns)?)
         }
     };
     Ok(out)

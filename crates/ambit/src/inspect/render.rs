@@ -67,7 +67,7 @@ fn strings(v: &Value) -> Vec<String> {
         .collect()
 }
 
-fn dash(s: String) -> String {
+pub(super) fn dash(s: String) -> String {
     if s.is_empty() { "-".to_owned() } else { s }
 }
 

@@ -21,11 +21,12 @@ pub(crate) struct AdminCtx {
     pub(crate) xds: Xds,
     pub(crate) drain: Drain,
     pub(crate) quit: Arc<Notify>,
+    pub(crate) waypoint: crate::Waypoint,
 }
 
 /// The admin dashboard's text (`/`).
 const INDEX: &str = "ambit waypoint admin
-  /config_dump            config, certificates, xDS state, resources held and refusals (JSON)
+  /config_dump            config, certificates, xDS state, resources held and refusals, what it serves (JSON)
   /logging                POST: show the log level; ?level=<level> or ?level=<mod>:<level>,...; ?reset
   /debug/pprof/profile    GET: CPU profile (pprof protobuf); ?seconds=1..300 (10), ?frequency=1..1000 Hz (100)
   /quitquitquit           POST: drain and exit
@@ -39,6 +40,7 @@ pub(crate) async fn admin(req: Request<Incoming>, ctx: Arc<AdminCtx>) -> Respons
             "certificates": ctx.certs.dump(),
             "xds": ctx.xds.status(),
             "resources": ctx.xds.held(),
+            "serving": ctx.waypoint.config().dump(),
             "connections": { "activeStreams": ctx.drain.active() },
             "version": { "version": env!("CARGO_PKG_VERSION"), "cryptoProvider": "aws-lc-rs" },
         })),
