@@ -147,7 +147,9 @@ impl<B: hyper::body::Body<Data = Bytes> + Unpin> hyper::body::Body for Counting<
 /// What one request's telemetry needs once its answer ends.
 pub(crate) struct Pending {
     pub(crate) shared: Arc<crate::server::Shared>,
-    pub(crate) labels: crate::metrics::RequestLabels,
+    pub(crate) downstream: Arc<crate::proxy::Downstream>,
+    /// Everything of its labels but the downstream's.
+    pub(crate) outcome: crate::proxy::Outcome,
     pub(crate) started: Instant,
     /// The request's head, in bytes.
     pub(crate) request_head: u64,
@@ -175,7 +177,7 @@ impl Telemetry {
     fn record(&mut self) {
         if let Some(p) = self.pending.take() {
             let request = p.request_head + p.request_body.load(Ordering::Relaxed);
-            p.shared.counters.request(&p.labels, p.started.elapsed(), request, self.sent);
+            p.downstream.series(&p.shared, &p.outcome).record(p.started.elapsed(), request, self.sent);
         }
     }
 }
@@ -207,8 +209,7 @@ impl hyper::body::Body for Telemetry {
                         && p.grpc_status_pending
                         && let Some(status) = trailers.get("grpc-status")
                     {
-                        p.labels.grpc_response_status =
-                            crate::metrics::Label(String::from_utf8_lossy(status.as_bytes()).into_owned());
+                        p.outcome.grpc_status = Some(String::from_utf8_lossy(status.as_bytes()).into_owned());
                     }
                 }
                 if this.inner.is_end_stream() {

@@ -78,6 +78,25 @@ fn histogram() -> Histogram {
     Histogram::new(ENVOY_BUCKETS)
 }
 
+/// The four series of one label set.
+#[derive(Debug)]
+pub(crate) struct RequestSeries {
+    requests: Counter,
+    duration: Histogram,
+    request_bytes: Histogram,
+    response_bytes: Histogram,
+}
+
+impl RequestSeries {
+    /// One answered request: its duration and its request's and response's sizes in bytes.
+    pub(crate) fn record(&self, took: std::time::Duration, request: u64, response: u64) {
+        self.requests.inc();
+        self.duration.observe(took.as_secs_f64() * 1e3);
+        self.request_bytes.observe(request as f64);
+        self.response_bytes.observe(response as f64);
+    }
+}
+
 /// The waypoint's counters.
 #[derive(Debug)]
 pub struct Counters {
@@ -157,18 +176,16 @@ impl Counters {
         ours.register("tcp_connections", "TCP connections relayed", self.tcp_connections.clone());
     }
 
-    /// One answered request: its duration and its request's and response's sizes in bytes.
-    pub(crate) fn request(
-        &self,
-        labels: &RequestLabels,
-        took: std::time::Duration,
-        request: u64,
-        response: u64,
-    ) {
-        self.requests.get_or_create(labels).inc();
-        self.durations.get_or_create(labels).observe(took.as_secs_f64() * 1e3);
-        self.request_bytes.get_or_create(labels).observe(request as f64);
-        self.response_bytes.get_or_create(labels).observe(response as f64);
+    /// The series of one label set, shared with the families (what is recorded through them is
+    /// what the registry shows); a stream keeps them for its requests' label sets, so a request
+    /// neither builds nor hashes its labels.
+    pub(crate) fn series(&self, labels: &RequestLabels) -> RequestSeries {
+        RequestSeries {
+            requests: self.requests.get_or_create(labels).clone(),
+            duration: self.durations.get_or_create(labels).clone(),
+            request_bytes: self.request_bytes.get_or_create(labels).clone(),
+            response_bytes: self.response_bytes.get_or_create(labels).clone(),
+        }
     }
 
     /// `istio_requests_total` for one label set.

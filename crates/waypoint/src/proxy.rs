@@ -22,6 +22,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -39,7 +40,7 @@ use crate::config::Endpoint;
 use crate::config::{
     Backend, Destination, Filter, HeaderModifier, Mirror, Port, Protocol, Retry, Route, Snapshot,
 };
-use crate::metrics::{Label, RequestLabels};
+use crate::metrics::{Label, RequestLabels, RequestSeries};
 use crate::route::{self, modify_headers, pick_backend, pick_endpoint};
 use crate::server::{Shared, Source};
 use crate::upgrade::Upgrade;
@@ -52,6 +53,74 @@ pub(crate) struct Downstream {
     pub(crate) source: Arc<Source>,
     /// The CONNECT's `:authority` (a destination's address and port).
     pub(crate) addr: SocketAddr,
+    /// The request series its requests were recorded in, by what decides their labels.
+    series: Mutex<Vec<(SeriesKey, Arc<RequestSeries>)>>,
+}
+
+/// How many label sets one stream keeps the series of (more are looked up again).
+const SERIES_KEPT: usize = 16;
+
+/// What decides a request's labels beside its stream: the destination bound at the stream's
+/// address (held, so that it is compared by identity) and how the request ended.
+#[derive(Debug)]
+struct SeriesKey {
+    destination: Option<Arc<Destination>>,
+    outcome: Outcome,
+}
+
+/// How one request ended, for its labels.
+#[derive(Debug, Clone)]
+pub(crate) struct Outcome {
+    /// The endpoint that answered (held, compared by identity).
+    pub(crate) endpoint: Option<Arc<Endpoint>>,
+    pub(crate) grpc: bool,
+    pub(crate) status: StatusCode,
+    pub(crate) flags: &'static str,
+    /// `grpc-status` of a gRPC answer (its head's, else its trailers').
+    pub(crate) grpc_status: Option<String>,
+}
+
+fn same<T>(a: Option<&Arc<T>>, b: Option<&Arc<T>>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+        (None, None) => true,
+        _ => false,
+    }
+}
+
+impl Outcome {
+    fn same(&self, other: &Outcome) -> bool {
+        same(self.endpoint.as_ref(), other.endpoint.as_ref())
+            && self.grpc == other.grpc
+            && self.status == other.status
+            && self.flags == other.flags
+            && self.grpc_status == other.grpc_status
+    }
+}
+
+impl Downstream {
+    pub(crate) fn new(source: Arc<Source>, addr: SocketAddr) -> Downstream {
+        Downstream { source, addr, series: Mutex::default() }
+    }
+
+    /// The series of a request of this stream that ended as `outcome`.
+    pub(crate) fn series(&self, shared: &Shared, outcome: &Outcome) -> Arc<RequestSeries> {
+        let destination = shared.config.load().bound(self.addr).map(|(d, _)| d);
+        let mut kept = self.series.lock().unwrap_or_else(PoisonError::into_inner);
+        let found = kept
+            .iter()
+            .find(|(k, _)| same(k.destination.as_ref(), destination.as_ref()) && k.outcome.same(outcome));
+        if let Some((_, series)) = found {
+            return series.clone();
+        }
+        let labels = request_labels(self, destination.as_deref(), outcome);
+        let series = Arc::new(shared.counters.series(&labels));
+        if kept.len() >= SERIES_KEPT {
+            kept.clear();
+        }
+        kept.push((SeriesKey { destination, outcome: outcome.clone() }, series.clone()));
+        series
+    }
 }
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1), never forwarded.
@@ -83,12 +152,18 @@ pub(crate) async fn handle(
         log_access(&shared, &downstream, &seen, &resp, flags, endpoint.as_deref(), started.elapsed());
     }
     let resp = if grpc && resp.extensions().get::<Local>().is_some() { grpc_local(resp) } else { resp };
-    let labels = request_labels(&shared, &downstream, endpoint.as_deref(), grpc, status, flags, &resp);
-    let grpc_status_pending = grpc && labels.grpc_response_status.0.is_empty();
+    let grpc_status = if grpc {
+        resp.headers().get("grpc-status").map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+    } else {
+        None
+    };
+    let grpc_status_pending = grpc && grpc_status.is_none();
+    let outcome = Outcome { endpoint, grpc, status, flags, grpc_status };
     let (parts, body) = resp.into_parts();
     // `:status` and its three digits.
     let response_head = header_bytes(&parts.headers) + 10;
-    let pending = Pending { shared, labels, started, request_head, request_body, grpc_status_pending };
+    let pending =
+        Pending { shared, downstream, outcome, started, request_head, request_body, grpc_status_pending };
     Response::from_parts(parts, BodyExt::boxed_unsync(Telemetry::new(body, pending, response_head)))
 }
 
@@ -175,20 +250,14 @@ fn response_flags(status: StatusCode, text: &str) -> &'static str {
 
 /// `istio_requests_total`'s labels of one answered request.
 fn request_labels(
-    shared: &Shared,
     downstream: &Downstream,
-    endpoint: Option<&Endpoint>,
-    grpc: bool,
-    status: StatusCode,
-    flags: &str,
-    resp: &Response<Body>,
+    service: Option<&Destination>,
+    outcome: &Outcome,
 ) -> RequestLabels {
     let principal = downstream.source.principal.as_deref().unwrap_or_default();
     let source_namespace =
         principal.split_once("/ns/").map(|(_, rest)| rest.split('/').next().unwrap_or(rest));
-    let snapshot = shared.config.load();
-    let bound = snapshot.bound(downstream.addr);
-    let service = bound.as_ref().map(|(d, _)| d);
+    let endpoint = outcome.endpoint.as_deref();
     let text = |s: Option<&str>| Label(s.unwrap_or_default().to_owned());
     RequestLabels {
         reporter: "waypoint".into(),
@@ -202,14 +271,10 @@ fn request_labels(
         destination_principal: Label(
             endpoint.and_then(|e| e.identity.as_ref()).map(|i| i.to_string()).unwrap_or_default(),
         ),
-        request_protocol: if grpc { "grpc".into() } else { "http".into() },
-        response_code: Label(status.as_u16().to_string()),
-        grpc_response_status: text(if grpc {
-            resp.headers().get("grpc-status").and_then(|v| v.to_str().ok())
-        } else {
-            None
-        }),
-        response_flags: flags.into(),
+        request_protocol: if outcome.grpc { "grpc".into() } else { "http".into() },
+        response_code: Label(outcome.status.as_u16().to_string()),
+        grpc_response_status: text(outcome.grpc_status.as_deref()),
+        response_flags: outcome.flags.into(),
         connection_security_policy: "mutual_tls".into(),
     }
 }

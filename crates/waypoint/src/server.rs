@@ -286,7 +286,7 @@ async fn on_connect<S: Shutdown>(
         tracing::debug!(%addr, "no destination served by this waypoint at the CONNECT's address; answered 404");
         return req.reject(StatusCode::NOT_FOUND);
     };
-    let downstream = Arc::new(Downstream { source, addr });
+    let downstream = Arc::new(Downstream::new(source, addr));
     match port.protocol {
         Protocol::Tcp => tcp(shared, downstream, req, &destination, &port).await,
         Protocol::Undeclared => {

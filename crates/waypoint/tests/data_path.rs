@@ -642,6 +642,41 @@ async fn a_new_configuration_applies_to_the_next_request_on_an_open_connection()
     assert_eq!(send(&mut c, get("/")).await, (StatusCode::SERVICE_UNAVAILABLE, "no healthy upstream".into()));
 }
 
+/// The labels of a request are its own even on a stream that keeps the series of earlier ones:
+/// the Service bound at the same address replaced, or another endpoint answering, makes a new
+/// series.
+#[tokio::test]
+async fn labels_follow_the_configuration_on_one_connection() {
+    let ca = Arc::new(FakeCa::generate());
+    let (_backends, node) = three_backends(&ca).await;
+    let h = Harness::start(ca, Harness::settings(), node.addr).await;
+    let first =
+        service("first", Some("10.0.0.10"), &[(80, 8080, api::Protocol::Http)], vec![endpoint("10.1.0.1")]);
+    h.configure(&[named("app-ns/first", first)], &[]);
+    let mut c = h.http1(sock("10.0.0.10:80")).await;
+    assert_eq!(send(&mut c, get("/")).await, (StatusCode::OK, "a".into()));
+    let second =
+        service("second", Some("10.0.0.10"), &[(80, 8080, api::Protocol::Http)], vec![endpoint("10.1.0.2")]);
+    h.configure(&[named("app-ns/second", second)], &[]);
+    for _ in 0..2 {
+        assert_eq!(send(&mut c, get("/")).await, (StatusCode::OK, "b".into()));
+    }
+    let mut registry = prometheus_client::registry::Registry::default();
+    h.waypoint.counters().register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+    let count = |name: &str| -> Vec<&str> {
+        text.lines()
+            .filter(|l| {
+                l.starts_with("istio_requests_total{")
+                    && l.contains(&format!("destination_service_name=\"{name}\""))
+            })
+            .map(|l| l.rsplit(' ').next().unwrap_or_default())
+            .collect()
+    };
+    assert_eq!((count("first"), count("second")), (vec!["1"], vec!["2"]), "{text}");
+}
+
 #[tokio::test]
 async fn an_upgrade_is_passed_through_and_the_connections_are_joined() {
     let ca = Arc::new(FakeCa::generate());
