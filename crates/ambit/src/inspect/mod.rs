@@ -143,7 +143,7 @@ fn run(args: &InspectArgs) -> Result<String, String> {
         }
         What::Waypoints => {
             let waypoints = waypoints::targets(args)?;
-            output(args, waypoints::served(&dumps(&waypoints)?, ns)?)
+            output(args, waypoints::served(&each(&waypoints, "/debug/serving")?, ns)?)
         }
     };
     Ok(out)

@@ -1,5 +1,4 @@
-//! `ambit inspect waypoints`: what each waypoint serves, from its own `/config_dump`
-//! (`serving`): the Services and workloads bound to it with their addresses and protocols, the
+//! `ambit inspect waypoints`: what each waypoint serves, from its own `/debug/serving`: the Services and workloads bound to it with their addresses and protocols, the
 //! policies of their requests, their endpoints, and under each its routes with their weighted
 //! backends. Targets: the local cluster's waypoint pods, or one waypoint's admin address
 //! (`--admin http://HOST:15000`).
@@ -80,13 +79,14 @@ pub fn targets(args: &InspectArgs) -> Result<Vec<Target>, String> {
     Ok(out)
 }
 
-/// The rows of each waypoint's dump: bound destinations first, then those it only sends to.
+/// The rows of each waypoint's `/debug/serving`: bound destinations first, then those it only
+/// sends to.
 pub fn served(dumps: &[(String, Value)], ns: Option<&str>) -> Result<Vec<Served>, String> {
     let mut out = Vec::new();
-    for (waypoint, d) in dumps {
-        let Some(serving) = d["serving"].as_array() else {
+    for (waypoint, serving) in dumps {
+        let Some(serving) = serving.as_array() else {
             return Err(format!(
-                "{waypoint}: its /config_dump has no `serving`: it is not a waypoint (ambit inspect without `waypoints` shows node proxies)"
+                "{waypoint}: /debug/serving is not a list of destinations: is it a waypoint?"
             ));
         };
         let mut rows: Vec<(bool, Served)> = Vec::new();
@@ -148,7 +148,7 @@ mod tests {
 
     #[test]
     fn a_waypoints_dump_becomes_one_row_per_destination_with_its_routes_under_it() {
-        let dump = json!({"serving": [
+        let dump = json!([
             {"resource": "shop/waypoint/reviews-v1", "kind": "service", "name": "shop/reviews-v1", "bound": false,
              "listeners": ["10.96.0.12:8080/http"], "routes": [], "policies": [],
              "endpoints": [{"address": "10.244.1.4", "healthy": true, "identity": "spiffe://x"}]},
@@ -157,7 +157,7 @@ mod tests {
              "routes": [{"name": "shop/reviews#2", "backends": [["shop/waypoint/reviews-v1:8080", 90], ["shop/waypoint/reviews-v2:8080", 10]]}],
              "policies": ["shop/no-mallory"],
              "endpoints": [{"address": "10.244.1.4", "healthy": true}, {"address": "10.244.1.5", "healthy": false}]},
-        ]});
+        ]);
         let rows = served(&[("shop/waypoint (shop/waypoint-0)".into(), dump)], None).expect("rows");
         assert_eq!(
             super::super::render::table(&rows),
@@ -166,8 +166,10 @@ mod tests {
              route shop/reviews#2: reviews-v1:8080 (90), reviews-v2:8080 (10)\n\
              shop/waypoint (shop/waypoint-0)  shop/reviews-v1  service (backend)  10.96.0.12:8080/http  -                1/1 healthy\n"
         );
-        assert!(served(&[("other".into(), json!({"services": []}))], None).is_err_and(|e| e
-            == "other: its /config_dump has no `serving`: it is not a waypoint (ambit inspect without `waypoints` shows node proxies)"));
-        assert!(served(&[("w".into(), json!({"serving": []}))], Some("shop")).is_ok_and(|r| r.is_empty()));
+        assert_eq!(
+            served(&[("other".into(), json!({"services": []}))], None).err().as_deref(),
+            Some("other: /debug/serving is not a list of destinations: is it a waypoint?")
+        );
+        assert!(served(&[("w".into(), json!([]))], Some("shop")).is_ok_and(|r| r.is_empty()));
     }
 }

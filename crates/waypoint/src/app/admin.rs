@@ -26,7 +26,8 @@ pub(crate) struct AdminCtx {
 
 /// The admin dashboard's text (`/`).
 const INDEX: &str = "ambit waypoint admin
-  /config_dump            config, certificates, xDS state, resources held and refusals, what it serves (JSON)
+  /config_dump            config, certificates, xDS state, resources held and refusals (JSON)
+  /debug/serving          what it serves: each destination's listeners, routes, policies, endpoints (JSON)
   /logging                POST: show the log level; ?level=<level> or ?level=<mod>:<level>,...; ?reset
   /debug/pprof/profile    GET: CPU profile (pprof protobuf); ?seconds=1..300 (10), ?frequency=1..1000 Hz (100)
   /quitquitquit           POST: drain and exit
@@ -40,10 +41,10 @@ pub(crate) async fn admin(req: Request<Incoming>, ctx: Arc<AdminCtx>) -> Respons
             "certificates": ctx.certs.dump(),
             "xds": ctx.xds.status(),
             "resources": ctx.xds.held(),
-            "serving": ctx.waypoint.config().dump(),
             "connections": { "activeStreams": ctx.drain.active() },
             "version": { "version": env!("CARGO_PKG_VERSION"), "cryptoProvider": "aws-lc-rs" },
         })),
+        "/debug/serving" => ambit_admin::json(&ctx.waypoint.config().dump()),
         "/quitquitquit" => {
             if req.method() != Method::POST {
                 return text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n");

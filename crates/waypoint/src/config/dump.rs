@@ -1,5 +1,5 @@
-//! What the waypoint serves, as its `/config_dump` shows it (`serving`) and `ambit inspect
-//! waypoints` reads it: each destination it holds with its addresses and protocols, routes and
+//! What the waypoint serves, as its admin endpoint `/debug/serving` shows it and `ambit inspect
+//! waypoints` reads it (apart from `/config_dump`, which stays small at any size): each destination it holds with its addresses and protocols, routes and
 //! their weighted backends, policies and endpoints.
 
 use serde::Serialize;
