@@ -427,16 +427,10 @@ async fn handle(
                     ),
                 );
             }
-            let body = match req.into_body().collect().await {
-                Ok(b) => b.to_bytes(),
-                Err(_) => return status(400, "BadRequest", "unreadable body"),
+            let review = match json_body(req, &state, "the TokenReview").await {
+                Ok(v) => v,
+                Err(answer) => return answer,
             };
-            let Ok(review) = serde_json::from_slice::<Value>(&body) else {
-                return status(400, "BadRequest", "the TokenReview is not JSON");
-            };
-            if let Some(s) = state.lock().unwrap_or_else(|p| p.into_inner()).seen.last_mut() {
-                s.body = Some(review.clone());
-            }
             let token = review["spec"]["token"].as_str().unwrap_or_default();
             let wanted: Vec<String> = review["spec"]["audiences"]
                 .as_array()
@@ -554,17 +548,11 @@ async fn server_side_apply(
             );
         }
     }
-    let body = match req.into_body().collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(_) => return status(400, "BadRequest", "unreadable body"),
-    };
-    let Ok(object) = serde_json::from_slice::<Value>(&body) else {
-        return status(400, "BadRequest", "the applied object is not JSON");
+    let object = match json_body(req, state, "the applied object").await {
+        Ok(v) => v,
+        Err(answer) => return answer,
     };
     let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(s) = st.seen.last_mut() {
-        s.body = Some(object.clone());
-    }
     st.put(resource, key.clone(), object);
     let object = st.resource(resource).objects.get(&key).cloned().unwrap_or_default();
     json_response(200, &object)
@@ -590,17 +578,11 @@ async fn merge_status(
         );
     }
     let key = format!("{ns}/{name}");
-    let body = match req.into_body().collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(_) => return status(400, "BadRequest", "unreadable body"),
-    };
-    let Ok(patch) = serde_json::from_slice::<Value>(&body) else {
-        return status(400, "BadRequest", "the patch is not JSON");
+    let patch = match json_body(req, state, "the patch").await {
+        Ok(v) => v,
+        Err(answer) => return answer,
     };
     let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(s) = st.seen.last_mut() {
-        s.body = Some(patch.clone());
-    }
     let Some(mut object) = st.resource(resource).objects.get(&key).cloned() else {
         return status(404, "NotFound", &format!("{resource} \"{name}\" not found"));
     };
@@ -608,6 +590,25 @@ async fn merge_status(
     st.put(resource, key.clone(), object);
     let object = st.resource(resource).objects.get(&key).cloned().unwrap_or_default();
     json_response(200, &object)
+}
+
+/// A request's JSON body, kept as the body of the request last seen; else the 400 to answer.
+async fn json_body(
+    req: Request<Incoming>,
+    state: &Arc<Mutex<State>>,
+    what: &str,
+) -> Result<Value, Response<Body>> {
+    let body = match req.into_body().collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => return Err(status(400, "BadRequest", "unreadable body")),
+    };
+    let Ok(value) = serde_json::from_slice::<Value>(&body) else {
+        return Err(status(400, "BadRequest", &format!("{what} is not JSON")));
+    };
+    if let Some(s) = state.lock().unwrap_or_else(|p| p.into_inner()).seen.last_mut() {
+        s.body = Some(value.clone());
+    }
+    Ok(value)
 }
 
 fn list_response(state: &Arc<Mutex<State>>, resource: &str, node: Option<&str>) -> Response<Body> {

@@ -7,6 +7,7 @@ mod publish;
 mod run;
 mod status;
 mod waypoints;
+mod writer;
 
 pub use args::{ControlArgs, Listen, parse_addr};
 pub use run::{ControlError, run, settings};

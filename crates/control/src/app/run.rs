@@ -458,7 +458,7 @@ impl Worker {
         }
         if gateway_changed && let Some(waypoints) = &self.waypoints {
             let gateways = self.translator.gateways().filter_map(super::waypoints::WantedGateway::of);
-            waypoints.want(gateways.collect());
+            waypoints.want(gateways);
         }
         let (addresses, authorizations) = (out.addresses.len(), out.authorizations.len());
         let (destinations, policies) = (out.destinations.len(), out.policies.len());

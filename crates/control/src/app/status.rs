@@ -3,89 +3,42 @@
 //! the same evaluation the rest of Ambit reports ([`crate::translate::explain`]).
 //!
 //! The translation thread hands over the whole wanted set after each batch that touched a
-//! policy; one task writes what differs from what it last wrote (a JSON merge patch of
-//! `status`), and tries again what failed a few seconds later. Writing a status is itself a
-//! change the watch delivers; it leaves the wanted set as it was, so nothing is written twice.
+//! policy; the writer ([`super::writer`]) writes what differs (a JSON merge patch of `status`)
+//! and tries again what failed. Writing a status is itself a change the watch delivers; it
+//! leaves the wanted set as it was, so nothing is written twice.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use ambit_objects::istio::AuthorizationPolicy;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
-use tokio::sync::watch;
 
+use super::writer::{Messages, Writer};
 use crate::translate::explain::{Accepted, Conditions, ZTUNNEL_ACCEPTED};
 
-/// How long a failed write waits before it is tried again.
-const RETRY: Duration = Duration::from_secs(5);
-
 /// Hands the wanted conditions to the writer.
-pub struct StatusWriter(watch::Sender<Arc<Conditions>>);
+pub struct StatusWriter(Writer<(i64, Option<Accepted>)>);
 
 impl StatusWriter {
     /// Starts the writer on the current runtime.
     pub fn spawn(client: kube::Client) -> StatusWriter {
-        let (tx, rx) = watch::channel(Arc::new(Conditions::new()));
-        tokio::spawn(run(client, rx));
-        StatusWriter(tx)
+        let messages = Messages {
+            action: "write the ZtunnelAccepted condition",
+            field: "AuthorizationPolicy",
+            recovered: "ZtunnelAccepted conditions are written again",
+        };
+        StatusWriter(Writer::spawn(
+            messages,
+            move |namespace: String, name: String, (generation, accepted): (i64, Option<Accepted>)| {
+                let client = client.clone();
+                async move { write(&client, &namespace, &name, generation, accepted.as_ref()).await }
+            },
+        ))
     }
 
     /// The conditions every AuthorizationPolicy should carry now.
     pub fn want(&self, conditions: Conditions) {
-        self.0.send_if_modified(|old| {
-            let changed = **old != conditions;
-            if changed {
-                *old = Arc::new(conditions);
-            }
-            changed
-        });
-    }
-}
-
-async fn run(client: kube::Client, mut rx: watch::Receiver<Arc<Conditions>>) {
-    let mut written: BTreeMap<(String, String), (i64, Option<Accepted>)> = BTreeMap::new();
-    let mut pending = false;
-    // The error last logged: a refusal that lasts (RBAC) is logged once, not every retry.
-    let mut logged: Option<String> = None;
-    loop {
-        if pending {
-            // A failed write is tried again after RETRY, or sooner when the set changes.
-            let _ = tokio::time::timeout(RETRY, rx.changed()).await;
-        } else if rx.changed().await.is_err() {
-            return;
-        }
-        let want = rx.borrow_and_update().clone();
-        written.retain(|key, _| want.contains_key(key));
-        pending = false;
-        for (key, value) in want.iter() {
-            if written.get(key) == Some(value) {
-                continue;
-            }
-            let (namespace, name) = key;
-            match write(&client, namespace, name, value.0, value.1.as_ref()).await {
-                Ok(()) => {
-                    written.insert(key.clone(), value.clone());
-                    if logged.take().is_some() {
-                        tracing::info!("{ZTUNNEL_ACCEPTED} conditions are written again");
-                    }
-                }
-                // Deleted meanwhile: its removal will arrive as a change.
-                Err(kube::Error::Api(e)) if e.code == 404 => {}
-                Err(e) => {
-                    let error = e.to_string();
-                    if logged.as_deref() != Some(error.as_str()) {
-                        tracing::warn!(
-                            policy = %format!("{namespace}/{name}"),
-                            "cannot write the {ZTUNNEL_ACCEPTED} condition ({error}); trying again every {RETRY:?}"
-                        );
-                        logged = Some(error);
-                    }
-                    pending = true;
-                }
-            }
-        }
+        self.0.want(conditions);
     }
 }
 

@@ -10,12 +10,11 @@
 //!
 //! Objects are written by server-side apply with the field manager [`FIELD_MANAGER`], so a
 //! change to a Gateway (or a new control-plane version) rewrites exactly what this controller
-//! owns. Like [`super::status`], one task writes what differs from what it last wrote, and tries
-//! again what failed after [`RETRY`]; a refusal that lasts (RBAC) is logged once.
+//! owns. Like [`super::status`], one task ([`super::writer`]) writes what differs from what it
+//! last wrote and tries again what failed; a refusal that lasts (RBAC) is logged once.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use ambit_objects::gateway::Gateway;
 use ambit_objects::waypoint::{self, WAYPOINT_CONTAINER};
@@ -23,12 +22,11 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
-use tokio::sync::watch;
+
+use super::writer::{Messages, Writer};
 
 /// The server-side apply field manager of what this controller writes.
 pub const FIELD_MANAGER: &str = "ambit-control";
-/// How long a failed write waits before it is tried again.
-const RETRY: Duration = Duration::from_secs(5);
 /// Where the waypoint reads its token and the mesh root (Istio's paths).
 const TOKEN_DIR: &str = "/var/run/secrets/tokens";
 const ROOT_DIR: &str = "/var/run/secrets/istio";
@@ -83,79 +81,32 @@ impl WantedGateway {
 }
 
 /// Hands the wanted Gateways to the controller's task.
-pub struct WaypointDeployer(watch::Sender<Arc<Vec<WantedGateway>>>);
+pub struct WaypointDeployer(Writer<WantedGateway>);
 
 impl WaypointDeployer {
     /// Starts the controller on the current runtime.
     pub fn spawn(client: kube::Client, settings: WaypointSettings) -> WaypointDeployer {
-        let (tx, rx) = watch::channel(Arc::new(Vec::new()));
         if settings.image.is_none() {
             tracing::warn!(
                 "no --waypoint-image (AMBIT_WAYPOINT_IMAGE): waypoint Gateways are not deployed; each says so in its Programmed condition"
             );
         }
-        tokio::spawn(run(client, settings, rx));
-        WaypointDeployer(tx)
+        let settings = Arc::new(settings);
+        let messages = Messages {
+            action: "deploy the waypoint",
+            field: "Gateway",
+            recovered: "waypoints are deployed again",
+        };
+        // A Gateway gone takes its objects with it (owner references): nothing to delete here.
+        WaypointDeployer(Writer::spawn(messages, move |_, _, gw: WantedGateway| {
+            let (client, settings) = (client.clone(), settings.clone());
+            async move { deploy(&client, &settings, &gw).await }
+        }))
     }
 
     /// Every waypoint Gateway there is now.
-    pub fn want(&self, mut gateways: Vec<WantedGateway>) {
-        gateways.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
-        self.0.send_if_modified(|old| {
-            let changed = **old != gateways;
-            if changed {
-                *old = Arc::new(gateways);
-            }
-            changed
-        });
-    }
-}
-
-async fn run(
-    client: kube::Client,
-    settings: WaypointSettings,
-    mut rx: watch::Receiver<Arc<Vec<WantedGateway>>>,
-) {
-    let mut written: BTreeMap<(String, String), WantedGateway> = BTreeMap::new();
-    let mut pending = false;
-    let mut logged: Option<String> = None;
-    loop {
-        if pending {
-            let _ = tokio::time::timeout(RETRY, rx.changed()).await;
-        } else if rx.changed().await.is_err() {
-            return;
-        }
-        let want = rx.borrow_and_update().clone();
-        // A Gateway gone takes its objects with it (owner references): nothing to delete here.
-        written.retain(|(ns, name), _| want.iter().any(|g| &g.namespace == ns && &g.name == name));
-        pending = false;
-        for gw in want.iter() {
-            let key = (gw.namespace.clone(), gw.name.clone());
-            if written.get(&key) == Some(gw) {
-                continue;
-            }
-            match deploy(&client, &settings, gw).await {
-                Ok(()) => {
-                    written.insert(key, gw.clone());
-                    if logged.take().is_some() {
-                        tracing::info!("waypoints are deployed again");
-                    }
-                }
-                // Deleted meanwhile: its removal will arrive as a change.
-                Err(kube::Error::Api(e)) if e.code == 404 => {}
-                Err(e) => {
-                    let error = e.to_string();
-                    if logged.as_deref() != Some(error.as_str()) {
-                        tracing::warn!(
-                            gateway = %format!("{}/{}", gw.namespace, gw.name),
-                            "cannot deploy the waypoint ({error}); trying again every {RETRY:?}"
-                        );
-                        logged = Some(error);
-                    }
-                    pending = true;
-                }
-            }
-        }
+    pub fn want(&self, gateways: impl IntoIterator<Item = WantedGateway>) {
+        self.0.want(gateways.into_iter().map(|g| ((g.namespace.clone(), g.name.clone()), g)).collect());
     }
 }
 
@@ -306,6 +257,8 @@ pub fn status_patch(settings: &WaypointSettings, gw: &WantedGateway, deployed: b
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
 
     fn settings(image: Option<&str>) -> WaypointSettings {
