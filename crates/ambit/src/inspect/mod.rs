@@ -156,17 +156,7 @@ fn targets(args: &InspectArgs) -> Result<(Vec<Target>, Option<Target>), String> 
     if let Some(url) = &args.admin {
         return Ok((vec![Target { node: url.clone(), netns: None, admin: address(url)? }], control));
     }
-    // The cluster named by --run-dir/--tag, else the last one `ambit up` brought up.
-    let at = args.at.resolve()?;
-    let state = at.load().map_err(|e| {
-        format!("{e}; point at a proxy with --admin http://HOST:15000 (kubectl port-forward works)")
-    })?;
-    if !state.owner_alive() {
-        return Err(format!(
-            "the local cluster in {} is not running (its owner is gone)",
-            at.run_dir.display()
-        ));
-    }
+    let (_, state) = live_cluster(args, "a proxy")?;
     let nodes: Vec<Target> = state
         .network
         .nodes
@@ -193,6 +183,25 @@ fn targets(args: &InspectArgs) -> Result<(Vec<Target>, Option<Target>), String> 
             admin: SocketAddr::from(([127, 0, 0, 1], ambit_cluster::up::CONTROL_MONITORING)),
         });
     Ok((nodes, control.or(local_control)))
+}
+
+/// The cluster named by --run-dir/--tag, else the last one `ambit up` brought up, when its owner
+/// runs; `what` names what `--admin` would point at instead.
+fn live_cluster(
+    args: &InspectArgs,
+    what: &str,
+) -> Result<(crate::context::Target, ambit_cluster::state::ClusterState), String> {
+    let at = args.at.resolve()?;
+    let state = at.load().map_err(|e| {
+        format!("{e}; point at {what} with --admin http://HOST:15000 (kubectl port-forward works)")
+    })?;
+    if !state.owner_alive() {
+        return Err(format!(
+            "the local cluster in {} is not running (its owner is gone)",
+            at.run_dir.display()
+        ));
+    }
+    Ok((at, state))
 }
 
 /// `http://HOST:PORT` (or `HOST:PORT`) as a socket address.

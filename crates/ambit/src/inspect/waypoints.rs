@@ -51,16 +51,7 @@ pub fn targets(args: &InspectArgs) -> Result<Vec<Target>, String> {
     if let Some(url) = &args.admin {
         return Ok(vec![Target { node: url.clone(), netns: None, admin: super::address(url)? }]);
     }
-    let at = args.at.resolve()?;
-    let state = at.load().map_err(|e| {
-        format!("{e}; point at a waypoint with --admin http://HOST:15000 (kubectl port-forward works)")
-    })?;
-    if !state.owner_alive() {
-        return Err(format!(
-            "the local cluster in {} is not running (its owner is gone)",
-            at.run_dir.display()
-        ));
-    }
+    let (at, state) = super::live_cluster(args, "a waypoint")?;
     let layout = Layout(at.run_dir.clone());
     let mut out = Vec::new();
     for w in crate::status::waypoints::gather(&state, &layout, false) {
