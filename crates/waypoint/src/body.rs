@@ -149,7 +149,7 @@ pub(crate) struct Pending {
     pub(crate) shared: Arc<crate::server::Shared>,
     pub(crate) downstream: Arc<crate::proxy::Downstream>,
     /// Everything of its labels but the downstream's.
-    pub(crate) outcome: crate::proxy::Outcome,
+    pub(crate) outcome: crate::series::Outcome,
     pub(crate) started: Instant,
     /// The request's head, in bytes.
     pub(crate) request_head: u64,

@@ -260,6 +260,14 @@ impl Snapshot {
         (snapshot, errors)
     }
 
+    /// The destination of [`Snapshot::bound`] alone, without copying its port.
+    pub fn bound_destination(&self, addr: SocketAddr) -> Option<&Arc<Destination>> {
+        match self.bound.get(&addr) {
+            Some((d, _)) => Some(d),
+            None => self.any_port.get(&addr.ip()),
+        }
+    }
+
     /// The destination and port the node proxies send `addr` (a CONNECT's `:authority`) to: a
     /// port the destination lists, else, for a destination that lists none (a workload in no
     /// Service), `addr`'s port as dialed, sniffed.

@@ -24,6 +24,7 @@ mod io;
 mod metrics;
 mod proxy;
 mod route;
+mod series;
 mod server;
 mod upgrade;
 mod upstream;
