@@ -424,6 +424,8 @@ pub struct Seen {
     pub frames: Vec<(u8, u8, u32, Vec<u8>)>,
     /// DATA frames per stream (their number), in order of arrival.
     pub data_frames: Vec<u32>,
+    /// DATA frames in order of arrival: stream, payload length, END_STREAM.
+    pub data: Vec<(u32, u32, bool)>,
     /// KeyUpdate messages received.
     pub key_updates: usize,
     /// The fatal alert that ended the connection.
@@ -674,7 +676,15 @@ impl RawPeer {
         use crate::frame::Event;
         while let Some(ev) = self.reader.next(&mut input) {
             match ev {
-                Ok(Event::DataStart { stream, .. }) => self.seen.data_frames.push(stream),
+                Ok(Event::DataStart { stream, flow }) => {
+                    self.seen.data_frames.push(stream);
+                    self.seen.data.push((stream, flow, false));
+                }
+                Ok(Event::DataEnd { end_stream, .. }) => {
+                    if let Some(last) = self.seen.data.last_mut() {
+                        last.2 = end_stream;
+                    }
+                }
                 Ok(Event::Frame(h, p)) => self.seen.frames.push((h.kind, h.flags, h.stream, p.to_vec())),
                 Ok(_) => {}
                 Err(e) => self.seen.error = Some(e.to_string()),

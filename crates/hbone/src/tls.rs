@@ -309,7 +309,7 @@ impl Sealer {
     }
 
     /// A sealer with a fixed key that a key update keeps, for the fuzz targets.
-    #[cfg(feature = "fuzzing")]
+    #[cfg(any(test, feature = "fuzzing"))]
     pub fn for_fuzzing() -> Sealer {
         Sealer {
             aead: fuzzing::aead(),
@@ -473,7 +473,7 @@ enum Kernel {
     Client(KernelConnection<ClientConnectionData>),
     Server(KernelConnection<ServerConnectionData>),
     /// The fuzz targets' connections, which had no handshake: no key schedule.
-    #[cfg(feature = "fuzzing")]
+    #[cfg(any(test, feature = "fuzzing"))]
     None,
 }
 
@@ -484,7 +484,7 @@ impl Kernel {
             (Kernel::Client(k), false) => k.update_rx_secret()?,
             (Kernel::Server(k), true) => k.update_tx_secret()?,
             (Kernel::Server(k), false) => k.update_rx_secret()?,
-            #[cfg(feature = "fuzzing")]
+            #[cfg(any(test, feature = "fuzzing"))]
             (Kernel::None, _) => (0, fuzzing::secrets()),
         })
     }
@@ -631,8 +631,9 @@ pub struct Established {
     pub peer_certificates: Vec<CertificateDer<'static>>,
 }
 
-/// Entry points for the fuzz targets in `fuzz/` (feature `fuzzing`, never on in a normal build).
-#[cfg(feature = "fuzzing")]
+/// Entry points for the fuzz targets in `fuzz/` (feature `fuzzing`, never on in a normal build),
+/// and the fixed-key sealer unit tests build connection states with.
+#[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing {
     use super::*;
 
@@ -656,6 +657,7 @@ pub mod fuzzing {
     /// driver does: content types, alerts, padding and size limits, the limits on empty
     /// records, warnings and KeyUpdates, and post-handshake messages split over records
     /// anywhere. Stops at the first error, as a connection does.
+    #[cfg(feature = "fuzzing")]
     pub fn records(data: &[u8]) {
         let mut sealer = Sealer::for_fuzzing();
         let mut peer = Sealer::for_fuzzing();

@@ -432,7 +432,13 @@ pub(super) fn deliver_run(st: &mut State, id: u32, run: &[(u32, &[u8])]) {
                 *slot = io::IoSlice::new(b);
             }
             let want: usize = part.iter().map(|(_, b)| b.len()).sum();
-            match app.try_write_vectored(&slices[..part.len()]) {
+            // With the stream ended, the FIN follows at once: MSG_MORE holds the data's last
+            // segment so that the FIN goes out in it.
+            let flags = if s.recv_done { libc::MSG_MORE } else { 0 };
+            let sent = app.try_io(tokio::io::Interest::WRITABLE, || {
+                socket2::SockRef::from(&**app).send_vectored_with_flags(&slices[..part.len()], flags)
+            });
+            match sent {
                 Ok(n) => {
                     written += n;
                     if n < want {
@@ -473,6 +479,7 @@ pub(super) fn deliver_run(st: &mut State, id: u32, run: &[(u32, &[u8])]) {
             w.wake();
         }
     }
+    s.fin_to_app();
     if written > 0 {
         st.release(Some(id), written);
     }

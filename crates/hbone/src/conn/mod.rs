@@ -297,9 +297,28 @@ struct Stream {
     counters: Option<Arc<dyn RelayCounters>>,
     /// Writing to the app failed: received bytes are dropped.
     app_failed: bool,
+    /// The app was sent its FIN (END_STREAM received, everything before it written), by the
+    /// driver or the relay, whichever got there first.
+    app_fin: bool,
 }
 
 impl Stream {
+    /// END_STREAM arrived and everything before it was written: the app gets its FIN now, from
+    /// the driver right behind the data (in the data's segment when the data went with MSG_MORE),
+    /// not a task wake later. A client that closes as soon as it holds a whole answer then sees
+    /// the server's FIN first, as it does without the mesh, instead of closing first and keeping
+    /// the connection in TIME_WAIT, whose pile-up makes each of its connects search for a port.
+    fn fin_to_app(&mut self) {
+        if self.app_fin || self.app_failed || !self.recv_done || !self.queue.is_empty() {
+            return;
+        }
+        if let Some(app) = &self.app {
+            self.app_fin = true;
+            // A failure shows to the relay as the app's error on its next read or write.
+            let _ = socket2::SockRef::from(&**app).shutdown(std::net::Shutdown::Write);
+        }
+    }
+
     fn wake(&mut self) {
         if let Some(w) = self.send_waker.take() {
             w.wake();
@@ -506,6 +525,8 @@ pub use stream_io::StreamIo;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 
+#[cfg(test)]
+mod fin_tests;
 #[cfg(test)]
 mod red_team_tests;
 #[cfg(test)]

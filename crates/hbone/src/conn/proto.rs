@@ -114,6 +114,10 @@ impl Proto {
                     st.release(Some(id), undelivered as usize);
                     if end_stream && let Some(s) = st.streams.get_mut(&id) {
                         s.recv_done = true;
+                        // Data of this read still to deliver goes first (`deliver` ends it).
+                        if !pending.iter().any(|(p, _)| *p == id) {
+                            s.fin_to_app();
+                        }
                         s.wake();
                     }
                 }

@@ -150,7 +150,7 @@ impl StreamHandle {
                     buf[at..at + part.len()].copy_from_slice(part);
                 }
                 let mut st = self.shared.lock();
-                send_slots(&self.shared, &mut st, self.id, buf, cap, cap)
+                send_slots(&self.shared, &mut st, self.id, buf, cap, cap, false)
             })?;
             data = rest;
         }
@@ -259,13 +259,17 @@ impl StreamHandle {
                     }
                     read_drained(app, &mut slices[..used], cap)
                 };
+                // The app's FIN already behind these bytes ends the stream in their frame.
+                let end = matches!(n, Ok(n) if n > 0 && n < cap && read_closed(app));
                 let mut st = self.shared.lock();
                 match n {
                     Ok(0) => {
                         unreserve(&mut st, self.id, cap, 0);
-                        Ok(0)
+                        Ok((0, false))
                     }
-                    Ok(n) => send_slots(&self.shared, &mut st, self.id, buf, n, cap).map(|_| n).map_err(gone),
+                    Ok(n) => send_slots(&self.shared, &mut st, self.id, buf, n, cap, end)
+                        .map(|_| (n, end))
+                        .map_err(gone),
                     Err(e) => {
                         unreserve(&mut st, self.id, cap, 0);
                         Err(e)
@@ -273,13 +277,18 @@ impl StreamHandle {
                 }
             });
             match read {
-                Ok(0) => {
+                Ok((0, _)) => {
                     return match self.finish() {
                         Ok(()) | Err(StreamError::Closed) => Ok(()),
                         Err(e) => Err(gone(e)),
                     };
                 }
-                Ok(n) => counters.app_to_stream(n),
+                Ok((n, end)) => {
+                    counters.app_to_stream(n);
+                    if end {
+                        return Ok(());
+                    }
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) if crate::is_benign(&e) => {
                     let _ = self.finish();
@@ -291,11 +300,14 @@ impl StreamHandle {
     }
 
     pub(super) async fn stream_to_app(&self, app: &TcpStream) -> io::Result<()> {
-        match std::future::poll_fn(|cx| self.poll_to_app(app, cx)).await {
+        let fin_owed = match std::future::poll_fn(|cx| self.poll_to_app(app, cx)).await {
             // The app went away (reset, broken pipe): this direction is over, not failed, as
             // in the plain relays; the stream is reset when the relay ends.
             Err(e) if crate::is_benign(&e) => return Ok(()),
             r => r?,
+        };
+        if !fin_owed {
+            return Ok(());
         }
         // END_STREAM, and everything before it written: FIN to the app.
         match socket2::SockRef::from(app).shutdown(std::net::Shutdown::Write) {
@@ -304,8 +316,9 @@ impl StreamHandle {
         }
     }
 
-    /// Writes the stream's queue to the app; ready at END_STREAM with the queue written.
-    pub(super) fn poll_to_app(&self, app: &TcpStream, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    /// Writes the stream's queue to the app; ready at END_STREAM with the queue written, with
+    /// whether the app's FIN is still to be sent.
+    pub(super) fn poll_to_app(&self, app: &TcpStream, cx: &mut Context<'_>) -> Poll<io::Result<bool>> {
         let mut st = self.shared.lock();
         let st = &mut *st;
         let closed = st.closed.clone();
@@ -355,7 +368,9 @@ impl StreamHandle {
             self.shared.flush(st);
             let Some(s) = st.streams.get_mut(&id) else { return Poll::Ready(Err(gone(StreamError::Closed))) };
             if s.recv_done {
-                return Poll::Ready(Ok(()));
+                // Whether the FIN is still ours to send (the driver sends it when it wrote the
+                // last bytes itself).
+                return Poll::Ready(Ok(!std::mem::replace(&mut s.app_fin, true)));
             }
             if let Some(r) = s.reset {
                 return Poll::Ready(Err(gone(StreamError::Reset(r))));
@@ -431,6 +446,18 @@ pub(super) fn read_drained(
     }
 }
 
+/// Whether the app's FIN has arrived and nothing after it: its readiness tells at no cost when
+/// nothing did (a short read cleared it), and a peek then tells the FIN from new bytes.
+fn read_closed(app: &TcpStream) -> bool {
+    let mut cx = Context::from_waker(Waker::noop());
+    if app.poll_read_ready(&mut cx).is_pending() {
+        return false;
+    }
+    let mut one = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+    let peeked = app.try_io(tokio::io::Interest::READABLE, || socket2::SockRef::from(app).peek(&mut one));
+    matches!(peeked, Ok(0))
+}
+
 pub(super) fn send_buf(buf: &mut Vec<u8>) -> &mut [u8] {
     if buf.len() < SLOTS * SLOT {
         buf.resize(SLOTS * SLOT, 0);
@@ -489,7 +516,8 @@ pub(super) fn unreserve(st: &mut State, id: u32, reserved: usize, used: usize) {
 }
 
 /// Frames and seals the first `n` payload bytes sitting in `buf`'s slots (capacity `reserved`
-/// was taken for them) and writes the records.
+/// was taken for them) and writes the records; `end` ends our side of the stream with them
+/// (END_STREAM on the last frame).
 pub(super) fn send_slots(
     shared: &Shared,
     st: &mut State,
@@ -497,6 +525,7 @@ pub(super) fn send_slots(
     buf: &mut [u8],
     n: usize,
     reserved: usize,
+    end: bool,
 ) -> Result<(), StreamError> {
     unreserve(st, id, reserved, n);
     if let Some(e) = &st.closed {
@@ -514,7 +543,7 @@ pub(super) fn send_slots(
         st.fail(e.clone());
         return Err(StreamError::Connection(e));
     }
-    let mut end = 0;
+    let mut used = 0;
     let mut left = n;
     for slot in buf.chunks_mut(SLOT) {
         if left == 0 {
@@ -523,15 +552,19 @@ pub(super) fn send_slots(
         let len = left.min(SLOT_PAYLOAD);
         left -= len;
         let rec_len = tls::OVERHEAD + frame::HEADER_LEN + len;
-        Head { len: len as u32, kind: kind::DATA, flags: 0, stream: id }
+        let flags = if end && left == 0 { flag::END_STREAM } else { 0 };
+        Head { len: len as u32, kind: kind::DATA, flags, stream: id }
             .encode(&mut slot[tls::HEADER_LEN..tls::HEADER_LEN + frame::HEADER_LEN]);
         if let Err(e) = st.sealer.seal(&mut slot[..rec_len]) {
             let e = ConnError::from(e);
             st.fail(e.clone());
             return Err(StreamError::Connection(e));
         }
-        end += rec_len;
+        used += rec_len;
     }
-    shared.write_records(st, &buf[..end]);
+    if end && let Some(s) = st.streams.get_mut(&id) {
+        s.send_done = true;
+    }
+    shared.write_records(st, &buf[..used]);
     Ok(())
 }

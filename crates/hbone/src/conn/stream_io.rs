@@ -106,7 +106,7 @@ impl AsyncWrite for StreamIo {
                     buf[at..at + part.len()].copy_from_slice(part);
                 }
                 let mut st = handle.shared.lock();
-                send_slots(&handle.shared, &mut st, handle.id, buf, cap, cap)
+                send_slots(&handle.shared, &mut st, handle.id, buf, cap, cap, false)
             })
             .map_err(gone)?;
         Poll::Ready(Ok(cap))
