@@ -440,18 +440,6 @@ fn default_cluster(www: &Path) -> String {
     out
 }
 
-/// Percentile `p` (0–100) of `values` (nearest rank).
-fn percentile(values: &[f64], p: f64) -> f64 {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
-    let i = ((p / 100.0 * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
-    v[i]
-}
-
 /// The default path, as users run it: `ambit up` with two nodes (pods through each node's CNI
 /// chain, the real agents' nftables capture, shared-mode node proxies with state and
 /// certificates from `ambit control` over xDS), client on node1, server on node2. Baseline: the

@@ -26,6 +26,7 @@
 mod agent;
 mod bare;
 mod capture;
+mod churn;
 mod echo;
 mod load;
 mod netns;
@@ -47,6 +48,7 @@ pub use capture::{
     DNS_PORT, INBOUND_HBONE_PORT, INBOUND_PLAINTEXT_PORT, OUTBOUND_PORT, PROBE_SNAT_V4, PROBE_SNAT_V6,
     PROXY_MARK, TPROXY_MARK, iptables_v4_rules, iptables_v6_rules, nft_rules,
 };
+pub use churn::{ChurnRun, Until, churn, percentile};
 pub use echo::{EchoServer, echo_roundtrip};
 pub use load::{Load, Tally, short_echo};
 pub use netns::{Cluster, Node, Pod};
