@@ -26,24 +26,8 @@ const WINDOW: Duration = Duration::from_secs(5);
 /// The cluster: per namespace (`mesh` enrolled, `base` not) a pod `solo` and pods `c1`…`c4` on
 /// node1, and `server` on node2 running nginx with a 1 KiB page.
 fn cluster(dir: &std::path::Path) -> String {
-    let www = dir.join("www");
-    std::fs::create_dir_all(&www).expect("www dir");
-    let page: String = (0..1024).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
-    std::fs::write(www.join("1k"), page).expect("write the page");
-    let d = dir.display();
     let mut out = String::new();
     for (ns, label) in [("mesh", "  labels:\n    istio.io/dataplane-mode: ambient\n"), ("base", "")] {
-        let conf = format!("{d}/nginx-{ns}.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "daemon off; master_process off; worker_processes 1; pid {d}/nginx-{ns}.pid; error_log {d}/nginx-{ns}.log;\n\
-                 events {{ worker_connections 4096; }}\n\
-                 http {{ access_log off; server {{ listen 8080 reuseport backlog=4096; root {}; }} }}\n",
-                www.display()
-            ),
-        )
-        .expect("write nginx.conf");
         out += &format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n{label}---\n");
         for client in ["solo", "c1", "c2", "c3", "c4"] {
             out += &format!(
@@ -51,8 +35,8 @@ fn cluster(dir: &std::path::Path) -> String {
             );
         }
         out += &format!(
-            "apiVersion: v1\nkind: Pod\nmetadata: {{name: server, namespace: {ns}}}\nspec:\n  nodeName: node2\n  containers:\n\
-             \x20 - {{name: nginx, command: [nginx, -e, {d}/nginx-{ns}.err, -c, {conf}], ports: [{{containerPort: 8080}}]}}\n---\n"
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: server, namespace: {ns}}}\nspec:\n  nodeName: node2\n  containers:\n  - {}\n---\n",
+            nginx_container(dir, ns)
         );
     }
     out
@@ -85,9 +69,7 @@ fn bench_churn() {
     let secs: u64 = var("BENCH_SECONDS", "60").parse().expect("BENCH_SECONDS is a number");
     let rounds: usize = var("BENCH_ROUNDS", "1").parse().expect("BENCH_ROUNDS is a number");
     let mut c = LocalCluster::new();
-    let config = c.scratch.path().join("config");
-    std::fs::create_dir_all(&config).expect("config dir");
-    std::fs::write(config.join("cluster.yaml"), cluster(c.scratch.path())).expect("write");
+    let config = c.config(&cluster(c.scratch.path()));
     let node_proxy = std::env::var("BENCH_NODE_PROXY").ok();
     let extra: Vec<&str> = match &node_proxy {
         Some(p) => vec!["--node-proxy", p],

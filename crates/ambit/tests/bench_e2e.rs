@@ -69,17 +69,9 @@ impl Pair {
     fn new(client_netns: &str, server: &Pod, www: &Path, label: &str) -> Pair {
         // One nginx process (no master): a master killed on drop would leave its worker holding
         // the output pipes, and the guard waits for them to close.
-        let conf = www.parent().unwrap_or(www).join(format!("nginx-{label}.conf"));
-        let nginx_conf = format!(
-            "daemon off; master_process off; worker_processes 1; pid {dir}/nginx-{label}.pid; error_log {dir}/nginx-{label}.log;\n\
-             events {{ worker_connections 4096; }}\n\
-             http {{ access_log off; keepalive_requests 100000; server {{ listen 8080 reuseport backlog=4096; root {www}; }} }}\n",
-            dir = www.parent().unwrap_or(www).display(),
-            www = www.display(),
-        );
-        std::fs::write(&conf, nginx_conf).expect("write nginx.conf");
-        let conf = conf.display().to_string();
-        let error_log = format!("{}/nginx-{label}.log", www.parent().unwrap_or(www).display());
+        let dir = www.parent().unwrap_or(www);
+        let conf = nginx_conf(dir, label).display().to_string();
+        let error_log = format!("{}/nginx-{label}.log", dir.display());
         let ip = server.ip4.to_string();
         let servers = vec![
             server.spawn("nginx", &["-e", &error_log, "-c", &conf]),
@@ -412,25 +404,15 @@ const IDLE_PODS: usize = 10;
 /// `base`, each with a client on node1 and a server on node2 running nginx, iperf3 and sockperf
 /// as its containers, and [`IDLE_PODS`] idle pods.
 fn default_cluster(www: &Path) -> String {
-    let dir = www.parent().unwrap_or(www).display().to_string();
+    let dir = www.parent().unwrap_or(www);
     let mut out = String::new();
     for (ns, label) in [("mesh", "  labels:\n    istio.io/dataplane-mode: ambient\n"), ("base", "")] {
-        let nginx_conf = format!("{dir}/nginx-{ns}.conf");
-        std::fs::write(
-            &nginx_conf,
-            format!(
-                "daemon off; master_process off; worker_processes 1; pid {dir}/nginx-{ns}.pid; error_log {dir}/nginx-{ns}.log;\n\
-                 events {{ worker_connections 4096; }}\n\
-                 http {{ access_log off; keepalive_requests 100000; server {{ listen 8080 reuseport backlog=4096; root {}; }} }}\n",
-                www.display()
-            ),
-        )
-        .expect("write nginx.conf");
+        let nginx = nginx_container(dir, ns);
         out += &format!(
             "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n{label}---\n\
              apiVersion: v1\nkind: Pod\nmetadata: {{name: client, namespace: {ns}}}\nspec:\n  nodeName: node1\n  containers: [{{name: idle, command: [sleep, infinity]}}]\n---\n\
              apiVersion: v1\nkind: Pod\nmetadata: {{name: server, namespace: {ns}, labels: {{app: server}}}}\nspec:\n  nodeName: node2\n  containers:\n\
-             \x20 - {{name: nginx, command: [nginx, -e, {dir}/nginx-{ns}.err, -c, {nginx_conf}], ports: [{{containerPort: 8080}}]}}\n\
+             \x20 - {nginx}\n\
              \x20 - {{name: iperf3, command: [iperf3, -s, -p, \"5201\"], ports: [{{containerPort: 5201}}]}}\n\
              \x20 - {{name: sockperf, command: [sockperf, sr, --tcp, -i, 0.0.0.0, -p, \"11111\"], ports: [{{containerPort: 11111}}]}}\n---\n\
              apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: idle, namespace: {ns}}}\nspec:\n  replicas: {IDLE_PODS}\n  selector: {{matchLabels: {{app: idle}}}}\n\
@@ -447,9 +429,7 @@ fn default_cluster(www: &Path) -> String {
 /// proxy). Also prints how long `ambit up` took and the CNI ADD latency of the cluster's pods.
 fn default_path(s: &Settings, www: &Path) {
     let mut c = LocalCluster::new();
-    let config = c.scratch.path().join("config");
-    std::fs::create_dir_all(&config).expect("config dir");
-    std::fs::write(config.join("cluster.yaml"), default_cluster(www)).expect("write");
+    let config = c.config(&default_cluster(www));
     let t0 = std::time::Instant::now();
     c.up(2, &config);
     let took = t0.elapsed();
@@ -535,10 +515,8 @@ fn bench_e2e() {
     }
     let s = Settings::from_env();
     let dir = tempfile::tempdir().expect("tempdir");
+    // The nginx configurations (`nginx_conf`) serve this folder.
     let www = dir.path().join("www");
-    std::fs::create_dir_all(&www).expect("www dir");
-    let page: String = (0..1024).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
-    std::fs::write(www.join("1k"), page).expect("write the 1 KiB page");
     println!(
         "{} round(s) of {} s per figure, modes {:?}; load at start {}",
         s.rounds,

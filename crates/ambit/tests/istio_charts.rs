@@ -164,9 +164,7 @@ fn ambit_serves_under_istio_s_cni_and_ztunnel_charts() {
         return;
     }
     let mut c = LocalCluster::new();
-    let config = c.scratch.path().join("config");
-    std::fs::create_dir_all(&config).expect("config dir");
-    std::fs::write(config.join("cluster.yaml"), CLUSTER).expect("write");
+    let config = c.config(CLUSTER);
     c.up(1, &config);
     let node = "node1";
     let netns = format!("{}-{node}", c.tag);

@@ -25,26 +25,11 @@ const CONNECTIONS: usize = 20_000;
 const THREADS: usize = 8;
 
 fn cluster(dir: &std::path::Path) -> String {
-    let www = dir.join("www");
-    std::fs::create_dir_all(&www).expect("www dir");
-    std::fs::write(www.join("1k"), "a".repeat(1024)).expect("write the page");
-    let d = dir.display();
-    let conf = format!("{d}/nginx.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "daemon off; master_process off; worker_processes 1; pid {d}/nginx.pid; error_log {d}/nginx.log;\n\
-             events {{ worker_connections 1024; }}\n\
-             http {{ access_log off; server {{ listen 8080 reuseport backlog=1024; root {}; }} }}\n",
-            www.display()
-        ),
-    )
-    .expect("write nginx.conf");
     format!(
         "apiVersion: v1\nkind: Namespace\nmetadata: {{name: churn, labels: {{istio.io/dataplane-mode: ambient}}}}\n---\n\
          apiVersion: v1\nkind: Pod\nmetadata: {{name: client, namespace: churn}}\nspec:\n  nodeName: node1\n  containers: [{{name: idle, command: [sleep, infinity]}}]\n---\n\
-         apiVersion: v1\nkind: Pod\nmetadata: {{name: server, namespace: churn}}\nspec:\n  nodeName: node2\n  containers:\n\
-         \x20 - {{name: nginx, command: [nginx, -e, {d}/nginx.err, -c, {conf}], ports: [{{containerPort: 8080}}]}}\n"
+         apiVersion: v1\nkind: Pod\nmetadata: {{name: server, namespace: churn}}\nspec:\n  nodeName: node2\n  containers:\n  - {}\n",
+        nginx_container(dir, "churn")
     )
 }
 
@@ -62,9 +47,7 @@ fn close_per_request_connections_keep_their_speed_and_their_clients_rarely_close
         return;
     }
     let mut c = LocalCluster::new();
-    let config = c.scratch.path().join("config");
-    std::fs::create_dir_all(&config).expect("config dir");
-    std::fs::write(config.join("cluster.yaml"), cluster(c.scratch.path())).expect("write");
+    let config = c.config(&cluster(c.scratch.path()));
     c.up(2, &config);
     let client = c.pod("churn/client");
     let server = SocketAddr::new(c.pod("churn/server").ip.expect("server IP").into(), 8080);

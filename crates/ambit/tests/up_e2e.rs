@@ -176,9 +176,7 @@ fn the_mesh_on_ambit_up() {
         return;
     }
     let mut c = LocalCluster::new();
-    let config = c.scratch.path().join("config");
-    std::fs::create_dir_all(&config).expect("config dir");
-    std::fs::write(config.join("cluster.yaml"), CLUSTER).expect("write");
+    let config = c.config(CLUSTER);
     let host_links = host_link_names();
     let t0 = Instant::now();
     let up = c.up(2, &config);

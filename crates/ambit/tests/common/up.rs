@@ -150,6 +150,12 @@ impl LocalCluster {
         path
     }
 
+    /// The folder `ambit up --config` takes, holding `yaml` as its one file.
+    pub fn config(&self, yaml: &str) -> PathBuf {
+        let file = self.file("config/cluster.yaml", yaml);
+        file.parent().map(Path::to_path_buf).unwrap_or(file)
+    }
+
     /// `ambit apply -f` (or `delete`) of `text`, which must succeed.
     pub fn apply(&self, name: &str, text: &str) {
         let f = self.file(name, text);
