@@ -352,6 +352,17 @@ struct State {
     fault_resets: u32,
     /// Streams refused or answered early (see [`MAX_REFUSALS`]).
     refusals: Windowed,
+    /// A task is writing to the socket outside the lock: what is queued meanwhile is its to
+    /// write, in its next write (see [`Shared::write_records`]).
+    writing: bool,
+    /// Bytes that task took from the queue (counted with it toward [`OUT_HIGH`] and
+    /// [`OUT_MAX`]).
+    in_flight: usize,
+    /// The driver wants a wake when the writing task is done (it found the socket taken).
+    driver_after_write: bool,
+    /// Wakers of the streams the driver delivered to, woken once it released the lock (a task
+    /// woken under it would wait for it on another thread).
+    woken: Vec<Waker>,
 }
 
 /// Why we reset a stream: what counts against the peer.
@@ -369,6 +380,9 @@ enum ResetCause {
 pub(crate) struct Shared {
     tcp: TcpStream,
     state: Mutex<State>,
+    /// Writes made to the socket (tests count them).
+    #[cfg(test)]
+    writes: std::sync::atomic::AtomicUsize,
 }
 // ---------------------------------------------------------------------------------------------
 // The driver
@@ -450,6 +464,8 @@ pub struct Driver {
     stashed: usize,
     /// The socket's SO_RCVLOWAT (see [`Driver::tune_lowat`]).
     lowat: usize,
+    /// Wakers taken from [`State::woken`], woken outside the lock (kept for their room).
+    woken: Vec<Waker>,
     keepalive: Option<KeepaliveState>,
     eof: bool,
     close_notify: bool,
@@ -495,6 +511,7 @@ mod proto;
 mod state;
 mod stream;
 mod stream_io;
+mod write;
 
 pub use handles::{Client, Incoming, client, server};
 use state::new_connection;
@@ -512,3 +529,5 @@ mod red_team_tests;
 mod stream_io_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod write_tests;

@@ -149,8 +149,7 @@ impl StreamHandle {
                     let at = i * SLOT + tls::HEADER_LEN + frame::HEADER_LEN;
                     buf[at..at + part.len()].copy_from_slice(part);
                 }
-                let mut st = self.shared.lock();
-                send_slots(&self.shared, &mut st, self.id, buf, cap, cap)
+                send_slots(&self.shared, self.shared.lock(), self.id, buf, cap, cap)
             })?;
             data = rest;
         }
@@ -265,7 +264,7 @@ impl StreamHandle {
                         unreserve(&mut st, self.id, cap, 0);
                         Ok(0)
                     }
-                    Ok(n) => send_slots(&self.shared, &mut st, self.id, buf, n, cap).map(|_| n).map_err(gone),
+                    Ok(n) => send_slots(&self.shared, st, self.id, buf, n, cap).map(|_| n).map_err(gone),
                     Err(e) => {
                         unreserve(&mut st, self.id, cap, 0);
                         Err(e)
@@ -449,7 +448,7 @@ pub(super) fn reserve(
         return Err(StreamError::Connection(e.clone()));
     }
     let conn_send = st.conn_send;
-    let out_full = st.out.len() + st.reserved >= OUT_HIGH;
+    let out_full = st.out.len() + st.in_flight + st.reserved >= OUT_HIGH;
     let Some(s) = st.streams.get_mut(&id) else { return Err(StreamError::Closed) };
     if let Some(r) = s.reset {
         return Err(StreamError::Reset(r));
@@ -489,16 +488,17 @@ pub(super) fn unreserve(st: &mut State, id: u32, reserved: usize, used: usize) {
 }
 
 /// Frames and seals the first `n` payload bytes sitting in `buf`'s slots (capacity `reserved`
-/// was taken for them) and writes the records.
+/// was taken for them) and writes the records (the lock is released for the write, see
+/// [`Shared::write_records`]).
 pub(super) fn send_slots(
     shared: &Shared,
-    st: &mut State,
+    mut st: MutexGuard<'_, State>,
     id: u32,
     buf: &mut [u8],
     n: usize,
     reserved: usize,
 ) -> Result<(), StreamError> {
-    unreserve(st, id, reserved, n);
+    unreserve(&mut st, id, reserved, n);
     if let Some(e) = &st.closed {
         return Err(StreamError::Connection(e.clone()));
     }
