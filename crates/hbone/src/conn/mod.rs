@@ -6,9 +6,10 @@
 //! - **Sending** (a stream's relay task): the app's bytes are read straight into the slots of a
 //!   per-thread buffer laid out as TLS records, one DATA frame each (room for the record header,
 //!   the frame header, the inner content type and the tag around every slot). Under the lock the
-//!   frames are stamped, the records sealed in place and, when nothing else is queued, written
-//!   to the socket from there: one read, one pass of AES-GCM and one write per 128 KiB, no copy,
-//!   and no other task involved.
+//!   frames are stamped and the records sealed in place; with the lock released they are written
+//!   to the socket from there (see [`write`]: one task writes at a time, and what others seal
+//!   meanwhile goes out with its next write): one read, one pass of AES-GCM and one write per
+//!   128 KiB, no copy, and no other task involved.
 //! - **Receiving** (the connection's driver): the socket is read into a per-thread 256 KiB buffer,
 //!   records are opened in place, and a DATA payload is written to its stream's app socket from
 //!   there. Only what the app does not take at once is copied, into the stream's queue, which its
