@@ -29,12 +29,13 @@ impl Driver {
                                 // After what was queued (the resets that led here, say).
                                 let last = st.last_peer_id;
                                 frame::goaway(&mut st.ctl, last, reason);
-                                if st.seal_control().is_ok() {
-                                    let _ = self.shared.tcp.try_write(st.out.pending());
+                                if st.seal_control().is_ok() && !st.writing {
+                                    let _ = self.shared.send(st.out.pending());
                                 }
                             }
-                            ConnErrorKind::Tls => {
-                                let _ = self.shared.tcp.try_write(st.out.pending());
+                            // A writer writing now sends these after its bytes.
+                            ConnErrorKind::Tls if !st.writing => {
+                                let _ = self.shared.send(st.out.pending());
                             }
                             _ => {}
                         }
@@ -68,6 +69,7 @@ impl Driver {
                 self.keep_partial(&leftover[used..]);
             }
             shared.flush(&mut st);
+            self.wake_delivered(st);
             if let Err(e) = r {
                 return Poll::Ready(Err(e));
             }
@@ -88,9 +90,14 @@ impl Driver {
         if let Poll::Ready(Err(e)) = self.poll_flush(cx) {
             return Poll::Ready(Err(e));
         }
-        let st = self.shared.lock();
+        let mut st = self.shared.lock();
         if let Some(e) = &st.closed {
             return Poll::Ready(Err(e.clone()));
+        }
+        if st.writing {
+            // Nothing is written under the writer's feet; it wakes us when it is done.
+            st.driver_after_write = true;
+            return Poll::Pending;
         }
         if self.eof {
             // The peer closed its side: nothing more will come. Its close_notify is answered
@@ -99,8 +106,9 @@ impl Driver {
                 drop(st);
                 let mut st = self.shared.lock();
                 let st = &mut *st;
-                if st.seal_control().is_ok() && st.sealer.close_notify(&mut st.out.buf).is_ok() {
-                    let _ = self.shared.tcp.try_write(st.out.pending());
+                if st.seal_control().is_ok() && st.sealer.close_notify(&mut st.out.buf).is_ok() && !st.writing
+                {
+                    let _ = self.shared.send(st.out.pending());
                 }
                 return Poll::Ready(Ok(()));
             }
@@ -136,7 +144,7 @@ impl Driver {
         }
         st.seal_control()?;
         st.sealer.close_notify(&mut st.out.buf)?;
-        let _ = self.shared.tcp.try_write(st.out.pending());
+        let _ = self.shared.send(st.out.pending());
         Ok(())
     }
 
@@ -169,11 +177,16 @@ impl Driver {
         if let Err(e) = st.seal_control() {
             return Poll::Ready(Err(e));
         }
+        if st.writing {
+            // A writer takes what is queued; it wakes us when it is done.
+            st.driver_after_write = true;
+            return Poll::Ready(Ok(()));
+        }
         while !st.out.is_empty() {
             if let Err(e) = ready!(self.shared.tcp.poll_write_ready(cx)) {
                 return Poll::Ready(Err(ConnError::io(&e)));
             }
-            match self.shared.tcp.try_write(st.out.pending()) {
+            match self.shared.send(st.out.pending()) {
                 Ok(n) => st.out.advance(n),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Poll::Ready(Err(ConnError::io(&e))),
@@ -215,7 +228,7 @@ impl Driver {
                 let mut st = shared.lock();
                 let r = self.received(&mut st, buf, n);
                 shared.flush(&mut st);
-                drop(st);
+                self.wake_delivered(st);
                 self.tune_lowat(n);
                 r.map(|()| Some(Read::Data))
             });
@@ -241,6 +254,18 @@ impl Driver {
         // Fair to other tasks: come back after they ran.
         cx.waker().wake_by_ref();
         Poll::Ready(Ok(Read::Data))
+    }
+
+    /// Releases the lock, then wakes the streams that were delivered to under it.
+    fn wake_delivered(&mut self, mut st: MutexGuard<'_, State>) {
+        if st.woken.is_empty() {
+            return;
+        }
+        std::mem::swap(&mut st.woken, &mut self.woken);
+        drop(st);
+        for w in self.woken.drain(..) {
+            w.wake();
+        }
     }
 
     /// Handles `n` bytes just read: the first go to the stash's tail (as many as it was
@@ -476,7 +501,8 @@ pub(super) fn deliver_run(st: &mut State, id: u32, run: &[(u32, &[u8])]) {
         s.queued += rest.len();
         s.queue.push_back(rest.freeze());
         if let Some(w) = s.recv_waker.take() {
-            w.wake();
+            // Woken once the driver released the lock (see `Driver::wake_delivered`).
+            st.woken.push(w);
         }
     }
     s.fin_to_app();

@@ -6,9 +6,10 @@
 //! - **Sending** (a stream's relay task): the app's bytes are read straight into the slots of a
 //!   per-thread buffer laid out as TLS records, one DATA frame each (room for the record header,
 //!   the frame header, the inner content type and the tag around every slot). Under the lock the
-//!   frames are stamped, the records sealed in place and, when nothing else is queued, written
-//!   to the socket from there: one read, one pass of AES-GCM and one write per 128 KiB, no copy,
-//!   and no other task involved.
+//!   frames are stamped and the records sealed in place; with the lock released they are written
+//!   to the socket from there (see [`write`]: one task writes at a time, and what others seal
+//!   meanwhile goes out with its next write): one read, one pass of AES-GCM and one write per
+//!   128 KiB, no copy, and no other task involved.
 //! - **Receiving** (the connection's driver): the socket is read into a per-thread 256 KiB buffer,
 //!   records are opened in place, and a DATA payload is written to its stream's app socket from
 //!   there. Only what the app does not take at once is copied, into the stream's queue, which its
@@ -371,6 +372,17 @@ struct State {
     fault_resets: u32,
     /// Streams refused or answered early (see [`MAX_REFUSALS`]).
     refusals: Windowed,
+    /// A task is writing to the socket outside the lock: what is queued meanwhile is its to
+    /// write, in its next write (see [`Shared::write_records`]).
+    writing: bool,
+    /// Bytes that task took from the queue (counted with it toward [`OUT_HIGH`] and
+    /// [`OUT_MAX`]).
+    in_flight: usize,
+    /// The driver wants a wake when the writing task is done (it found the socket taken).
+    driver_after_write: bool,
+    /// Wakers of the streams the driver delivered to, woken once it released the lock (a task
+    /// woken under it would wait for it on another thread).
+    woken: Vec<Waker>,
 }
 
 /// Why we reset a stream: what counts against the peer.
@@ -388,6 +400,9 @@ enum ResetCause {
 pub(crate) struct Shared {
     tcp: TcpStream,
     state: Mutex<State>,
+    /// Writes made to the socket (tests count them).
+    #[cfg(test)]
+    writes: std::sync::atomic::AtomicUsize,
 }
 // ---------------------------------------------------------------------------------------------
 // The driver
@@ -469,6 +484,8 @@ pub struct Driver {
     stashed: usize,
     /// The socket's SO_RCVLOWAT (see [`Driver::tune_lowat`]).
     lowat: usize,
+    /// Wakers taken from [`State::woken`], woken outside the lock (kept for their room).
+    woken: Vec<Waker>,
     keepalive: Option<KeepaliveState>,
     eof: bool,
     close_notify: bool,
@@ -514,6 +531,7 @@ mod proto;
 mod state;
 mod stream;
 mod stream_io;
+mod write;
 
 pub use handles::{Client, Incoming, client, server};
 use state::new_connection;
@@ -533,3 +551,5 @@ mod red_team_tests;
 mod stream_io_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod write_tests;

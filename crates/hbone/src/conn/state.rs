@@ -1,5 +1,4 @@
-//! The connection state under its lock: control frames, sealing, flow-control releases, and
-//! the socket writes every task shares.
+//! The connection state under its lock: control frames, sealing and flow-control releases.
 
 use super::*;
 
@@ -31,6 +30,10 @@ impl State {
             reserved: 0,
             fault_resets: 0,
             refusals: Windowed::default(),
+            writing: false,
+            in_flight: 0,
+            driver_after_write: false,
+            woken: Vec::new(),
         }
     }
 
@@ -89,7 +92,7 @@ impl State {
 
     /// The cap on queued bytes ([`OUT_MAX`]), checked wherever bytes are queued.
     pub(super) fn check_out(&self) -> Result<(), ConnError> {
-        if self.out.len() > OUT_MAX {
+        if self.out.len() + self.in_flight > OUT_MAX {
             return Err(ConnError::protocol(
                 Reason::ENHANCE_YOUR_CALM,
                 "the peer does not read what it makes us send",
@@ -184,57 +187,6 @@ impl Shared {
     pub(super) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
-
-    /// Seals pending control frames and writes what is queued, now if the socket takes it; the
-    /// driver finishes what it does not.
-    pub(super) fn flush(&self, st: &mut State) {
-        if let Err(e) = st.seal_control() {
-            st.fail(e);
-            return;
-        }
-        if st.out.is_empty() {
-            return;
-        }
-        match self.tcp.try_write(st.out.pending()) {
-            Ok(n) => st.out.advance(n),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => {
-                st.fail(ConnError::io(&e));
-                return;
-            }
-        }
-        if !st.out.is_empty()
-            && let Some(w) = &st.driver
-        {
-            w.wake_by_ref();
-        }
-    }
-
-    /// Writes sealed records `recs` after whatever is queued: straight from `recs` when nothing
-    /// is, otherwise (and for what the socket does not take) through the queue.
-    pub(super) fn write_records(&self, st: &mut State, recs: &[u8]) {
-        let mut rest = recs;
-        if st.out.is_empty() {
-            match self.tcp.try_write(recs) {
-                Ok(n) => rest = &recs[n..],
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => {
-                    st.fail(ConnError::io(&e));
-                    return;
-                }
-            }
-        }
-        if !rest.is_empty() {
-            st.out.buf.extend_from_slice(rest);
-            if let Err(e) = st.check_out() {
-                st.fail(e);
-                return;
-            }
-            if let Some(w) = &st.driver {
-                w.wake_by_ref();
-            }
-        }
-    }
 }
 
 /// The initial frames of a connection (after the client's preface).
@@ -277,7 +229,12 @@ pub(super) fn new_connection(
         st.ctl.extend_from_slice(frame::PREFACE);
     }
     initial_frames(&cfg, role, &mut st.ctl);
-    let shared = Arc::new(Shared { tcp, state: Mutex::new(st) });
+    let shared = Arc::new(Shared {
+        tcp,
+        state: Mutex::new(st),
+        #[cfg(test)]
+        writes: std::sync::atomic::AtomicUsize::new(0),
+    });
     {
         let mut st = shared.lock();
         shared.flush(&mut st);
@@ -295,6 +252,7 @@ pub(super) fn new_connection(
         stash: Vec::new(),
         stashed: 0,
         lowat: 1,
+        woken: Vec::new(),
         keepalive: cfg.keepalive.map(|k| KeepaliveState {
             cfg: k,
             timer: Box::pin(tokio::time::sleep(k.interval)),

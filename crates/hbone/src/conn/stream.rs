@@ -149,8 +149,7 @@ impl StreamHandle {
                     let at = i * SLOT + tls::HEADER_LEN + frame::HEADER_LEN;
                     buf[at..at + part.len()].copy_from_slice(part);
                 }
-                let mut st = self.shared.lock();
-                send_slots(&self.shared, &mut st, self.id, buf, cap, cap, false)
+                send_slots(&self.shared, self.shared.lock(), self.id, buf, cap, cap, false)
             })?;
             data = rest;
         }
@@ -267,9 +266,7 @@ impl StreamHandle {
                         unreserve(&mut st, self.id, cap, 0);
                         Ok((0, false))
                     }
-                    Ok(n) => send_slots(&self.shared, &mut st, self.id, buf, n, cap, end)
-                        .map(|_| (n, end))
-                        .map_err(gone),
+                    Ok(n) => send_slots(&self.shared, st, self.id, buf, n, cap, end).map(|_| (n, end)).map_err(gone),
                     Err(e) => {
                         unreserve(&mut st, self.id, cap, 0);
                         Err(e)
@@ -476,7 +473,7 @@ pub(super) fn reserve(
         return Err(StreamError::Connection(e.clone()));
     }
     let conn_send = st.conn_send;
-    let out_full = st.out.len() + st.reserved >= OUT_HIGH;
+    let out_full = st.out.len() + st.in_flight + st.reserved >= OUT_HIGH;
     let Some(s) = st.streams.get_mut(&id) else { return Err(StreamError::Closed) };
     if let Some(r) = s.reset {
         return Err(StreamError::Reset(r));
@@ -516,18 +513,19 @@ pub(super) fn unreserve(st: &mut State, id: u32, reserved: usize, used: usize) {
 }
 
 /// Frames and seals the first `n` payload bytes sitting in `buf`'s slots (capacity `reserved`
-/// was taken for them) and writes the records; `end` ends our side of the stream with them
-/// (END_STREAM on the last frame).
+/// was taken for them) and writes the records (the lock is released for the write, see
+/// [`Shared::write_records`]); `end` ends our side of the stream with them (END_STREAM on the
+/// last frame).
 pub(super) fn send_slots(
     shared: &Shared,
-    st: &mut State,
+    mut st: MutexGuard<'_, State>,
     id: u32,
     buf: &mut [u8],
     n: usize,
     reserved: usize,
     end: bool,
 ) -> Result<(), StreamError> {
-    unreserve(st, id, reserved, n);
+    unreserve(&mut st, id, reserved, n);
     if let Some(e) = &st.closed {
         return Err(StreamError::Connection(e.clone()));
     }

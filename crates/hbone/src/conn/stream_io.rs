@@ -105,8 +105,7 @@ impl AsyncWrite for StreamIo {
                     let at = i * SLOT + tls::HEADER_LEN + frame::HEADER_LEN;
                     buf[at..at + part.len()].copy_from_slice(part);
                 }
-                let mut st = handle.shared.lock();
-                send_slots(&handle.shared, &mut st, handle.id, buf, cap, cap, false)
+                send_slots(&handle.shared, handle.shared.lock(), handle.id, buf, cap, cap, false)
             })
             .map_err(gone)?;
         Poll::Ready(Ok(cap))

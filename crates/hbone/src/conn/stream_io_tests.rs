@@ -17,7 +17,7 @@ use crate::testing::{TestBudget, TestDrain, pool_to, server_identity, settings};
 const T: Duration = Duration::from_secs(20);
 
 /// An HBONE server on loopback that hands every CONNECT to `handler`.
-async fn server<F, Fut>(ca: &FakeCa, settings: H2Settings, handler: F) -> SocketAddr
+pub(super) async fn server<F, Fut>(ca: &FakeCa, settings: H2Settings, handler: F) -> SocketAddr
 where
     F: Fn(ConnectRequest) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = ()> + Send + 'static,
@@ -40,7 +40,7 @@ where
 }
 
 /// Answers 200 and echoes through [`StreamIo`] until the client's END_STREAM, then ends.
-async fn echo(req: ConnectRequest) {
+pub(super) async fn echo(req: ConnectRequest) {
     if req.stream.respond(200, &HeaderMap::new(), false).is_err() {
         return;
     }
