@@ -266,7 +266,9 @@ impl StreamHandle {
                         unreserve(&mut st, self.id, cap, 0);
                         Ok((0, false))
                     }
-                    Ok(n) => send_slots(&self.shared, st, self.id, buf, n, cap, end).map(|_| (n, end)).map_err(gone),
+                    Ok(n) => send_slots(&self.shared, st, self.id, buf, n, cap, end)
+                        .map(|_| (n, end))
+                        .map_err(gone),
                     Err(e) => {
                         unreserve(&mut st, self.id, cap, 0);
                         Err(e)
