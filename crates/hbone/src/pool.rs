@@ -144,12 +144,24 @@ impl Pool {
         authority: SocketAddr,
         headers: &HeaderMap,
     ) -> Result<Tunnel, TunnelError> {
-        // Streams refused by a draining peer (GOAWAY, REFUSED_STREAM) were never processed and
-        // carried no application bytes yet: retry them once on a fresh connection.
+        self.connect_early(key, authority, headers, &[]).await
+    }
+
+    /// [`Pool::connect`] with the app's first bytes sent behind the request head, before the
+    /// response ([`conn::Client::connect`]); all of `early` is in the stream once this returns.
+    pub async fn connect_early(
+        &self,
+        key: &PoolKey,
+        authority: SocketAddr,
+        headers: &HeaderMap,
+        early: &[u8],
+    ) -> Result<Tunnel, TunnelError> {
+        // Streams refused by a draining peer (GOAWAY, REFUSED_STREAM) were never processed, nor
+        // were the early bytes they carried: retry them once on a fresh connection, bytes and all.
         let mut last = None;
         for attempt in 0..3 {
             let conn = self.checkout(key, attempt > 0).await?;
-            match self.open_stream(&conn, authority, headers).await {
+            match self.open_stream(&conn, authority, headers, early).await {
                 Ok(t) => return Ok(t),
                 Err((e, retryable)) => {
                     // A refused stream or a failed connection: this connection takes no more. A
@@ -173,16 +185,22 @@ impl Pool {
         conn: &PooledConn,
         authority: SocketAddr,
         headers: &HeaderMap,
+        early: &[u8],
     ) -> Result<Tunnel, (TunnelError, bool)> {
         let slot = Slot(conn.streams.clone());
-        let (stream, head) = conn.client.connect(&authority.to_string(), headers).await.map_err(|e| {
-            let r = e.is_retryable();
-            (TunnelError::H2(e), r)
-        })?;
+        let (stream, head, sent) =
+            conn.client.connect(&authority.to_string(), headers, early).await.map_err(|e| {
+                let r = e.is_retryable();
+                (TunnelError::H2(e), r)
+            })?;
         let status =
             head.status.and_then(|s| StatusCode::from_u16(s).ok()).unwrap_or(StatusCode::BAD_GATEWAY);
         if status != StatusCode::OK {
             return Err((TunnelError::Status(status), false));
+        }
+        // What the windows did not take before the response goes now.
+        if sent < early.len() {
+            stream.send(&early[sent..]).await.map_err(|e| (TunnelError::H2(e), false))?;
         }
         Ok(Tunnel { stream, headers: head.headers, _slot: slot })
     }

@@ -83,11 +83,19 @@ pub async fn serve_connection(inputs: Arc<Inputs>, stream: TcpStream, peer: Sock
                 peer,
                 route.destination_service.as_deref().map(|s| s.hostname.as_str()),
             );
-            let tunnel = match inputs.pool.connect(&key, authority, &headers).await {
+            // What the app already sent goes with the request head (one record, no round trip
+            // before it); a failed stream drops it, as it drops the app's connection.
+            let early = match crate::socket::ready_bytes(&stream) {
+                Ok(b) => b,
+                Err(e) => return metrics::record_failure(&inputs.metrics, &info, Flag::Connect, &e),
+            };
+            let tunnel = match inputs.pool.connect_early(&key, authority, &headers, &early).await {
                 Ok(t) => t,
                 Err(e) => return metrics::record_failure(&inputs.metrics, &info, flag_of(&e), &e),
             };
             let record = ConnectionRecord::open(&inputs.metrics, info);
+            record.counters.add_sent(early.len());
+            drop(early);
             // The app is the downstream here: its bytes count as sent.
             let copy = copy::hbone_relay(tunnel.stream, stream, record.counters.clone(), false);
             inputs.relay(record, copy, None).await;

@@ -167,6 +167,32 @@ pub fn original_dst(stream: &TcpStream) -> io::Result<(SocketAddr, SocketAddr)> 
     Ok((canonical(addr), canonical(local)))
 }
 
+/// How many of an app's first bytes [`ready_bytes`] takes: one HBONE record's payload.
+pub const EARLY_MAX: usize = 16 * 1024 - 9;
+
+/// The bytes the app has already sent on a connection, up to [`EARLY_MAX`], taken without
+/// waiting: none when it has not spoken yet (a protocol whose server speaks first, or a client
+/// still on its way) or has closed. Read with `MSG_DONTWAIT` on the socket itself, as tokio's
+/// readiness of a socket just accepted is not known yet.
+pub fn ready_bytes(stream: &TcpStream) -> io::Result<Vec<u8>> {
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    SCRATCH.with_borrow_mut(|buf| {
+        buf.resize(EARLY_MAX, 0);
+        let fd = std::os::fd::AsFd::as_fd(stream);
+        match nix::sys::socket::recv(
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            buf,
+            nix::sys::socket::MsgFlags::MSG_DONTWAIT,
+        ) {
+            Ok(n) => Ok(buf[..n].to_vec()),
+            Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => Ok(Vec::new()),
+            Err(e) => Err(e.into()),
+        }
+    })
+}
+
 /// Whether the proxy can spoof source addresses here (`IP_TRANSPARENT` needs CAP_NET_ADMIN).
 pub fn transparent_available() -> bool {
     Socket::new(Domain::IPV4, Type::STREAM, None).and_then(|s| s.set_ip_transparent_v4(true)).is_ok()

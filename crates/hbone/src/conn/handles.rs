@@ -36,13 +36,19 @@ pub fn client(tcp: TcpStream, tls: Established, cfg: Config) -> Result<(Client, 
 }
 
 impl Client {
-    /// Opens a CONNECT stream to `authority` and waits for the response head.
+    /// Opens a CONNECT stream to `authority` and waits for the response head. `early`, the app's
+    /// first bytes if any, goes right behind the request head, before the response: in the same
+    /// write as the HEADERS when the windows take it, so a connection whose client speaks first
+    /// costs one record and one round trip less. A peer that refuses the stream never processes
+    /// it; one that answers other than 200 discards it. Returns how many of `early` went: the
+    /// caller sends the rest after a 200.
     pub async fn connect(
         &self,
         authority: &str,
         headers: &HeaderMap,
-    ) -> Result<(StreamHandle, Decoded), StreamError> {
-        let id = {
+        early: &[u8],
+    ) -> Result<(StreamHandle, Decoded, usize), StreamError> {
+        let (id, sent) = {
             let mut st = self.shared.lock();
             if let Some(e) = &st.closed {
                 return Err(StreamError::Connection(e.clone()));
@@ -62,12 +68,16 @@ impl Client {
                 ..Stream::default()
             };
             st.streams.insert(id, stream);
-            self.shared.flush(&mut st);
-            id
+            if early.is_empty() {
+                self.shared.flush(&mut st);
+                (id, 0)
+            } else {
+                (id, super::stream::send_now(&self.shared, st, id, early)?)
+            }
         };
         let handle = StreamHandle { shared: self.shared.clone(), id };
         let head = std::future::poll_fn(|cx| handle.poll_response(cx)).await?;
-        Ok((handle, head))
+        Ok((handle, head, sent))
     }
 
     /// Whether the connection takes no more streams (closed, or GOAWAY either way).

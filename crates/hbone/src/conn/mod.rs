@@ -544,6 +544,8 @@ pub use stream_io::StreamIo;
 pub mod fuzzing;
 
 #[cfg(test)]
+mod early_tests;
+#[cfg(test)]
 mod fin_tests;
 #[cfg(test)]
 mod red_team_tests;

@@ -145,10 +145,7 @@ impl StreamHandle {
             let (now, rest) = data.split_at(cap);
             SEND_BUF.with_borrow_mut(|buf| {
                 let buf = send_buf(buf);
-                for (i, part) in now.chunks(SLOT_PAYLOAD).enumerate() {
-                    let at = i * SLOT + tls::HEADER_LEN + frame::HEADER_LEN;
-                    buf[at..at + part.len()].copy_from_slice(part);
-                }
+                fill_slots(buf, now);
                 send_slots(&self.shared, self.shared.lock(), self.id, buf, cap, cap, false)
             })?;
             data = rest;
@@ -497,6 +494,38 @@ pub(super) fn reserve(
         }
     }
     Ok(Capacity::Wait)
+}
+
+/// Copies `data` into the payloads of the send buffer's slots.
+fn fill_slots(buf: &mut [u8], data: &[u8]) {
+    for (i, part) in data.chunks(SLOT_PAYLOAD).enumerate() {
+        let at = i * SLOT + tls::HEADER_LEN + frame::HEADER_LEN;
+        buf[at..at + part.len()].copy_from_slice(part);
+    }
+}
+
+/// Sends what of `data` stream `id`'s windows take now, without waiting, in one write with the
+/// control frames queued before it (a new stream's HEADERS); writes the queue alone when
+/// nothing fits. Returns how many bytes went.
+pub(super) fn send_now(
+    shared: &Shared,
+    mut st: MutexGuard<'_, State>,
+    id: u32,
+    data: &[u8],
+) -> Result<usize, StreamError> {
+    let n = match reserve(&mut st, id, data.len().min(SLOTS * SLOT_PAYLOAD), None) {
+        Ok(Capacity::Bytes(n)) => n,
+        other => {
+            shared.flush(&mut st);
+            return other.map(|_| 0);
+        }
+    };
+    SEND_BUF.with_borrow_mut(|buf| {
+        let buf = send_buf(buf);
+        fill_slots(buf, &data[..n]);
+        send_slots(shared, st, id, buf, n, n, false)
+    })?;
+    Ok(n)
 }
 
 /// Ends a reservation of `reserved` bytes of which `used` were sent: the rest goes back to the
