@@ -136,3 +136,51 @@ async fn an_apps_answer_and_fin_that_arrive_together_leave_in_one_data_frame_wit
     assert!(ended, "stream 1 ended; seen {:?}", peer.seen.data);
     assert_eq!(peer.seen.data, vec![(1, 6, true)], "one DATA frame: the answer, ending the stream");
 }
+
+#[tokio::test]
+async fn an_answer_that_came_before_the_relay_began_leaves_with_its_fin_in_the_relays_first_write() {
+    let ca = std::sync::Arc::new(FakeCa::generate());
+    // A server that answers at once: 200, the answer and END_STREAM before the client relays
+    // (with the client's first bytes sent along with its CONNECT, answers come back that fast).
+    let addr = super::stream_io_tests::server(&ca, settings(), |req: crate::ConnectRequest| async move {
+        if req.stream.respond(200, &HeaderMap::new(), false).is_ok()
+            && req.stream.send(b"answer").await.is_ok()
+        {
+            let _ = req.stream.finish();
+            let _ = std::future::poll_fn(|cx| req.stream.poll_gone(cx)).await;
+        }
+    })
+    .await;
+    let (pool, key) = crate::testing::pool_to(ca, addr, &crate::testing::server_identity(), settings());
+    let authority = "10.0.0.2:8080".parse().expect("addr");
+    let tunnel = pool.connect(&key, authority, &HeaderMap::new()).await.expect("connect");
+    let handle = tunnel.stream;
+    // The answer and its END_STREAM are queued on the stream, no app attached yet.
+    let queued = async {
+        loop {
+            {
+                let st = handle.shared.lock();
+                let s = st.streams.get(&1).expect("stream 1");
+                if s.recv_done && s.queued == 6 {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), queued).await.expect("the answer queued");
+    // The app, attached as the relay attaches it.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let app = std::net::TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+    let (mut peer, _) = l.accept().expect("accept");
+    peer.set_nonblocking(true).expect("non-blocking");
+    app.set_nonblocking(true).expect("non-blocking");
+    let app = Arc::new(TcpStream::from_std(app).expect("tokio socket"));
+    app.writable().await.expect("writable");
+    handle.shared.lock().streams.get_mut(&1).expect("stream 1").app = Some(app.clone());
+    // The relay's first write: the answer, and the FIN with it, not a call later.
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let r = handle.poll_to_app(&app, &mut cx);
+    assert!(matches!(r, std::task::Poll::Ready(Ok(false))), "the FIN is not left to the caller: {r:?}");
+    assert_eq!(readable_now(&mut peer), (b"answer".to_vec(), true));
+}

@@ -327,8 +327,15 @@ impl StreamHandle {
                     "writing to the app failed",
                 )));
             }
+            // The last bytes of an ended stream go with MSG_MORE, which holds their segment for
+            // the FIN right behind them, as the driver sends them (the answer can be queued before
+            // the relay began: early data brings it back that fast).
+            let flags = if s.recv_done && s.queue.len() == 1 { libc::MSG_MORE } else { 0 };
             if let Some(front) = s.queue.front_mut() {
-                match app.try_write(front) {
+                let written = app.try_io(tokio::io::Interest::WRITABLE, || {
+                    socket2::SockRef::from(app).send_with_flags(front, flags)
+                });
+                match written {
                     Ok(n) => {
                         let _ = front.split_to(n);
                         if front.is_empty() {
@@ -364,8 +371,10 @@ impl StreamHandle {
             self.shared.flush(st);
             let Some(s) = st.streams.get_mut(&id) else { return Poll::Ready(Err(gone(StreamError::Closed))) };
             if s.recv_done {
-                // Whether the FIN is still ours to send (the driver sends it when it wrote the
-                // last bytes itself).
+                // Everything written: the FIN now, in the same go (unless the driver, having
+                // written the last bytes itself, sent it already).
+                s.fin_to_app();
+                // Whether the FIN is still the caller's to send (no app attached to the stream).
                 return Poll::Ready(Ok(!std::mem::replace(&mut s.app_fin, true)));
             }
             if let Some(r) = s.reset {
