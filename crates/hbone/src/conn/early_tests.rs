@@ -94,3 +94,40 @@ async fn denied_streams_discard_their_early_bytes_and_give_the_connection_window
     tokio::time::timeout(T, io.read_to_end(&mut got)).await.expect("echo in time").expect("read");
     assert_eq!(got, payload);
 }
+
+#[tokio::test]
+async fn a_complete_answer_with_a_request_to_stop_sending_reaches_the_app_before_the_relay_ends() {
+    // The answer, END_STREAM and RST_STREAM(NO_ERROR) (RFC 9113 §8.1) all came back before the
+    // relay began, as they do when a server answers the early bytes at once (a 400 to a
+    // smuggled request): the relay writes the answer and the FIN, and ends without error.
+    let ca = Arc::new(FakeCa::generate());
+    let addr = server(&ca, settings(), |req| async move {
+        if req.stream.respond(200, &HeaderMap::new(), false).is_ok()
+            && req.stream.send(b"answer").await.is_ok()
+        {
+            let _ = req.stream.finish();
+        }
+        // Dropped with the client's side still open: RST_STREAM(NO_ERROR).
+    })
+    .await;
+    let (pool, key) = pool_to(ca, addr, &server_identity(), settings());
+    let authority = "10.0.0.2:8080".parse().expect("addr");
+    let tunnel = pool.connect_early(&key, authority, &HeaderMap::new(), b"GET / ").await.expect("connect");
+    let stream = tunnel.stream;
+    let stopped = async {
+        while !stream.answered_and_stopped() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(T, stopped).await.expect("answer, END_STREAM and the reset in time");
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let app = tokio::net::TcpStream::connect(l.local_addr().expect("addr")).await.expect("connect");
+    let (mut peer, _) = l.accept().await.expect("accept");
+    let counters = Arc::new(crate::testing::Counted::default());
+    let relay = tokio::time::timeout(T, stream.relay(app, counters)).await.expect("the relay ends in time");
+    assert!(relay.is_ok(), "the relay failed: {relay:?}");
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(T, peer.read_to_end(&mut got)).await.expect("read in time");
+    assert!(read.is_ok(), "the app was reset: {read:?}");
+    assert_eq!(got, b"answer");
+}

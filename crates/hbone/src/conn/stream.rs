@@ -107,6 +107,13 @@ impl StreamHandle {
         })
     }
 
+    /// Whether the peer ended its side and then reset the stream with NO_ERROR: a complete
+    /// answer, and a request to stop sending.
+    pub(super) fn answered_and_stopped(&self) -> bool {
+        let st = self.shared.lock();
+        st.streams.get(&self.id).is_some_and(|s| s.recv_done && s.reset == Some(Reason::NO_ERROR))
+    }
+
     /// Resolves when the peer resets the stream or the connection ends, with why.
     pub fn poll_gone(&self, cx: &mut Context<'_>) -> Poll<StreamError> {
         let mut st = self.shared.lock();
@@ -197,7 +204,15 @@ impl StreamHandle {
                 s.counters = Some(counters.clone());
             }
         }
-        let up = self.app_to_stream(&app, &*counters);
+        let up = async {
+            match self.app_to_stream(&app, &*counters).await {
+                // The peer answered in full and asked us to stop sending (RST_STREAM NO_ERROR
+                // after END_STREAM, RFC 9113 §8.1): the upload is over, not failed, and the
+                // answer still goes to the app.
+                Err(e) if e.kind() == crate::GONE && self.answered_and_stopped() => Ok(()),
+                r => r,
+            }
+        };
         let down = self.stream_to_app(&app);
         let res = tokio::try_join!(up, down).map(|_| ());
         {
