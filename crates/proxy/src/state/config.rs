@@ -203,11 +203,6 @@ impl LocalConfig {
         }
     }
 
-    /// Reads and parses a local config file.
-    pub fn load(path: &Path) -> Result<Self, LocalConfigError> {
-        Self::parse(&read(path)?)
-    }
-
     /// The first duplicate uid, address, service key or policy key, by item index.
     fn duplicate(&self) -> Option<Duplicate> {
         let mut uids: HashMap<&str, usize> = HashMap::with_capacity(self.workloads.len());
