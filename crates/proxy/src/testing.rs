@@ -47,14 +47,14 @@ pub fn address_resources(
     let mut members: std::collections::HashMap<String, Vec<String>> = std::collections::HashMap::new();
     for w in workloads {
         for key in w.services.keys() {
-            members.entry(key.clone()).or_default().push(w.uid.clone());
+            members.entry(key.to_string()).or_default().push(w.uid.to_string());
         }
     }
     let mut out = Vec::with_capacity(workloads.len() + services.len());
     for w in workloads {
         let address = pb::Address { r#type: Some(pb::address::Type::Workload(w.into())) };
         out.push(ambit_xds::server::ServerResource {
-            name: w.uid.clone(),
+            name: w.uid.to_string(),
             aliases: w.workload_ips.iter().map(|ip| format!("{}/{ip}", w.network)).collect(),
             resource: any(ambit_api::type_url::ADDRESS, &address),
             also: Vec::new(),
@@ -154,10 +154,11 @@ pub mod generated {
     /// Workload `i`, an endpoint of service `svc` (in that service's namespace).
     pub fn workload_of(i: usize, svc: usize) -> Workload {
         let ns = svc % 100;
-        let mut services = BTreeMap::new();
-        services.insert(format!("ns{ns}/app-{svc}.ns{ns}.svc.cluster.local"), BTreeMap::from([(80, 8080)]));
+        let services = [(format!("ns{ns}/app-{svc}.ns{ns}.svc.cluster.local"), BTreeMap::from([(80, 8080)]))]
+            .into_iter()
+            .collect();
         Workload {
-            uid: format!("cluster1//v1/Pod/ns{ns}/app-{svc}-5d9c7b8f4-{i}"),
+            uid: format!("cluster1//v1/Pod/ns{ns}/app-{svc}-5d9c7b8f4-{i}").into(),
             name: format!("app-{svc}-5d9c7b8f4-{i}"),
             namespace: format!("ns{ns}"),
             workload_ips: vec![workload_ip(i)],

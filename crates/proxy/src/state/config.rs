@@ -208,8 +208,8 @@ impl LocalConfig {
         let mut uids: HashMap<&str, usize> = HashMap::with_capacity(self.workloads.len());
         let mut addresses: HashMap<(&str, IpAddr), usize> = HashMap::new();
         for (i, w) in self.workloads.iter().enumerate() {
-            if let Some(first) = uids.insert(&w.uid, i) {
-                return Some(Duplicate::Uid { uid: w.uid.clone(), first, second: i });
+            if let Some(first) = uids.insert(&*w.uid, i) {
+                return Some(Duplicate::Uid { uid: w.uid.to_string(), first, second: i });
             }
             if w.network_mode == NetworkMode::HostNetwork {
                 continue;
@@ -227,9 +227,9 @@ impl LocalConfig {
                             network: w.network.clone(),
                             address: *ip,
                             first,
-                            first_uid: self.workloads[first].uid.clone(),
+                            first_uid: self.workloads[first].uid.to_string(),
                             second: i,
-                            uid: w.uid.clone(),
+                            uid: w.uid.to_string(),
                         });
                     }
                 }

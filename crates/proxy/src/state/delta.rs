@@ -32,6 +32,7 @@ use imbl::HashMap;
 use super::model::{Endpoint, EndpointSet, HealthStatus, NamespacedHostname, NetworkMode, Service, Workload};
 use super::{Address, Key, List, LocalConfig, LocalConfigError, ProtoError, State, address_rank};
 use crate::authz::{Authorization, ConvertError, Scope};
+use crate::name::Name;
 
 /// Changes to apply to a snapshot in one step (one xDS response, or a whole local file).
 #[derive(Clone, Debug, Default)]
@@ -184,29 +185,29 @@ impl State {
 
     fn upsert_workload(&mut self, w: Workload, applied: &mut Applied) {
         if let Some(key) = w.services.keys().find(|k| !k.contains('/')) {
-            let reason = RejectReason::ServiceKey { uid: w.uid.clone(), key: key.clone() };
-            applied.rejected.push(Rejected { name: w.uid, reason });
+            let reason = RejectReason::ServiceKey { uid: w.uid.to_string(), key: key.to_string() };
+            applied.rejected.push(Rejected { name: w.uid.to_string(), reason });
             return;
         }
-        let old = self.workloads.get(w.uid.as_str()).cloned();
+        let old = self.workloads.get(&*w.uid).cloned();
         if old.as_deref() == Some(&w) {
             return;
         }
         applied.changed = true;
         applied.authorization_changed |=
             authorization_inputs_differ(&self.node_name, old.as_deref(), Some(&w));
-        let uid: Key = w.uid.as_str().into();
+        let uid: Key = w.uid.clone();
         let w = Arc::new(w);
         if let Some(old) = &old {
             self.unindex_workload(old);
-            for key in old.services.keys().filter(|k| !w.services.contains_key(*k)) {
-                self.drop_endpoint(&Key::from(key.as_str()), &uid);
+            for key in old.services.keys().filter(|k| !w.services.contains_key(k)) {
+                self.drop_endpoint(&key.shared(), &uid);
             }
         }
         self.index_workload(&w);
-        for (key, ports) in &w.services {
+        for (key, ports) in w.services.iter() {
             let ep = Endpoint { workload_uid: w.uid.clone(), port: ports.clone(), status: w.status };
-            self.put_endpoint(&Key::from(key.as_str()), &uid, ep);
+            self.put_endpoint(&key.shared(), &uid, ep);
         }
         self.workloads.insert(uid, w);
     }
@@ -216,9 +217,8 @@ impl State {
             applied.changed = true;
             applied.authorization_changed |= authorization_inputs_differ(&self.node_name, Some(&w), None);
             self.unindex_workload(&w);
-            let uid: Key = name.into();
             for key in w.services.keys() {
-                self.drop_endpoint(&Key::from(key.as_str()), &uid);
+                self.drop_endpoint(&key.shared(), &w.uid);
             }
             return;
         }
@@ -239,7 +239,7 @@ impl State {
                 true
             });
         }
-        let uid: Key = w.uid.as_str().into();
+        let uid: Key = w.uid.clone();
         if !w.hostname.is_empty() {
             edit(&mut self.workloads_by_hostname, &Key::from(w.hostname.as_str()), |by_uid| {
                 by_uid.insert(uid.clone(), w.clone());
@@ -268,7 +268,7 @@ impl State {
             });
         }
         let drop_uid = |by_uid: &mut HashMap<Key, Arc<Workload>>| {
-            by_uid.remove(w.uid.as_str());
+            by_uid.remove(&*w.uid);
             !by_uid.is_empty()
         };
         if !w.hostname.is_empty() {
@@ -341,7 +341,7 @@ impl State {
             applied.rejected.push(Rejected { name: svc.key(), reason });
             return;
         }
-        let key: Key = svc.key().into();
+        let key = service_key(&svc);
         let given = std::mem::take(&mut svc.endpoints);
         let old = self.services.get(&key).cloned();
         // The endpoints it has: carried over from the old version (and those held aside), or
@@ -421,7 +421,7 @@ impl State {
     fn replace_service(&mut self, old: &Service, new: Arc<Service>) {
         self.unindex_service(old);
         self.index_service(&new);
-        self.services.insert(new.key().into(), new);
+        self.services.insert(service_key(&new), new);
     }
 
     fn index_service(&mut self, svc: &Arc<Service>) {
@@ -522,6 +522,11 @@ pub(super) fn authorization_inputs_differ(
         (Some(w), None) | (None, Some(w)) => local(w) && !w.authorization_policies.is_empty(),
         (None, None) => false,
     }
+}
+
+/// A service's `"<namespace>/<hostname>"` as an index key, shared with the workloads that list it.
+fn service_key(svc: &Service) -> Key {
+    Name::from(svc.key()).shared()
 }
 
 /// Whether two versions of a service differ in anything but their endpoints.

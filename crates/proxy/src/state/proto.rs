@@ -10,7 +10,7 @@ use super::model::{
     AppTunnelProtocol, ApplicationTunnel, CidrVip, DEFAULT_CLUSTER_ID, DEFAULT_SERVICE_ACCOUNT,
     DEFAULT_TRUST_DOMAIN, Destination, GatewayAddress, HBONE_PORT, HealthPolicy, HealthStatus, IpFamily,
     LoadBalancer, LoadBalancerMode, LoadBalancerScope, Locality, NamespacedHostname, NetworkAddress,
-    NetworkMode, Protocol, Service, Visibility, WeightedWaypoint, Workload,
+    NetworkMode, Protocol, Service, ServicePorts, Visibility, WeightedWaypoint, Workload,
 };
 
 /// A converted `istio.workload.Address` resource.
@@ -121,7 +121,7 @@ impl TryFrom<pb::Workload> for Workload {
             .iter()
             .map(|b| ip_from_bytes("Workload.addresses", b))
             .collect::<Result<Vec<_>, _>>()?;
-        let mut services = BTreeMap::new();
+        let mut services = ServicePorts::default();
         for (key, list) in w.services {
             if !key.contains('/') {
                 return Err(ProtoError::ServiceKey { uid: w.uid, key });
@@ -160,7 +160,7 @@ impl TryFrom<pb::Workload> for Workload {
         Ok(Workload {
             waypoint: w.waypoint.map(|g| gateway("Workload.waypoint", g)).transpose()?,
             network_gateway: w.network_gateway.map(|g| gateway("Workload.network_gateway", g)).transpose()?,
-            uid: w.uid,
+            uid: w.uid.into(),
             name: w.name,
             namespace: w.namespace,
             workload_ips,

@@ -11,6 +11,7 @@ use arc_swap::ArcSwap;
 use tokio::sync::watch;
 
 use super::{Applied, Delta, LocalConfig, LocalConfigError, State};
+use crate::name::Name;
 
 /// Lock-free publisher of snapshots (arc-swap), with change notification.
 #[derive(Clone)]
@@ -233,7 +234,8 @@ fn apply_file(
     let names = FileNames::of(&cfg);
     let mut delta = Delta::from(cfg);
     if let Some(p) = previous {
-        delta.removed_addresses = p.names.addresses.difference(&names.addresses).cloned().collect();
+        delta.removed_addresses =
+            p.names.addresses.difference(&names.addresses).map(|a| a.to_string()).collect();
         delta.removed_policies = p.names.policies.difference(&names.policies).cloned().collect();
     }
     let applied = store.update(|current| {
@@ -277,8 +279,8 @@ struct Fingerprint {
 /// The names of what a loaded file holds (to remove what leaves it).
 #[derive(Clone, Default)]
 struct FileNames {
-    /// Workload uids and service `ns/hostname`s.
-    addresses: BTreeSet<String>,
+    /// Workload uids and service `ns/hostname`s (shared with the state: no copy).
+    addresses: BTreeSet<Arc<str>>,
     /// Policy `ns/name`s.
     policies: BTreeSet<String>,
     workloads: usize,
@@ -291,7 +293,7 @@ impl FileNames {
                 .workloads
                 .iter()
                 .map(|w| w.uid.clone())
-                .chain(cfg.services.iter().map(|s| s.key()))
+                .chain(cfg.services.iter().map(|s| Name::from(s.key()).shared()))
                 .collect(),
             policies: cfg.policies.iter().map(|p| p.key()).collect(),
             workloads: cfg.workloads.len(),

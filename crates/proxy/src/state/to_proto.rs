@@ -37,7 +37,7 @@ impl From<&Workload> for pb::Workload {
             subzone: w.locality.subzone.clone(),
         });
         pb::Workload {
-            uid: w.uid.clone(),
+            uid: w.uid.to_string(),
             name: w.name.clone(),
             namespace: w.namespace.clone(),
             addresses: w.workload_ips.iter().map(|ip| ip_bytes(*ip)).collect(),
@@ -67,7 +67,7 @@ impl From<&Workload> for pb::Workload {
             services: w
                 .services
                 .iter()
-                .map(|(key, ports)| (key.clone(), pb::PortList { ports: port_list(ports) }))
+                .map(|(key, ports)| (key.to_string(), pb::PortList { ports: port_list(ports.iter()) }))
                 .collect(),
             authorization_policies: w.authorization_policies.clone(),
             status: match w.status {
@@ -103,7 +103,7 @@ impl From<&Service> for pb::Service {
             namespace: s.namespace.clone(),
             hostname: s.hostname.clone(),
             addresses: hosts.chain(ranges).collect(),
-            ports: port_list(&s.ports),
+            ports: port_list(s.ports.iter()),
             subject_alt_names: s.subject_alt_names.clone(),
             waypoint: s.waypoint.as_ref().map(gateway),
             load_balancing: s.load_balancer.as_ref().map(load_balancing),
@@ -174,9 +174,8 @@ fn gateway(g: &GatewayAddress) -> pb::GatewayAddress {
     pb::GatewayAddress { hbone_mtls_port: u32::from(g.hbone_mtls_port), destination: Some(destination) }
 }
 
-fn port_list(ports: &std::collections::BTreeMap<u16, u16>) -> Vec<pb::Port> {
+fn port_list<'a>(ports: impl Iterator<Item = (&'a u16, &'a u16)>) -> Vec<pb::Port> {
     ports
-        .iter()
         .map(|(s, t)| pb::Port { service_port: u32::from(*s), target_port: u32::from(*t), app_protocol: 0 })
         .collect()
 }

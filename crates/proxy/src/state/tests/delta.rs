@@ -447,11 +447,11 @@ proptest! {
                 Op::Workload { uid, ip, hbone, pod, healthy, services: s, policy } => {
                     // Pods and entries share uid numbers: drop the other kind's one.
                     let w = op_workload(uid, ip, hbone, pod, healthy, &s, policy);
-                    let other = op_workload(uid, ip, hbone, !pod, healthy, &s, policy).uid;
+                    let other = op_workload(uid, ip, hbone, !pod, healthy, &s, policy).uid.to_string();
                     if workloads.remove(&other).is_some() {
                         delta.removed_addresses.push(other);
                     }
-                    workloads.insert(w.uid.clone(), w.clone());
+                    workloads.insert(w.uid.to_string(), w.clone());
                     delta.workloads.push(w);
                 }
                 Op::Service { id, vip, allow_all, port } => {

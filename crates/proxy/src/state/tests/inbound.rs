@@ -30,8 +30,8 @@ fn setup(wp: Wp) -> State {
         s.endpoints.insert(
             format!("cluster1//v1/Pod/default/{name}"),
             Endpoint {
-                workload_uid: format!("cluster1//v1/Pod/default/{name}"),
-                port: BTreeMap::new(),
+                workload_uid: format!("cluster1//v1/Pod/default/{name}").into(),
+                port: BTreeMap::new().into(),
                 status: HealthStatus::Healthy,
             },
         );

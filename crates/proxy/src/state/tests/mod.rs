@@ -25,7 +25,7 @@ use super::*;
 /// A healthy TCP workload in namespace `default` with the given IPs.
 fn wl(uid: &str, ips: &[&str]) -> Workload {
     Workload {
-        uid: uid.to_owned(),
+        uid: uid.into(),
         name: uid.rsplit('/').next().unwrap_or(uid).to_owned(),
         namespace: "default".to_owned(),
         workload_ips: ips.iter().map(|i| ip(i)).collect(),
@@ -49,7 +49,7 @@ fn wl(uid: &str, ips: &[&str]) -> Workload {
         network_mode: NetworkMode::Standard,
         native_tunnel: false,
         application_tunnel: None,
-        services: BTreeMap::new(),
+        services: Default::default(),
     }
 }
 
@@ -75,7 +75,7 @@ fn svc(hostname: &str, vips: &[&str], ports: &[(u16, u16)]) -> Service {
 
 /// Makes `w` an endpoint of `svc_key` with the given port map.
 fn endpoint_of(mut w: Workload, svc_key: &str, ports: &[(u16, u16)]) -> Workload {
-    w.services.insert(svc_key.to_owned(), ports.iter().copied().collect());
+    w.services.insert(svc_key, ports.iter().copied().collect::<BTreeMap<u16, u16>>());
     w
 }
 

@@ -120,7 +120,7 @@ fn workload_waypoint() {
     w.waypoint = Some(gw_addr("127.0.0.10", 15008));
     let r = run(vec![w], vec![], "127.0.0.2:80");
     let r = expect(r, "HBONE", "127.0.0.2:80", "127.0.0.10:15008");
-    assert_eq!(r.destination_workload.unwrap().uid, WAYPOINT);
+    assert_eq!(&*r.destination_workload.unwrap().uid, WAYPOINT);
     let RouteKind::Hbone { expected, .. } = r.kind else { unreachable!() };
     assert_eq!(expected, vec![Identity::new("cluster.local", "ns", "waypoint-sa")]);
 }
@@ -163,7 +163,7 @@ fn service_waypoint() {
     s.waypoint = Some(gw_addr("127.0.0.10", 15008));
     let r = expect(run(vec![], vec![s], "127.0.0.3:80"), "HBONE", "127.0.0.3:80", "127.0.0.10:15008");
     assert_eq!(r.destination_service.unwrap().hostname, "example.com");
-    assert_eq!(r.destination_workload.unwrap().uid, WAYPOINT);
+    assert_eq!(&*r.destination_workload.unwrap().uid, WAYPOINT);
 }
 
 #[test]
@@ -410,7 +410,7 @@ fn hostname_waypoint_through_its_service() {
         s
     };
     let mut base_wp = base();
-    base_wp[1].services.insert("ns/waypoint.ns.svc.cluster.local".into(), BTreeMap::new());
+    base_wp[1].services.insert("ns/waypoint.ns.svc.cluster.local", BTreeMap::new());
     let mut target = wl("cluster1//v1/Pod/default/my-pod", &["127.0.0.2"]);
     target.waypoint = Some(gw_host("ns", "waypoint.ns.svc.cluster.local", 15008));
     base_wp.push(target);
