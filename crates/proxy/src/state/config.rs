@@ -224,7 +224,7 @@ impl LocalConfig {
                     Entry::Occupied(o) => {
                         let first = *o.get();
                         return Some(Duplicate::Address {
-                            network: w.network.clone(),
+                            network: w.network.to_string(),
                             address: *ip,
                             first,
                             first_uid: self.workloads[first].uid.to_string(),

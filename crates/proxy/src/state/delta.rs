@@ -248,7 +248,7 @@ impl State {
         }
         if self.is_local(w) {
             edit(&mut self.local_workloads, &Key::from(w.namespace.as_str()), |by_name| {
-                edit(by_name, &Key::from(w.name.as_str()), |by_uid| {
+                edit(by_name, &w.name, |by_uid| {
                     by_uid.insert(uid.clone(), w.clone());
                     true
                 });
@@ -276,7 +276,7 @@ impl State {
         }
         if self.is_local(w) {
             edit(&mut self.local_workloads, &Key::from(w.namespace.as_str()), |by_name| {
-                edit(by_name, &Key::from(w.name.as_str()), drop_uid);
+                edit(by_name, &w.name, drop_uid);
                 !by_name.is_empty()
             });
         }

@@ -31,9 +31,9 @@ pub struct Workload {
     pub uid: Arc<str>,
     /// Pod name.
     #[serde(default)]
-    pub name: String,
+    pub name: Arc<str>,
     /// Namespace.
-    pub namespace: String,
+    pub namespace: Name,
     /// Addresses; `(network, ip)` is the address key.
     pub workload_ips: Vec<IpAddr>,
     /// Inbound protocol the workload accepts.
@@ -41,13 +41,13 @@ pub struct Workload {
     pub protocol: Protocol,
     /// SPIFFE trust domain (may be empty in local config).
     #[serde(default)]
-    pub trust_domain: String,
+    pub trust_domain: Name,
     /// Kubernetes service account (may be empty in local config).
     #[serde(default)]
-    pub service_account: String,
+    pub service_account: Name,
     /// Network the addresses belong to.
     #[serde(default)]
-    pub network: String,
+    pub network: Name,
     /// Workload-attached waypoint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waypoint: Option<GatewayAddress>,
@@ -56,25 +56,25 @@ pub struct Workload {
     pub network_gateway: Option<GatewayAddress>,
     /// Node name.
     #[serde(default)]
-    pub node: String,
+    pub node: Name,
     /// Canonical service (telemetry).
     #[serde(default)]
-    pub canonical_name: String,
+    pub canonical_name: Name,
     /// Canonical revision (telemetry).
     #[serde(default)]
-    pub canonical_revision: String,
+    pub canonical_revision: Name,
     /// Owning workload name, e.g. the deployment (telemetry).
     #[serde(default)]
-    pub workload_name: String,
+    pub workload_name: Name,
     /// Owning workload kind, lower case (`deployment`, `cronjob`, `pod`, `job`).
     #[serde(default)]
-    pub workload_type: String,
+    pub workload_type: Name,
     /// Cluster id.
     #[serde(default)]
-    pub cluster_id: String,
+    pub cluster_id: Name,
     /// Selector-scoped policy keys (`ns/name`) that apply to this workload.
     #[serde(default)]
-    pub authorization_policies: Vec<String>,
+    pub authorization_policies: Vec<Name>,
     /// Health.
     #[serde(default)]
     pub status: HealthStatus,
@@ -86,7 +86,7 @@ pub struct Workload {
     pub capacity: u32,
     /// DNS name used when the workload has no usable address.
     #[serde(default)]
-    pub hostname: String,
+    pub hostname: Name,
     /// Host-network workloads are not indexed by address.
     #[serde(default)]
     pub network_mode: NetworkMode,
@@ -138,11 +138,11 @@ pub enum NetworkMode {
 #[serde(default)]
 pub struct Locality {
     /// Region.
-    pub region: String,
+    pub region: Name,
     /// Zone.
-    pub zone: String,
+    pub zone: Name,
     /// Subzone.
-    pub subzone: String,
+    pub subzone: Name,
 }
 
 /// Tunnel metadata the workload expects in front of the stream.

@@ -381,7 +381,7 @@ fn upstream_ip(w: &Workload, dst: IpAddr, svc: Option<&Service>) -> Result<IpAdd
     if w.hostname.is_empty() {
         Err(RouteError::NoValidDestination(w.uid.to_string()))
     } else {
-        Err(RouteError::HostnameOnlyWorkload(w.uid.to_string(), w.hostname.clone()))
+        Err(RouteError::HostnameOnlyWorkload(w.uid.to_string(), w.hostname.to_string()))
     }
 }
 
@@ -403,7 +403,7 @@ fn cross_network_error(w: &Workload, service_addressed: bool) -> RouteError {
     if service_addressed && w.network_gateway.is_some() {
         RouteError::DoubleHboneUnsupported
     } else {
-        RouteError::WrongNetwork(w.uid.to_string(), w.network.clone())
+        RouteError::WrongNetwork(w.uid.to_string(), w.network.to_string())
     }
 }
 

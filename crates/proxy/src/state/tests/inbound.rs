@@ -45,7 +45,7 @@ fn setup(wp: Wp) -> State {
     {
         let mut w = wl(&format!("cluster1//v1/Pod/default/{name}"), &[addr]);
         w.protocol = Protocol::Hbone;
-        w.service_account = format!("sa-{name}");
+        w.service_account = format!("sa-{name}").into();
         if name == "server" {
             w.waypoint = wl_wp.clone();
         }
