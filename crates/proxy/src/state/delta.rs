@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use ambit_api::security as pb_security;
 use ambit_api::workload as pb;
-use imbl::HashMap;
+use imbl::{HashMap, OrdMap};
 
 use super::model::{Endpoint, EndpointSet, HealthStatus, NamespacedHostname, NetworkMode, Service, Workload};
 use super::{Address, Key, List, LocalConfig, LocalConfigError, ProtoError, State, address_rank};
@@ -229,7 +229,7 @@ impl State {
 
     fn index_workload(&mut self, w: &Arc<Workload>) {
         if w.network_mode != NetworkMode::HostNetwork && !w.workload_ips.is_empty() {
-            edit(&mut self.workloads_by_addr, &Key::from(w.network.as_str()), |by_ip| {
+            edit(&mut self.workloads_by_addr, &w.network.shared(), |by_ip| {
                 for ip in &w.workload_ips {
                     edit(by_ip, ip, |list| {
                         *list = with(list, w.clone(), |x| x.uid == w.uid, by_rank);
@@ -241,17 +241,14 @@ impl State {
         }
         let uid: Key = w.uid.clone();
         if !w.hostname.is_empty() {
-            edit(&mut self.workloads_by_hostname, &Key::from(w.hostname.as_str()), |by_uid| {
+            edit(&mut self.workloads_by_hostname, &w.hostname.shared(), |by_uid| {
                 by_uid.insert(uid.clone(), w.clone());
                 true
             });
         }
         if self.is_local(w) {
-            edit(&mut self.local_workloads, &Key::from(w.namespace.as_str()), |by_name| {
-                edit(by_name, &w.name, |by_uid| {
-                    by_uid.insert(uid.clone(), w.clone());
-                    true
-                });
+            edit(&mut self.local_workloads, &w.namespace.shared(), |by_name| {
+                by_name.insert((w.name.clone(), uid.clone()), w.clone());
                 true
             });
         }
@@ -260,7 +257,7 @@ impl State {
     fn unindex_workload(&mut self, w: &Workload) {
         let drop = |list: &mut List<Workload>| without(list, |x| x.uid == w.uid);
         if w.network_mode != NetworkMode::HostNetwork && !w.workload_ips.is_empty() {
-            edit(&mut self.workloads_by_addr, &Key::from(w.network.as_str()), |by_ip| {
+            edit(&mut self.workloads_by_addr, &w.network.shared(), |by_ip| {
                 for ip in &w.workload_ips {
                     edit(by_ip, ip, drop);
                 }
@@ -272,11 +269,11 @@ impl State {
             !by_uid.is_empty()
         };
         if !w.hostname.is_empty() {
-            edit(&mut self.workloads_by_hostname, &Key::from(w.hostname.as_str()), drop_uid);
+            edit(&mut self.workloads_by_hostname, &w.hostname.shared(), drop_uid);
         }
         if self.is_local(w) {
-            edit(&mut self.local_workloads, &Key::from(w.namespace.as_str()), |by_name| {
-                edit(by_name, &w.name, drop_uid);
+            edit(&mut self.local_workloads, &w.namespace.shared(), |by_name| {
+                by_name.remove(&(w.name.clone(), w.uid.clone()));
                 !by_name.is_empty()
             });
         }
@@ -614,22 +611,53 @@ fn without<T>(list: &mut List<T>, drop: impl Fn(&T) -> bool) -> bool {
 
 /// Applies `f` to `map[key]` in place (a default value when absent); the key is removed when
 /// `f` returns false (nothing left under it).
-fn edit<K: Hash + Eq + Clone, V: Clone + Default>(
-    map: &mut HashMap<K, V>,
-    key: &K,
-    f: impl FnOnce(&mut V) -> bool,
-) {
-    match map.get_mut(key) {
+fn edit<K: Clone, V: Default, M: MapMut<K, V>>(map: &mut M, key: &K, f: impl FnOnce(&mut V) -> bool) {
+    match map.value_mut(key) {
         Some(v) => {
             if !f(v) {
-                map.remove(key);
+                map.delete(key);
             }
         }
         None => {
             let mut v = V::default();
             if f(&mut v) {
-                map.insert(key.clone(), v);
+                map.put(key.clone(), v);
             }
         }
+    }
+}
+
+/// The persistent maps [`edit`] changes in place (hash tries and B-trees).
+trait MapMut<K, V> {
+    fn value_mut(&mut self, key: &K) -> Option<&mut V>;
+    fn put(&mut self, key: K, value: V);
+    fn delete(&mut self, key: &K);
+}
+
+impl<K: Hash + Eq + Clone, V: Clone> MapMut<K, V> for HashMap<K, V> {
+    fn value_mut(&mut self, key: &K) -> Option<&mut V> {
+        self.get_mut(key)
+    }
+
+    fn put(&mut self, key: K, value: V) {
+        self.insert(key, value);
+    }
+
+    fn delete(&mut self, key: &K) {
+        self.remove(key);
+    }
+}
+
+impl<K: Ord + Clone, V: Clone> MapMut<K, V> for OrdMap<K, V> {
+    fn value_mut(&mut self, key: &K) -> Option<&mut V> {
+        self.get_mut(key)
+    }
+
+    fn put(&mut self, key: K, value: V) {
+        self.insert(key, value);
+    }
+
+    fn delete(&mut self, key: &K) {
+        self.remove(key);
     }
 }
