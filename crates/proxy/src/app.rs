@@ -21,7 +21,7 @@ use crate::instance::Shared;
 use crate::limits::Limits;
 use crate::metrics::Metrics;
 use crate::readiness::Readiness;
-use crate::state::{LocalConfig, State, StateStore};
+use crate::state::{State, StateStore};
 
 /// A failure that stops the proxy from starting.
 #[derive(Debug, thiserror::Error)]
@@ -71,13 +71,14 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
         .map_err(StartError::Runtime)?;
 
     let node = cfg.local_node.clone();
-    let initial = match &cfg.local_xds_path {
+    let (initial, loaded) = match &cfg.local_xds_path {
         Some(path) => {
-            LocalConfig::load(path).and_then(|c| State::from_config(c, node.as_deref())).map_err(|error| {
+            let (state, loaded) = crate::state::load_local_file(path, node.as_deref()).map_err(|error| {
                 StartError::LocalConfig { path: path.display().to_string(), error: Box::new(error) }
-            })?
+            })?;
+            (state, Some(loaded))
         }
-        None => State::default(),
+        None => (State::default(), None),
     };
     let store = StateStore::new(initial);
     let data_rt = data.handle().clone();
@@ -181,8 +182,8 @@ pub fn run(cfg: Config) -> Result<(), StartError> {
             tokio::spawn(crate::state::watch_local_file(
                 store.clone(),
                 path,
-                cfg.local_node.clone(),
                 Duration::from_millis(500),
+                loaded,
             ));
         }
         tokio::spawn(shared.connections.clone().watch(store.clone()));

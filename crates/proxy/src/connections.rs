@@ -100,7 +100,7 @@ impl ConnectionManager {
         let close = CancellationToken::new();
         let t = Tracked {
             conn,
-            workload_uid: workload.uid.clone(),
+            workload_uid: workload.uid.to_string(),
             workload,
             close: close.clone(),
             src,

@@ -23,6 +23,7 @@ mod instance;
 mod limits;
 mod listener;
 mod metrics;
+mod name;
 mod outbound;
 mod passthrough;
 mod readiness;

@@ -620,10 +620,10 @@ pub fn record_failure(metrics: &Metrics, info: &ConnectionInfo, flag: Flag, erro
     let src_id = info.src_identity.as_ref().map(ToString::to_string).unwrap_or_default();
     tracing::warn!(target: "access", {
         src.addr = %info.src_addr,
-        src.workload = info.src_workload.as_deref().map(|w| w.name.as_str()).unwrap_or_default(),
+        src.workload = info.src_workload.as_deref().map(|w| &*w.name).unwrap_or_default(),
         src.identity = %clip(&src_id, MAX_LOG_FIELD),
         dst.addr = %info.dst_addr,
-        dst.workload = info.dst_workload.as_deref().map(|w| w.name.as_str()).unwrap_or_default(),
+        dst.workload = info.dst_workload.as_deref().map(|w| &*w.name).unwrap_or_default(),
         direction = direction(info.reporter),
         error = %e },
         "connection failed");
@@ -648,13 +648,13 @@ fn access_log(info: &ConnectionInfo, t: crate::copy::Transferred, elapsed: Durat
         ($lvl:ident, $msg:literal) => {
             tracing::$lvl!(target: "access", {
                 src.addr = %info.src_addr,
-                src.workload = src_w.map(|w| w.name.as_str()),
+                src.workload = src_w.map(|w| &*w.name),
                 src.namespace = src_w.map(|w| w.namespace.as_str()),
                 src.identity = src_id.as_deref(),
                 dst.addr = %info.dst_addr,
                 dst.hbone_addr = hbone.as_deref(),
                 dst.service = info.dst_service.as_deref().map(|s| s.hostname.as_str()),
-                dst.workload = dst_w.map(|w| w.name.as_str()),
+                dst.workload = dst_w.map(|w| &*w.name),
                 dst.namespace = dst_w.map(|w| w.namespace.as_str()),
                 dst.identity = dst_id.as_deref(),
                 direction = direction(info.reporter),

@@ -47,14 +47,14 @@ pub fn address_resources(
     let mut members: std::collections::HashMap<String, Vec<String>> = std::collections::HashMap::new();
     for w in workloads {
         for key in w.services.keys() {
-            members.entry(key.clone()).or_default().push(w.uid.clone());
+            members.entry(key.to_string()).or_default().push(w.uid.to_string());
         }
     }
     let mut out = Vec::with_capacity(workloads.len() + services.len());
     for w in workloads {
         let address = pb::Address { r#type: Some(pb::address::Type::Workload(w.into())) };
         out.push(ambit_xds::server::ServerResource {
-            name: w.uid.clone(),
+            name: w.uid.to_string(),
             aliases: w.workload_ips.iter().map(|ip| format!("{}/{ip}", w.network)).collect(),
             resource: any(ambit_api::type_url::ADDRESS, &address),
             also: Vec::new(),
@@ -154,34 +154,35 @@ pub mod generated {
     /// Workload `i`, an endpoint of service `svc` (in that service's namespace).
     pub fn workload_of(i: usize, svc: usize) -> Workload {
         let ns = svc % 100;
-        let mut services = BTreeMap::new();
-        services.insert(format!("ns{ns}/app-{svc}.ns{ns}.svc.cluster.local"), BTreeMap::from([(80, 8080)]));
+        let services = [(format!("ns{ns}/app-{svc}.ns{ns}.svc.cluster.local"), BTreeMap::from([(80, 8080)]))]
+            .into_iter()
+            .collect();
         Workload {
-            uid: format!("cluster1//v1/Pod/ns{ns}/app-{svc}-5d9c7b8f4-{i}"),
-            name: format!("app-{svc}-5d9c7b8f4-{i}"),
-            namespace: format!("ns{ns}"),
+            uid: format!("cluster1//v1/Pod/ns{ns}/app-{svc}-5d9c7b8f4-{i}").into(),
+            name: format!("app-{svc}-5d9c7b8f4-{i}").into(),
+            namespace: format!("ns{ns}").into(),
             workload_ips: vec![workload_ip(i)],
             protocol: Protocol::Hbone,
             trust_domain: "cluster.local".into(),
-            service_account: format!("app-{svc}"),
-            network: String::new(),
+            service_account: format!("app-{svc}").into(),
+            network: Default::default(),
             waypoint: None,
             network_gateway: None,
-            node: format!("node-{}", i % 1000),
-            canonical_name: format!("app-{svc}"),
+            node: format!("node-{}", i % 1000).into(),
+            canonical_name: format!("app-{svc}").into(),
             canonical_revision: "v1".into(),
-            workload_name: format!("app-{svc}"),
+            workload_name: format!("app-{svc}").into(),
             workload_type: "deployment".into(),
             cluster_id: "cluster1".into(),
-            authorization_policies: vec![format!("ns{ns}/allow-app-{ns}")],
+            authorization_policies: vec![format!("ns{ns}/allow-app-{ns}").into()],
             status: HealthStatus::Healthy,
             locality: Locality {
                 region: "eu-west-1".into(),
                 zone: "eu-west-1a".into(),
-                subzone: String::new(),
+                subzone: Default::default(),
             },
             capacity: 1,
-            hostname: String::new(),
+            hostname: Default::default(),
             network_mode: NetworkMode::Standard,
             native_tunnel: false,
             application_tunnel: None,
@@ -243,4 +244,88 @@ pub mod generated {
             policies: (0..100).map(policy).collect(),
         }
     }
+}
+
+/// The mesh of the memory benchmark and of the bytes-per-workload guard, as ztunnel-format
+/// local-config YAML (what `LOCAL_XDS_PATH` reads; ztunnel reads the same file).
+///
+/// `n` workloads (pods of the shape istiod sends: every string field set, one IPv4 address,
+/// HBONE, locality, one listed policy, one service), `n / 10` services of ten pods each and one
+/// policy per 100 workloads. Names repeat as in a real cluster: 100 namespaces, one service
+/// account per service (ten pods each), one trust domain, one cluster, 100 pods per node, one
+/// region and three zones.
+pub mod scale {
+    use std::fmt::Write;
+    use std::net::Ipv4Addr;
+
+    /// The workload a dedicated proxy serving this mesh runs as (`PROXY_WORKLOAD_INFO`).
+    pub const PROXY_WORKLOAD: &str = "ns0/app-0-5d9c7b8f4-0/app-0";
+
+    /// Namespace of service `s`: the ten services of one policy share it.
+    fn namespace(s: usize) -> usize {
+        (s / 10) % 100
+    }
+
+    /// The YAML of a mesh of `n` workloads (see the module docs).
+    pub fn local_config_yaml(n: usize) -> String {
+        let nodes = (n / 100).max(1);
+        let mut y = String::with_capacity(n * 700);
+        y.push_str("workloads:\n");
+        for i in 0..n {
+            let s = i / 10;
+            let ns = namespace(s);
+            let p = i / 100;
+            let ip = Ipv4Addr::from(0x0a00_0000u32 + i as u32 + 1);
+            // Infallible: writing to a String.
+            let _ = write!(
+                y,
+                "- uid: cluster1//v1/Pod/ns{ns}/app-{s}-5d9c7b8f4-{i}\n  name: app-{s}-5d9c7b8f4-{i}\n  \
+                 namespace: ns{ns}\n  workloadIps: [{ip}]\n  protocol: HBONE\n  trustDomain: cluster.local\n  \
+                 serviceAccount: app-{s}\n  node: node-{node}\n  canonicalName: app-{s}\n  \
+                 canonicalRevision: v1\n  workloadName: app-{s}\n  workloadType: deployment\n  \
+                 clusterId: cluster1\n  authorizationPolicies: [ns{ns}/allow-{p}]\n  status: Healthy\n  \
+                 locality: {{region: eu-west-1, zone: eu-west-1{zone}, subzone: \"\"}}\n  \
+                 services: {{\"ns{ns}/app-{s}.ns{ns}.svc.cluster.local\": {{80: 8080}}}}\n",
+                node = i % nodes,
+                zone = ["a", "b", "c"][i % 3],
+            );
+        }
+        y.push_str("services:\n");
+        for s in 0..n / 10 {
+            let ns = namespace(s);
+            let vip = Ipv4Addr::from(0x0b00_0000u32 + s as u32 + 1);
+            let _ = write!(
+                y,
+                "- name: app-{s}\n  namespace: ns{ns}\n  hostname: app-{s}.ns{ns}.svc.cluster.local\n  \
+                 vips: [/{vip}]\n  ports: {{80: 8080}}\n"
+            );
+        }
+        y.push_str("policies:\n");
+        for p in 0..n.div_ceil(100) {
+            let ns = p % 100;
+            // Allowed: the first service of the next group of ten (another deployment calling it).
+            let caller = (p + 1) * 10;
+            let _ = write!(
+                y,
+                "- name: allow-{p}\n  namespace: ns{ns}\n  scope: WorkloadSelector\n  action: Allow\n  dryRun: false\n  \
+                 rules: [[[{{serviceAccounts: [{{namespace: ns{cns}, serviceAccount: app-{caller}}}]}}]]]\n",
+                cns = namespace(caller),
+            );
+        }
+        y
+    }
+}
+
+/// The inline sizes of the state's types (what `crates/proxy/tests/memory.rs` prints).
+pub fn struct_sizes() -> Vec<(&'static str, usize)> {
+    use crate::state::{EndpointSet, Locality, Service, State, Workload};
+    use std::mem::size_of;
+    vec![
+        ("Workload", size_of::<Workload>()),
+        ("Service", size_of::<Service>()),
+        ("EndpointSet", size_of::<EndpointSet>()),
+        ("Locality", size_of::<Locality>()),
+        ("Authorization", size_of::<crate::authz::Authorization>()),
+        ("State", size_of::<State>()),
+    ]
 }

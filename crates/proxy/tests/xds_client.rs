@@ -154,7 +154,7 @@ async fn applies_nacks_the_bad_resource_and_keeps_the_rest_and_tracks_removals_a
 
     // A removal and a policy change reach the state; the policy change bumps the policy watcher
     // (live connections are re-evaluated).
-    let gone = mesh.workloads[3].uid.clone();
+    let gone = mesh.workloads[3].uid.to_string();
     s.resources
         .publish(vec![Changes { type_url: ADDRESS.into(), upserts: vec![], removals: vec![gone.clone()] }])
         .expect("publish");

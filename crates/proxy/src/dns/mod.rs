@@ -134,10 +134,10 @@ impl DnsProxy {
             request_query_type: query_type.to_string().to_ascii_lowercase(),
             request_protocol: protocol.to_string(),
             source_canonical_service: Label(
-                source.as_ref().map(|w| w.canonical_name.clone()).unwrap_or_default(),
+                source.as_ref().map(|w| w.canonical_name.to_string()).unwrap_or_default(),
             ),
             source_canonical_revision: Label(
-                source.as_ref().map(|w| w.canonical_revision.clone()).unwrap_or_default(),
+                source.as_ref().map(|w| w.canonical_revision.to_string()).unwrap_or_default(),
             ),
         }
     }

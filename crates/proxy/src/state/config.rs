@@ -203,18 +203,13 @@ impl LocalConfig {
         }
     }
 
-    /// Reads and parses a local config file.
-    pub fn load(path: &Path) -> Result<Self, LocalConfigError> {
-        Self::parse(&read(path)?)
-    }
-
     /// The first duplicate uid, address, service key or policy key, by item index.
     fn duplicate(&self) -> Option<Duplicate> {
         let mut uids: HashMap<&str, usize> = HashMap::with_capacity(self.workloads.len());
         let mut addresses: HashMap<(&str, IpAddr), usize> = HashMap::new();
         for (i, w) in self.workloads.iter().enumerate() {
-            if let Some(first) = uids.insert(&w.uid, i) {
-                return Some(Duplicate::Uid { uid: w.uid.clone(), first, second: i });
+            if let Some(first) = uids.insert(&*w.uid, i) {
+                return Some(Duplicate::Uid { uid: w.uid.to_string(), first, second: i });
             }
             if w.network_mode == NetworkMode::HostNetwork {
                 continue;
@@ -229,12 +224,12 @@ impl LocalConfig {
                     Entry::Occupied(o) => {
                         let first = *o.get();
                         return Some(Duplicate::Address {
-                            network: w.network.clone(),
+                            network: w.network.to_string(),
                             address: *ip,
                             first,
-                            first_uid: self.workloads[first].uid.clone(),
+                            first_uid: self.workloads[first].uid.to_string(),
                             second: i,
-                            uid: w.uid.clone(),
+                            uid: w.uid.to_string(),
                         });
                     }
                 }

@@ -27,11 +27,12 @@ use std::sync::Arc;
 
 use ambit_api::security as pb_security;
 use ambit_api::workload as pb;
-use imbl::HashMap;
+use imbl::{HashMap, OrdMap};
 
 use super::model::{Endpoint, EndpointSet, HealthStatus, NamespacedHostname, NetworkMode, Service, Workload};
 use super::{Address, Key, List, LocalConfig, LocalConfigError, ProtoError, State, address_rank};
 use crate::authz::{Authorization, ConvertError, Scope};
+use crate::name::Name;
 
 /// Changes to apply to a snapshot in one step (one xDS response, or a whole local file).
 #[derive(Clone, Debug, Default)]
@@ -184,29 +185,29 @@ impl State {
 
     fn upsert_workload(&mut self, w: Workload, applied: &mut Applied) {
         if let Some(key) = w.services.keys().find(|k| !k.contains('/')) {
-            let reason = RejectReason::ServiceKey { uid: w.uid.clone(), key: key.clone() };
-            applied.rejected.push(Rejected { name: w.uid, reason });
+            let reason = RejectReason::ServiceKey { uid: w.uid.to_string(), key: key.to_string() };
+            applied.rejected.push(Rejected { name: w.uid.to_string(), reason });
             return;
         }
-        let old = self.workloads.get(w.uid.as_str()).cloned();
+        let old = self.workloads.get(&*w.uid).cloned();
         if old.as_deref() == Some(&w) {
             return;
         }
         applied.changed = true;
         applied.authorization_changed |=
             authorization_inputs_differ(&self.node_name, old.as_deref(), Some(&w));
-        let uid: Key = w.uid.as_str().into();
+        let uid: Key = w.uid.clone();
         let w = Arc::new(w);
         if let Some(old) = &old {
             self.unindex_workload(old);
-            for key in old.services.keys().filter(|k| !w.services.contains_key(*k)) {
-                self.drop_endpoint(&Key::from(key.as_str()), &uid);
+            for key in old.services.keys().filter(|k| !w.services.contains_key(k)) {
+                self.drop_endpoint(&key.shared(), &uid);
             }
         }
         self.index_workload(&w);
-        for (key, ports) in &w.services {
+        for (key, ports) in w.services.iter() {
             let ep = Endpoint { workload_uid: w.uid.clone(), port: ports.clone(), status: w.status };
-            self.put_endpoint(&Key::from(key.as_str()), &uid, ep);
+            self.put_endpoint(&key.shared(), &uid, ep);
         }
         self.workloads.insert(uid, w);
     }
@@ -216,9 +217,8 @@ impl State {
             applied.changed = true;
             applied.authorization_changed |= authorization_inputs_differ(&self.node_name, Some(&w), None);
             self.unindex_workload(&w);
-            let uid: Key = name.into();
             for key in w.services.keys() {
-                self.drop_endpoint(&Key::from(key.as_str()), &uid);
+                self.drop_endpoint(&key.shared(), &w.uid);
             }
             return;
         }
@@ -229,7 +229,7 @@ impl State {
 
     fn index_workload(&mut self, w: &Arc<Workload>) {
         if w.network_mode != NetworkMode::HostNetwork && !w.workload_ips.is_empty() {
-            edit(&mut self.workloads_by_addr, &Key::from(w.network.as_str()), |by_ip| {
+            edit(&mut self.workloads_by_addr, &w.network.shared(), |by_ip| {
                 for ip in &w.workload_ips {
                     edit(by_ip, ip, |list| {
                         *list = with(list, w.clone(), |x| x.uid == w.uid, by_rank);
@@ -239,19 +239,16 @@ impl State {
                 true
             });
         }
-        let uid: Key = w.uid.as_str().into();
+        let uid: Key = w.uid.clone();
         if !w.hostname.is_empty() {
-            edit(&mut self.workloads_by_hostname, &Key::from(w.hostname.as_str()), |by_uid| {
+            edit(&mut self.workloads_by_hostname, &w.hostname.shared(), |by_uid| {
                 by_uid.insert(uid.clone(), w.clone());
                 true
             });
         }
         if self.is_local(w) {
-            edit(&mut self.local_workloads, &Key::from(w.namespace.as_str()), |by_name| {
-                edit(by_name, &Key::from(w.name.as_str()), |by_uid| {
-                    by_uid.insert(uid.clone(), w.clone());
-                    true
-                });
+            edit(&mut self.local_workloads, &w.namespace.shared(), |by_name| {
+                by_name.insert((w.name.clone(), uid.clone()), w.clone());
                 true
             });
         }
@@ -260,7 +257,7 @@ impl State {
     fn unindex_workload(&mut self, w: &Workload) {
         let drop = |list: &mut List<Workload>| without(list, |x| x.uid == w.uid);
         if w.network_mode != NetworkMode::HostNetwork && !w.workload_ips.is_empty() {
-            edit(&mut self.workloads_by_addr, &Key::from(w.network.as_str()), |by_ip| {
+            edit(&mut self.workloads_by_addr, &w.network.shared(), |by_ip| {
                 for ip in &w.workload_ips {
                     edit(by_ip, ip, drop);
                 }
@@ -268,15 +265,15 @@ impl State {
             });
         }
         let drop_uid = |by_uid: &mut HashMap<Key, Arc<Workload>>| {
-            by_uid.remove(w.uid.as_str());
+            by_uid.remove(&*w.uid);
             !by_uid.is_empty()
         };
         if !w.hostname.is_empty() {
-            edit(&mut self.workloads_by_hostname, &Key::from(w.hostname.as_str()), drop_uid);
+            edit(&mut self.workloads_by_hostname, &w.hostname.shared(), drop_uid);
         }
         if self.is_local(w) {
-            edit(&mut self.local_workloads, &Key::from(w.namespace.as_str()), |by_name| {
-                edit(by_name, &Key::from(w.name.as_str()), drop_uid);
+            edit(&mut self.local_workloads, &w.namespace.shared(), |by_name| {
+                by_name.remove(&(w.name.clone(), w.uid.clone()));
                 !by_name.is_empty()
             });
         }
@@ -341,7 +338,7 @@ impl State {
             applied.rejected.push(Rejected { name: svc.key(), reason });
             return;
         }
-        let key: Key = svc.key().into();
+        let key = service_key(&svc);
         let given = std::mem::take(&mut svc.endpoints);
         let old = self.services.get(&key).cloned();
         // The endpoints it has: carried over from the old version (and those held aside), or
@@ -421,7 +418,7 @@ impl State {
     fn replace_service(&mut self, old: &Service, new: Arc<Service>) {
         self.unindex_service(old);
         self.index_service(&new);
-        self.services.insert(new.key().into(), new);
+        self.services.insert(service_key(&new), new);
     }
 
     fn index_service(&mut self, svc: &Arc<Service>) {
@@ -524,6 +521,11 @@ pub(super) fn authorization_inputs_differ(
     }
 }
 
+/// A service's `"<namespace>/<hostname>"` as an index key, shared with the workloads that list it.
+fn service_key(svc: &Service) -> Key {
+    Name::from(svc.key()).shared()
+}
+
 /// Whether two versions of a service differ in anything but their endpoints.
 fn same_definition(a: &Service, b: &Service) -> bool {
     let Service {
@@ -609,22 +611,53 @@ fn without<T>(list: &mut List<T>, drop: impl Fn(&T) -> bool) -> bool {
 
 /// Applies `f` to `map[key]` in place (a default value when absent); the key is removed when
 /// `f` returns false (nothing left under it).
-fn edit<K: Hash + Eq + Clone, V: Clone + Default>(
-    map: &mut HashMap<K, V>,
-    key: &K,
-    f: impl FnOnce(&mut V) -> bool,
-) {
-    match map.get_mut(key) {
+fn edit<K: Clone, V: Default, M: MapMut<K, V>>(map: &mut M, key: &K, f: impl FnOnce(&mut V) -> bool) {
+    match map.value_mut(key) {
         Some(v) => {
             if !f(v) {
-                map.remove(key);
+                map.delete(key);
             }
         }
         None => {
             let mut v = V::default();
             if f(&mut v) {
-                map.insert(key.clone(), v);
+                map.put(key.clone(), v);
             }
         }
+    }
+}
+
+/// The persistent maps [`edit`] changes in place (hash tries and B-trees).
+trait MapMut<K, V> {
+    fn value_mut(&mut self, key: &K) -> Option<&mut V>;
+    fn put(&mut self, key: K, value: V);
+    fn delete(&mut self, key: &K);
+}
+
+impl<K: Hash + Eq + Clone, V: Clone> MapMut<K, V> for HashMap<K, V> {
+    fn value_mut(&mut self, key: &K) -> Option<&mut V> {
+        self.get_mut(key)
+    }
+
+    fn put(&mut self, key: K, value: V) {
+        self.insert(key, value);
+    }
+
+    fn delete(&mut self, key: &K) {
+        self.remove(key);
+    }
+}
+
+impl<K: Ord + Clone, V: Clone> MapMut<K, V> for OrdMap<K, V> {
+    fn value_mut(&mut self, key: &K) -> Option<&mut V> {
+        self.get_mut(key)
+    }
+
+    fn put(&mut self, key: K, value: V) {
+        self.insert(key, value);
+    }
+
+    fn delete(&mut self, key: &K) {
+        self.remove(key);
     }
 }

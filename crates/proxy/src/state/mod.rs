@@ -27,7 +27,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use imbl::HashMap;
+use imbl::{HashMap, OrdMap};
 use ipnet::IpNet;
 
 use crate::authz::Authorization;
@@ -41,7 +41,7 @@ pub use model::{DEFAULT_SERVICE_ACCOUNT, EndpointSet, IpFamily, Protocol, Servic
 pub use model::{HealthStatus, Locality, NetworkAddress, NetworkMode, Visibility};
 pub use proto::{Address, ProtoError};
 pub use route::{Route, RouteKind};
-pub use store::{StateStore, watch_local_file};
+pub use store::{StateStore, load_local_file, watch_local_file};
 
 /// An index key (shared with the values it names, so a copied index node copies no string).
 type Key = Arc<str>;
@@ -57,13 +57,17 @@ type List<T> = Arc<[Arc<T>]>;
 pub struct State {
     /// Workloads on this node are node-local; `None` makes every workload node-local.
     node_name: Option<Key>,
-    workloads: HashMap<Key, Arc<Workload>>,
+    /// By uid. The two maps with an entry per workload are B-trees (`OrdMap`: 64 entries to a
+    /// node, about 40 bytes per entry), not hash tries (`HashMap`: a mostly empty 16- or 32-slot
+    /// node per few entries at this size, 150–230 bytes per entry).
+    workloads: OrdMap<Key, Arc<Workload>>,
     /// network → ip → every workload there, best by rank first (ties: lowest uid).
-    workloads_by_addr: HashMap<Key, HashMap<IpAddr, List<Workload>>>,
+    workloads_by_addr: HashMap<Key, OrdMap<IpAddr, List<Workload>>>,
     /// hostname → uid → workload (for hostname gateways without a service).
     workloads_by_hostname: HashMap<Key, HashMap<Key, Arc<Workload>>>,
-    /// Node-local workloads: namespace → name → uid → workload.
-    local_workloads: HashMap<Key, HashMap<Key, HashMap<Key, Arc<Workload>>>>,
+    /// Node-local workloads: namespace → (name, uid) → workload (without a node name every
+    /// workload is node-local: one B-tree entry each, not a map per name).
+    local_workloads: HashMap<Key, OrdMap<(Key, Key), Arc<Workload>>>,
     /// `ns/hostname` → service.
     services: HashMap<Key, Arc<Service>>,
     /// hostname → services (one per namespace), by namespace.
@@ -115,11 +119,14 @@ impl State {
     pub fn find_local(&self, namespace: &str, name: &str, service_account: &str) -> Option<Arc<Workload>> {
         let service_account =
             if service_account.is_empty() { DEFAULT_SERVICE_ACCOUNT } else { service_account };
+        let by_name = self.local_workloads.get(namespace)?;
+        // Entries of one name are together, by uid.
+        let first: (Key, Key) = (name.into(), "".into());
         lowest_uid(
-            self.local_workloads
-                .get(namespace)?
-                .get(name)?
-                .values()
+            by_name
+                .range(first..)
+                .take_while(|((n, _), _)| &**n == name)
+                .map(|(_, w)| w)
                 .filter(|w| w.effective_service_account() == service_account),
         )
     }

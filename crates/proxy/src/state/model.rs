@@ -7,6 +7,8 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use ambit_identity::Identity;
+
+use crate::name::Name;
 use ipnet::IpNet;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -23,14 +25,15 @@ pub const HBONE_PORT: u16 = 15008;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Workload {
-    /// Primary key, e.g. `cluster1//v1/Pod/default/web-0`.
+    /// Primary key, e.g. `cluster1//v1/Pod/default/web-0` (shared with the indexes and endpoints
+    /// that name the workload).
     #[serde(default)]
-    pub uid: String,
+    pub uid: Arc<str>,
     /// Pod name.
     #[serde(default)]
-    pub name: String,
+    pub name: Arc<str>,
     /// Namespace.
-    pub namespace: String,
+    pub namespace: Name,
     /// Addresses; `(network, ip)` is the address key.
     pub workload_ips: Vec<IpAddr>,
     /// Inbound protocol the workload accepts.
@@ -38,13 +41,13 @@ pub struct Workload {
     pub protocol: Protocol,
     /// SPIFFE trust domain (may be empty in local config).
     #[serde(default)]
-    pub trust_domain: String,
+    pub trust_domain: Name,
     /// Kubernetes service account (may be empty in local config).
     #[serde(default)]
-    pub service_account: String,
+    pub service_account: Name,
     /// Network the addresses belong to.
     #[serde(default)]
-    pub network: String,
+    pub network: Name,
     /// Workload-attached waypoint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waypoint: Option<GatewayAddress>,
@@ -53,25 +56,25 @@ pub struct Workload {
     pub network_gateway: Option<GatewayAddress>,
     /// Node name.
     #[serde(default)]
-    pub node: String,
+    pub node: Name,
     /// Canonical service (telemetry).
     #[serde(default)]
-    pub canonical_name: String,
+    pub canonical_name: Name,
     /// Canonical revision (telemetry).
     #[serde(default)]
-    pub canonical_revision: String,
+    pub canonical_revision: Name,
     /// Owning workload name, e.g. the deployment (telemetry).
     #[serde(default)]
-    pub workload_name: String,
+    pub workload_name: Name,
     /// Owning workload kind, lower case (`deployment`, `cronjob`, `pod`, `job`).
     #[serde(default)]
-    pub workload_type: String,
+    pub workload_type: Name,
     /// Cluster id.
     #[serde(default)]
-    pub cluster_id: String,
+    pub cluster_id: Name,
     /// Selector-scoped policy keys (`ns/name`) that apply to this workload.
     #[serde(default)]
-    pub authorization_policies: Vec<String>,
+    pub authorization_policies: Vec<Name>,
     /// Health.
     #[serde(default)]
     pub status: HealthStatus,
@@ -83,7 +86,7 @@ pub struct Workload {
     pub capacity: u32,
     /// DNS name used when the workload has no usable address.
     #[serde(default)]
-    pub hostname: String,
+    pub hostname: Name,
     /// Host-network workloads are not indexed by address.
     #[serde(default)]
     pub network_mode: NetworkMode,
@@ -95,7 +98,7 @@ pub struct Workload {
     pub application_tunnel: Option<ApplicationTunnel>,
     /// Services this workload is an endpoint of: `"<ns>/<hostname>"` → service port → target port.
     #[serde(default)]
-    pub services: BTreeMap<String, BTreeMap<u16, u16>>,
+    pub services: ServicePorts,
 }
 
 /// Inbound protocol of a workload.
@@ -135,11 +138,11 @@ pub enum NetworkMode {
 #[serde(default)]
 pub struct Locality {
     /// Region.
-    pub region: String,
+    pub region: Name,
     /// Zone.
-    pub zone: String,
+    pub zone: Name,
     /// Subzone.
-    pub subzone: String,
+    pub subzone: Name,
 }
 
 /// Tunnel metadata the workload expects in front of the stream.
@@ -265,10 +268,10 @@ pub struct CidrVip {
 #[serde(rename_all = "camelCase")]
 pub struct Endpoint {
     /// The workload.
-    pub workload_uid: String,
+    pub workload_uid: Arc<str>,
     /// This endpoint's service port → target port map.
     #[serde(default)]
-    pub port: BTreeMap<u16, u16>,
+    pub port: PortMap,
     /// Health.
     #[serde(default)]
     pub status: HealthStatus,
@@ -381,6 +384,172 @@ impl<'de> Deserialize<'de> for EndpointSet {
 impl<K: Into<Arc<str>>, E: Into<Arc<Endpoint>>> FromIterator<(K, E)> for EndpointSet {
     fn from_iter<I: IntoIterator<Item = (K, E)>>(iter: I) -> Self {
         EndpointSet(iter.into_iter().map(|(k, e)| (k.into(), e.into())).collect())
+    }
+}
+
+/// Service port → target port (0: the named port, resolved per endpoint), sorted by service
+/// port: a workload's few ports in one small shared slice, not a tree (a workload's map and its
+/// endpoint's are the same allocation).
+#[derive(Clone, Default, PartialEq, Eq, Hash)]
+pub struct PortMap(Arc<[(u16, u16)]>);
+
+impl PortMap {
+    /// The target port of service port `port`.
+    pub fn get(&self, port: &u16) -> Option<&u16> {
+        self.0.binary_search_by_key(port, |(s, _)| *s).ok().map(|i| &self.0[i].1)
+    }
+
+    /// `(service port, target port)` pairs, by service port.
+    pub fn iter(&self) -> impl Iterator<Item = (&u16, &u16)> {
+        self.0.iter().map(|(s, t)| (s, t))
+    }
+
+    /// The target ports, by service port.
+    pub fn values(&self) -> impl Iterator<Item = &u16> {
+        self.0.iter().map(|(_, t)| t)
+    }
+
+    /// Number of ports.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether there is no port.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl FromIterator<(u16, u16)> for PortMap {
+    /// Sorted by service port; the last target of a service port listed twice wins (as a map).
+    fn from_iter<I: IntoIterator<Item = (u16, u16)>>(iter: I) -> Self {
+        BTreeMap::from_iter(iter).into()
+    }
+}
+
+impl From<BTreeMap<u16, u16>> for PortMap {
+    fn from(map: BTreeMap<u16, u16>) -> Self {
+        PortMap(map.into_iter().collect())
+    }
+}
+
+impl PartialEq<BTreeMap<u16, u16>> for PortMap {
+    fn eq(&self, other: &BTreeMap<u16, u16>) -> bool {
+        self.len() == other.len() && self.iter().zip(other.iter()).all(|(a, b)| a == b)
+    }
+}
+
+impl fmt::Debug for PortMap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map().entries(self.iter()).finish()
+    }
+}
+
+impl Serialize for PortMap {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.iter())
+    }
+}
+
+impl<'de> Deserialize<'de> for PortMap {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        BTreeMap::<u16, u16>::deserialize(d).map(PortMap::from)
+    }
+}
+
+/// The services a workload is an endpoint of: `"<ns>/<hostname>"` (interned: shared by every
+/// endpoint of the service) → this workload's port map, sorted by key. A workload is in a
+/// handful of services, so a sorted vector, not a tree.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct ServicePorts(Vec<(Name, PortMap)>);
+
+impl ServicePorts {
+    /// The port map of service `key`.
+    pub fn get(&self, key: &str) -> Option<&PortMap> {
+        self.find(key).ok().map(|i| &self.0[i].1)
+    }
+
+    /// Whether the workload is an endpoint of service `key`.
+    pub fn contains_key(&self, key: &str) -> bool {
+        self.find(key).is_ok()
+    }
+
+    /// Adds or replaces service `key`; returns the port map replaced.
+    pub fn insert(&mut self, key: impl Into<Name>, ports: impl Into<PortMap>) -> Option<PortMap> {
+        let key = key.into();
+        match self.find(&key) {
+            Ok(i) => Some(std::mem::replace(&mut self.0[i].1, ports.into())),
+            Err(i) => {
+                self.0.insert(i, (key, ports.into()));
+                None
+            }
+        }
+    }
+
+    /// Removes every service.
+    pub fn clear(&mut self) {
+        self.0.clear();
+    }
+
+    /// The service keys, sorted.
+    pub fn keys(&self) -> impl Iterator<Item = &Name> {
+        self.0.iter().map(|(k, _)| k)
+    }
+
+    /// `(service key, port map)` pairs, by key.
+    pub fn iter(&self) -> impl Iterator<Item = (&Name, &PortMap)> {
+        self.0.iter().map(|(k, p)| (k, p))
+    }
+
+    /// Number of services.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether the workload is in no service.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn find(&self, key: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|(k, _)| k.as_str().cmp(key))
+    }
+}
+
+impl std::ops::Index<&str> for ServicePorts {
+    type Output = PortMap;
+
+    fn index(&self, key: &str) -> &PortMap {
+        self.get(key).expect("no such service key")
+    }
+}
+
+impl<K: Into<Name>, P: Into<PortMap>> FromIterator<(K, P)> for ServicePorts {
+    fn from_iter<I: IntoIterator<Item = (K, P)>>(iter: I) -> Self {
+        let mut out = ServicePorts::default();
+        for (k, p) in iter {
+            out.insert(k, p);
+        }
+        out.0.shrink_to_fit();
+        out
+    }
+}
+
+impl fmt::Debug for ServicePorts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map().entries(self.iter()).finish()
+    }
+}
+
+impl Serialize for ServicePorts {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.iter())
+    }
+}
+
+impl<'de> Deserialize<'de> for ServicePorts {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(BTreeMap::<String, PortMap>::deserialize(d)?.into_iter().collect())
     }
 }
 

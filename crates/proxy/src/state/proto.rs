@@ -6,11 +6,13 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use ambit_api::workload as pb;
 use ipnet::IpNet;
 
+use crate::name::Name;
+
 use super::model::{
     AppTunnelProtocol, ApplicationTunnel, CidrVip, DEFAULT_CLUSTER_ID, DEFAULT_SERVICE_ACCOUNT,
     DEFAULT_TRUST_DOMAIN, Destination, GatewayAddress, HBONE_PORT, HealthPolicy, HealthStatus, IpFamily,
     LoadBalancer, LoadBalancerMode, LoadBalancerScope, Locality, NamespacedHostname, NetworkAddress,
-    NetworkMode, Protocol, Service, Visibility, WeightedWaypoint, Workload,
+    NetworkMode, Protocol, Service, ServicePorts, Visibility, WeightedWaypoint, Workload,
 };
 
 /// A converted `istio.workload.Address` resource.
@@ -121,7 +123,7 @@ impl TryFrom<pb::Workload> for Workload {
             .iter()
             .map(|b| ip_from_bytes("Workload.addresses", b))
             .collect::<Result<Vec<_>, _>>()?;
-        let mut services = BTreeMap::new();
+        let mut services = ServicePorts::default();
         for (key, list) in w.services {
             if !key.contains('/') {
                 return Err(ProtoError::ServiceKey { uid: w.uid, key });
@@ -155,30 +157,30 @@ impl TryFrom<pb::Workload> for Workload {
             .transpose()?;
         let locality = w
             .locality
-            .map(|l| Locality { region: l.region, zone: l.zone, subzone: l.subzone })
+            .map(|l| Locality { region: l.region.into(), zone: l.zone.into(), subzone: l.subzone.into() })
             .unwrap_or_default();
         Ok(Workload {
             waypoint: w.waypoint.map(|g| gateway("Workload.waypoint", g)).transpose()?,
             network_gateway: w.network_gateway.map(|g| gateway("Workload.network_gateway", g)).transpose()?,
-            uid: w.uid,
-            name: w.name,
-            namespace: w.namespace,
+            uid: w.uid.into(),
+            name: w.name.into(),
+            namespace: w.namespace.into(),
             workload_ips,
             protocol,
-            trust_domain: or_default(w.trust_domain, DEFAULT_TRUST_DOMAIN),
-            service_account: or_default(w.service_account, DEFAULT_SERVICE_ACCOUNT),
-            network: w.network,
-            node: w.node,
-            canonical_name: w.canonical_name,
-            canonical_revision: w.canonical_revision,
-            workload_name: w.workload_name,
-            workload_type,
-            cluster_id: or_default(w.cluster_id, DEFAULT_CLUSTER_ID),
-            authorization_policies: w.authorization_policies,
+            trust_domain: or_default(w.trust_domain, DEFAULT_TRUST_DOMAIN).into(),
+            service_account: or_default(w.service_account, DEFAULT_SERVICE_ACCOUNT).into(),
+            network: w.network.into(),
+            node: w.node.into(),
+            canonical_name: w.canonical_name.into(),
+            canonical_revision: w.canonical_revision.into(),
+            workload_name: w.workload_name.into(),
+            workload_type: workload_type.into(),
+            cluster_id: or_default(w.cluster_id, DEFAULT_CLUSTER_ID).into(),
+            authorization_policies: w.authorization_policies.into_iter().map(Name::from).collect(),
             status,
             locality,
             capacity: w.capacity.unwrap_or(1),
-            hostname: w.hostname,
+            hostname: w.hostname.into(),
             network_mode,
             native_tunnel: w.native_tunnel,
             application_tunnel,

@@ -235,7 +235,7 @@ impl State {
         let mut best_rank = 0usize;
         let mut candidates: Vec<(Arc<Workload>, u16)> = Vec::new();
         for ep in svc.endpoints.values() {
-            let Some(w) = self.workloads.get(ep.workload_uid.as_str()) else {
+            let Some(w) = self.workloads.get(&*ep.workload_uid) else {
                 continue;
             };
             if w.capacity == 0 || !reachable(w, source, svc) {
@@ -379,9 +379,9 @@ fn upstream_ip(w: &Workload, dst: IpAddr, svc: Option<&Service>) -> Result<IpAdd
         return Ok(ip);
     }
     if w.hostname.is_empty() {
-        Err(RouteError::NoValidDestination(w.uid.clone()))
+        Err(RouteError::NoValidDestination(w.uid.to_string()))
     } else {
-        Err(RouteError::HostnameOnlyWorkload(w.uid.clone(), w.hostname.clone()))
+        Err(RouteError::HostnameOnlyWorkload(w.uid.to_string(), w.hostname.to_string()))
     }
 }
 
@@ -403,7 +403,7 @@ fn cross_network_error(w: &Workload, service_addressed: bool) -> RouteError {
     if service_addressed && w.network_gateway.is_some() {
         RouteError::DoubleHboneUnsupported
     } else {
-        RouteError::WrongNetwork(w.uid.clone(), w.network.clone())
+        RouteError::WrongNetwork(w.uid.to_string(), w.network.to_string())
     }
 }
 

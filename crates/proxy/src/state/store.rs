@@ -11,6 +11,7 @@ use arc_swap::ArcSwap;
 use tokio::sync::watch;
 
 use super::{Applied, Delta, LocalConfig, LocalConfigError, State};
+use crate::name::Name;
 
 /// Lock-free publisher of snapshots (arc-swap), with change notification.
 #[derive(Clone)]
@@ -116,17 +117,21 @@ impl std::fmt::Debug for StateStore {
 /// dropping the replaced snapshot): a file of a few hundred thousand workloads takes seconds to
 /// parse, and the task's runtime (the control runtime: ZDS, admin, readiness) keeps answering.
 ///
-/// The file as it is when the watcher starts is taken as already loaded; start the watcher
-/// right after building the initial state from it.
+/// `loaded` is the file as [`load_local_file`] built the initial state from it; without it the
+/// file as it is when the watcher starts is taken as already loaded (read and parsed once more
+/// to learn its names), so start the watcher right after building the initial state.
 pub async fn watch_local_file(
     store: StateStore,
     path: PathBuf,
-    node_name: Option<String>,
     interval: Duration,
+    loaded: Option<LoadedFile>,
 ) {
-    let mut seen = {
-        let path = path.clone();
-        tokio::task::spawn_blocking(move || Fingerprint::read(&path)).await.ok().flatten()
+    let mut seen = match loaded {
+        Some(LoadedFile(fp)) => Some(fp),
+        None => {
+            let path = path.clone();
+            tokio::task::spawn_blocking(move || Fingerprint::read(&path)).await.ok().flatten()
+        }
     };
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -155,10 +160,10 @@ pub async fn watch_local_file(
             continue;
         }
         let job = {
-            let (store, path, node) = (store.clone(), path.clone(), node_name.clone());
+            let (store, path) = (store.clone(), path.clone());
             let previous = seen.take();
             tokio::task::spawn_blocking(move || {
-                let kept = reload(&store, &path, node.as_deref(), mtime, previous.as_ref());
+                let kept = reload(&store, &path, mtime, previous.as_ref());
                 kept.or(previous)
             })
         };
@@ -179,7 +184,6 @@ const MTIME_GRANULARITY: Duration = Duration::from_secs(2);
 fn reload(
     store: &StateStore,
     path: &Path,
-    node_name: Option<&str>,
     mtime: Option<SystemTime>,
     previous: Option<&Fingerprint>,
 ) -> Option<Fingerprint> {
@@ -198,19 +202,12 @@ fn reload(
         return Some(Fingerprint { mtime, len: text.len() as u64, hash, names: p.names.clone() });
     }
     let started = Instant::now();
-    match validate(&text, node_name) {
-        Ok(cfg) => {
-            let names = FileNames::of(&cfg);
-            let mut delta = Delta::from(cfg);
-            if let Some(p) = previous {
-                delta.removed_addresses = p.names.addresses.difference(&names.addresses).cloned().collect();
-                delta.removed_policies = p.names.policies.difference(&names.policies).cloned().collect();
-            }
-            let workloads = names.workloads;
-            let applied = store.apply(delta);
-            tracing::info!(file = %path.display(), workloads, changed = applied.changed,
+    let len = text.len() as u64;
+    match apply_file(store, &text, previous) {
+        Ok((applied, names)) => {
+            tracing::info!(file = %path.display(), workloads = names.workloads, changed = applied.changed,
                 took = ?started.elapsed(), "local config reloaded");
-            Some(Fingerprint { mtime, len: text.len() as u64, hash, names })
+            Some(Fingerprint { mtime, len, hash, names })
         }
         Err(e) => {
             let position = e.position();
@@ -219,17 +216,57 @@ fn reload(
                 "rejected local config change; keeping the previous state");
             // Remember the content so the same bad file is not reported again, but keep the
             // names of what is still loaded.
-            previous.map(|p| Fingerprint { mtime, len: text.len() as u64, hash, names: p.names.clone() })
+            previous.map(|p| Fingerprint { mtime, len, hash, names: p.names.clone() })
         }
     }
 }
 
-/// Parses the file and checks that it builds (every resource of it applies) without changing
-/// the store.
-fn validate(text: &str, node_name: Option<&str>) -> Result<LocalConfig, LocalConfigError> {
+/// Applies the file's text to the store as one change, whole or not at all: everything in it as
+/// updates and what left it since `previous` as removals. A resource the state refuses is the
+/// error and nothing is published. (Whether a resource applies does not depend on the state it
+/// applies to, so this refuses what building a state from the file alone would.)
+fn apply_file(
+    store: &StateStore,
+    text: &str,
+    previous: Option<&Fingerprint>,
+) -> Result<(Applied, FileNames), LocalConfigError> {
     let cfg = LocalConfig::parse(text)?;
-    State::from_config(cfg.clone(), node_name)?;
-    Ok(cfg)
+    let names = FileNames::of(&cfg);
+    let mut delta = Delta::from(cfg);
+    if let Some(p) = previous {
+        delta.removed_addresses =
+            p.names.addresses.difference(&names.addresses).map(|a| a.to_string()).collect();
+        delta.removed_policies = p.names.policies.difference(&names.policies).cloned().collect();
+    }
+    let applied = store.update(|current| {
+        let (next, applied) = current.apply(delta);
+        match applied.rejected.first() {
+            Some(r) => Err(r.clone().into_config_error()),
+            None => Ok((next, applied)),
+        }
+    })?;
+    Ok((applied, names))
+}
+
+/// A local config file as [`load_local_file`] loaded it: what [`watch_local_file`] compares the
+/// file with, so that it need not read and parse it again when it starts.
+pub struct LoadedFile(Fingerprint);
+
+/// Reads the local config file and builds a state from it ([`State::from_config`]), with what
+/// the watcher needs to know of the file. The file is read and parsed once.
+pub fn load_local_file(
+    path: &Path,
+    node_name: Option<&str>,
+) -> Result<(State, LoadedFile), LocalConfigError> {
+    // The time before the read: a write racing with it makes the watcher look again.
+    let mtime = std::fs::metadata(path).ok().and_then(|m| m.modified().ok());
+    let text = super::config::read(path)?;
+    let (len, hash) = (text.len() as u64, hash(&text));
+    let cfg = LocalConfig::parse(&text)?;
+    drop(text);
+    let names = FileNames::of(&cfg);
+    let state = State::from_config(cfg, node_name)?;
+    Ok((state, LoadedFile(Fingerprint { mtime, len, hash, names })))
 }
 
 struct Fingerprint {
@@ -242,8 +279,8 @@ struct Fingerprint {
 /// The names of what a loaded file holds (to remove what leaves it).
 #[derive(Clone, Default)]
 struct FileNames {
-    /// Workload uids and service `ns/hostname`s.
-    addresses: BTreeSet<String>,
+    /// Workload uids and service `ns/hostname`s (shared with the state: no copy).
+    addresses: BTreeSet<Arc<str>>,
     /// Policy `ns/name`s.
     policies: BTreeSet<String>,
     workloads: usize,
@@ -256,7 +293,7 @@ impl FileNames {
                 .workloads
                 .iter()
                 .map(|w| w.uid.clone())
-                .chain(cfg.services.iter().map(|s| s.key()))
+                .chain(cfg.services.iter().map(|s| Name::from(s.key()).shared()))
                 .collect(),
             policies: cfg.policies.iter().map(|p| p.key()).collect(),
             workloads: cfg.workloads.len(),

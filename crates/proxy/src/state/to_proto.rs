@@ -32,30 +32,30 @@ impl From<&Workload> for pb::Workload {
             _ => pb::WorkloadType::Deployment,
         };
         let locality = (w.locality != Default::default()).then(|| pb::Locality {
-            region: w.locality.region.clone(),
-            zone: w.locality.zone.clone(),
-            subzone: w.locality.subzone.clone(),
+            region: w.locality.region.to_string(),
+            zone: w.locality.zone.to_string(),
+            subzone: w.locality.subzone.to_string(),
         });
         pb::Workload {
-            uid: w.uid.clone(),
-            name: w.name.clone(),
-            namespace: w.namespace.clone(),
+            uid: w.uid.to_string(),
+            name: w.name.to_string(),
+            namespace: w.namespace.to_string(),
             addresses: w.workload_ips.iter().map(|ip| ip_bytes(*ip)).collect(),
-            hostname: w.hostname.clone(),
-            network: w.network.clone(),
+            hostname: w.hostname.to_string(),
+            network: w.network.to_string(),
             tunnel_protocol: match w.protocol {
                 Protocol::Tcp => pb::TunnelProtocol::None,
                 Protocol::Hbone => pb::TunnelProtocol::Hbone,
             } as i32,
-            trust_domain: w.trust_domain.clone(),
-            service_account: w.service_account.clone(),
+            trust_domain: w.trust_domain.to_string(),
+            service_account: w.service_account.to_string(),
             waypoint: w.waypoint.as_ref().map(gateway),
             network_gateway: w.network_gateway.as_ref().map(gateway),
-            node: w.node.clone(),
-            canonical_name: w.canonical_name.clone(),
-            canonical_revision: w.canonical_revision.clone(),
+            node: w.node.to_string(),
+            canonical_name: w.canonical_name.to_string(),
+            canonical_revision: w.canonical_revision.to_string(),
             workload_type: workload_type as i32,
-            workload_name: w.workload_name.clone(),
+            workload_name: w.workload_name.to_string(),
             native_tunnel: w.native_tunnel,
             application_tunnel: w.application_tunnel.map(|t| pb::ApplicationTunnel {
                 protocol: match t.protocol {
@@ -67,14 +67,14 @@ impl From<&Workload> for pb::Workload {
             services: w
                 .services
                 .iter()
-                .map(|(key, ports)| (key.clone(), pb::PortList { ports: port_list(ports) }))
+                .map(|(key, ports)| (key.to_string(), pb::PortList { ports: port_list(ports.iter()) }))
                 .collect(),
-            authorization_policies: w.authorization_policies.clone(),
+            authorization_policies: w.authorization_policies.iter().map(|p| p.to_string()).collect(),
             status: match w.status {
                 HealthStatus::Healthy => pb::WorkloadStatus::Healthy,
                 HealthStatus::Unhealthy => pb::WorkloadStatus::Unhealthy,
             } as i32,
-            cluster_id: w.cluster_id.clone(),
+            cluster_id: w.cluster_id.to_string(),
             locality,
             network_mode: match w.network_mode {
                 NetworkMode::Standard => pb::NetworkMode::Standard,
@@ -103,7 +103,7 @@ impl From<&Service> for pb::Service {
             namespace: s.namespace.clone(),
             hostname: s.hostname.clone(),
             addresses: hosts.chain(ranges).collect(),
-            ports: port_list(&s.ports),
+            ports: port_list(s.ports.iter()),
             subject_alt_names: s.subject_alt_names.clone(),
             waypoint: s.waypoint.as_ref().map(gateway),
             load_balancing: s.load_balancer.as_ref().map(load_balancing),
@@ -174,9 +174,8 @@ fn gateway(g: &GatewayAddress) -> pb::GatewayAddress {
     pb::GatewayAddress { hbone_mtls_port: u32::from(g.hbone_mtls_port), destination: Some(destination) }
 }
 
-fn port_list(ports: &std::collections::BTreeMap<u16, u16>) -> Vec<pb::Port> {
+fn port_list<'a>(ports: impl Iterator<Item = (&'a u16, &'a u16)>) -> Vec<pb::Port> {
     ports
-        .iter()
         .map(|(s, t)| pb::Port { service_port: u32::from(*s), target_port: u32::from(*t), app_protocol: 0 })
         .collect()
 }

@@ -141,7 +141,7 @@ fn a_workload_moved_to_another_ip_leaves_no_stale_entry() {
     moved.services.clear();
     let st = upsert_workloads(&st, vec![moved]);
     assert!(st.workload_by_addr("", ip("10.0.0.1")).is_none(), "stale address entry");
-    assert_eq!(st.workload_by_addr("", ip("10.0.0.2")).unwrap().name, "a2");
+    assert_eq!(&*st.workload_by_addr("", ip("10.0.0.2")).unwrap().name, "a2");
     assert!(st.workload_by_hostname("default", "a.example").is_none(), "stale hostname entry");
     assert!(st.workload_by_hostname("default", "a2.example").is_some());
     assert!(st.find_local("default", "a", "default").is_none(), "stale node-local entry");
@@ -420,7 +420,7 @@ fn op_workload(
 ) -> Workload {
     let uid = if pod { format!("c//Pod/default/w{uid}") } else { format!("WorkloadEntry/default/w{uid}") };
     let mut w = wl(&uid, &[&format!("10.0.0.{ip_}")]);
-    w.name = uid.rsplit('/').next().unwrap_or_default().to_owned();
+    w.name = uid.rsplit('/').next().unwrap_or_default().into();
     w.protocol = if hbone { Protocol::Hbone } else { Protocol::Tcp };
     w.status = if healthy { HealthStatus::Healthy } else { HealthStatus::Unhealthy };
     for s in services {
@@ -447,11 +447,11 @@ proptest! {
                 Op::Workload { uid, ip, hbone, pod, healthy, services: s, policy } => {
                     // Pods and entries share uid numbers: drop the other kind's one.
                     let w = op_workload(uid, ip, hbone, pod, healthy, &s, policy);
-                    let other = op_workload(uid, ip, hbone, !pod, healthy, &s, policy).uid;
+                    let other = op_workload(uid, ip, hbone, !pod, healthy, &s, policy).uid.to_string();
                     if workloads.remove(&other).is_some() {
                         delta.removed_addresses.push(other);
                     }
-                    workloads.insert(w.uid.clone(), w.clone());
+                    workloads.insert(w.uid.to_string(), w.clone());
                     delta.workloads.push(w);
                 }
                 Op::Service { id, vip, allow_all, port } => {

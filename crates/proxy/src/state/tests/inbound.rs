@@ -30,8 +30,8 @@ fn setup(wp: Wp) -> State {
         s.endpoints.insert(
             format!("cluster1//v1/Pod/default/{name}"),
             Endpoint {
-                workload_uid: format!("cluster1//v1/Pod/default/{name}"),
-                port: BTreeMap::new(),
+                workload_uid: format!("cluster1//v1/Pod/default/{name}").into(),
+                port: BTreeMap::new().into(),
                 status: HealthStatus::Healthy,
             },
         );
@@ -45,7 +45,7 @@ fn setup(wp: Wp) -> State {
     {
         let mut w = wl(&format!("cluster1//v1/Pod/default/{name}"), &[addr]);
         w.protocol = Protocol::Hbone;
-        w.service_account = format!("sa-{name}");
+        w.service_account = format!("sa-{name}").into();
         if name == "server" {
             w.waypoint = wl_wp.clone();
         }

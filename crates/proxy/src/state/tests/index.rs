@@ -30,7 +30,7 @@ fn address_rank_prefers_hbone_pods() {
     remote.network = "remote".into();
     let st = state(vec![remote], vec![]);
     assert!(st.workload_by_addr("", ip("10.0.0.1")).is_none());
-    assert_eq!(st.workload_by_addr("remote", ip("10.0.0.1")).unwrap().name, "remote");
+    assert_eq!(&*st.workload_by_addr("remote", ip("10.0.0.1")).unwrap().name, "remote");
 }
 
 #[test]
@@ -38,7 +38,7 @@ fn find_local_by_node_and_identity() {
     let mut a = wl("c//Pod/ns/a", &["10.0.0.1"]);
     a.namespace = "ns".into();
     a.node = "n1".into();
-    a.service_account = String::new();
+    a.service_account = Default::default();
     let mut b = a.clone();
     b.uid = "c//Pod/ns/b".into();
     b.name = "b".into();

@@ -25,31 +25,31 @@ use super::*;
 /// A healthy TCP workload in namespace `default` with the given IPs.
 fn wl(uid: &str, ips: &[&str]) -> Workload {
     Workload {
-        uid: uid.to_owned(),
-        name: uid.rsplit('/').next().unwrap_or(uid).to_owned(),
-        namespace: "default".to_owned(),
+        uid: uid.into(),
+        name: uid.rsplit('/').next().unwrap_or(uid).into(),
+        namespace: "default".into(),
         workload_ips: ips.iter().map(|i| ip(i)).collect(),
         protocol: Protocol::Tcp,
-        trust_domain: "cluster.local".to_owned(),
-        service_account: "default".to_owned(),
-        network: String::new(),
+        trust_domain: "cluster.local".into(),
+        service_account: "default".into(),
+        network: Default::default(),
         waypoint: None,
         network_gateway: None,
-        node: String::new(),
-        canonical_name: String::new(),
-        canonical_revision: String::new(),
-        workload_name: String::new(),
-        workload_type: String::new(),
-        cluster_id: String::new(),
+        node: Default::default(),
+        canonical_name: Default::default(),
+        canonical_revision: Default::default(),
+        workload_name: Default::default(),
+        workload_type: Default::default(),
+        cluster_id: Default::default(),
         authorization_policies: vec![],
         status: HealthStatus::Healthy,
         locality: Locality::default(),
         capacity: 1,
-        hostname: String::new(),
+        hostname: Default::default(),
         network_mode: NetworkMode::Standard,
         native_tunnel: false,
         application_tunnel: None,
-        services: BTreeMap::new(),
+        services: Default::default(),
     }
 }
 
@@ -75,7 +75,7 @@ fn svc(hostname: &str, vips: &[&str], ports: &[(u16, u16)]) -> Service {
 
 /// Makes `w` an endpoint of `svc_key` with the given port map.
 fn endpoint_of(mut w: Workload, svc_key: &str, ports: &[(u16, u16)]) -> Workload {
-    w.services.insert(svc_key.to_owned(), ports.iter().copied().collect());
+    w.services.insert(svc_key, ports.iter().copied().collect::<BTreeMap<u16, u16>>());
     w
 }
 

@@ -76,7 +76,7 @@ fn known_tcp_workload_any_node() {
         let mut w = wl("cluster1//v1/Pod/ns/test-tcp", &["127.0.0.2"]);
         w.node = node.into();
         let r = expect(run(vec![w], vec![], "127.0.0.2:80"), "TCP", "", "127.0.0.2:80");
-        assert_eq!(r.destination_workload.unwrap().name, "test-tcp");
+        assert_eq!(&*r.destination_workload.unwrap().name, "test-tcp");
     }
 }
 
@@ -120,7 +120,7 @@ fn workload_waypoint() {
     w.waypoint = Some(gw_addr("127.0.0.10", 15008));
     let r = run(vec![w], vec![], "127.0.0.2:80");
     let r = expect(r, "HBONE", "127.0.0.2:80", "127.0.0.10:15008");
-    assert_eq!(r.destination_workload.unwrap().uid, WAYPOINT);
+    assert_eq!(&*r.destination_workload.unwrap().uid, WAYPOINT);
     let RouteKind::Hbone { expected, .. } = r.kind else { unreachable!() };
     assert_eq!(expected, vec![Identity::new("cluster.local", "ns", "waypoint-sa")]);
 }
@@ -163,7 +163,7 @@ fn service_waypoint() {
     s.waypoint = Some(gw_addr("127.0.0.10", 15008));
     let r = expect(run(vec![], vec![s], "127.0.0.3:80"), "HBONE", "127.0.0.3:80", "127.0.0.10:15008");
     assert_eq!(r.destination_service.unwrap().hostname, "example.com");
-    assert_eq!(r.destination_workload.unwrap().uid, WAYPOINT);
+    assert_eq!(&*r.destination_workload.unwrap().uid, WAYPOINT);
 }
 
 #[test]
@@ -256,7 +256,7 @@ fn host_network_workloads_sharing_an_ip() {
     pod2.network_mode = NetworkMode::HostNetwork;
     let ws = vec![pod1, pod2];
     let r = expect(run(ws.clone(), vec![s.clone()], "127.0.0.3:80"), "TCP", "", "127.0.0.2:80");
-    assert_eq!(r.destination_workload.unwrap().name, "pod1");
+    assert_eq!(&*r.destination_workload.unwrap().name, "pod1");
     let r = expect(run(ws, vec![s], "127.0.0.2:80"), "PASSTHROUGH", "", "127.0.0.2:80");
     assert!(r.destination_workload.is_none());
 }
@@ -305,7 +305,7 @@ fn direct_hbone_expects_service_sans_too() {
 
 fn zoned(uid: &str, ip_: &str, zone: &str, region: &str) -> Workload {
     let mut w = endpoint_of(wl(uid, &[ip_]), "default/example.com", &[(80, 8080)]);
-    w.locality = Locality { region: region.into(), zone: zone.into(), subzone: String::new() };
+    w.locality = Locality { region: region.into(), zone: zone.into(), subzone: Default::default() };
     w
 }
 
@@ -319,7 +319,7 @@ fn lb_svc(mode: LoadBalancerMode, prefs: Vec<LoadBalancerScope>) -> Service {
 /// Routes `n` times from a source in region r1 / zone z1 and returns the distinct targets.
 fn targets(ws: Vec<Workload>, s: Service, n: usize) -> Result<Vec<String>, RouteError> {
     let mut all = base();
-    all[0].locality = Locality { region: "r1".into(), zone: "z1".into(), subzone: String::new() };
+    all[0].locality = Locality { region: "r1".into(), zone: "z1".into(), subzone: Default::default() };
     all.extend(ws);
     let st = state(all, vec![s]);
     let src = st.workload_by_uid(SOURCE).unwrap();
@@ -410,7 +410,7 @@ fn hostname_waypoint_through_its_service() {
         s
     };
     let mut base_wp = base();
-    base_wp[1].services.insert("ns/waypoint.ns.svc.cluster.local".into(), BTreeMap::new());
+    base_wp[1].services.insert("ns/waypoint.ns.svc.cluster.local", BTreeMap::new());
     let mut target = wl("cluster1//v1/Pod/default/my-pod", &["127.0.0.2"]);
     target.waypoint = Some(gw_host("ns", "waypoint.ns.svc.cluster.local", 15008));
     base_wp.push(target);

@@ -48,8 +48,10 @@ async fn watched() -> (tempfile::TempDir, std::path::PathBuf, StateStore, tokio:
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("local.yaml");
     std::fs::write(&path, ONE_POLICY).unwrap();
-    let store = StateStore::new(State::from_config(LocalConfig::load(&path).unwrap(), None).unwrap());
-    let task = tokio::spawn(watch_local_file(store.clone(), path.clone(), None, Duration::from_millis(20)));
+    let (state, loaded) = load_local_file(&path, None).unwrap();
+    let store = StateStore::new(state);
+    let task =
+        tokio::spawn(watch_local_file(store.clone(), path.clone(), Duration::from_millis(20), Some(loaded)));
     tokio::time::sleep(Duration::from_millis(100)).await;
     (dir, path, store, task)
 }
