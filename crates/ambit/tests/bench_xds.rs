@@ -119,7 +119,7 @@ fn run(n: usize, updates: usize) -> Figures {
             let i = (k * 7919) % n;
             let mut w = cfg.workloads[i].clone();
             // A new revision label: a change istiod pushes for a rollout.
-            w.canonical_revision = format!("rev-{k}");
+            w.canonical_revision = format!("rev-{k}").into();
             let before = address_stream(&server).map(|s| s.0).unwrap_or(0);
             let t = Instant::now();
             server.publish(vec![Changes {
