@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The node proxy's memory at scale (issue 30): loads the generated mesh (N workloads, N/10
-# services, one policy per 100 workloads; `ambit_proxy::testing::scale`) from the local-config
-# file into a dedicated `ambit proxy` and reports, per N: time to ready (process start → 200 on
-# /healthz/ready), RSS once ready, RSS 5 s later (the file watcher's first read has run by then),
-# and peak RSS (VmHWM). With ZTUNNEL=/path/to/ztunnel the same input goes through that binary too.
+# services, one policy per 100 workloads; `ambit_proxy::testing::generated::mesh`) from the
+# local-config file into a dedicated `ambit proxy` (NODE_NAME=node-0, as a node proxy runs) and
+# reports, per N and file format: time to ready (process start → 200 on /healthz/ready), RSS once
+# ready, RSS 5 s later, and peak RSS (VmHWM). With ZTUNNEL=/path/to/ztunnel the same file goes
+# through that binary too, in the same round. The xDS path: crates/ambit/tests/bench_xds.rs.
 #
 # Each proxy runs in a fresh anonymous network namespace (`unshare -n`: its ports collide with
 # nothing on the host, and nothing is left behind). As root.
@@ -14,20 +15,23 @@
 #         AMBIT  the binary (default target/release/ambit; build it without `--features jemalloc`
 #                for the system allocator, as the issue's table was measured)
 # Env:    ZTUNNEL   a ztunnel binary to run on the same files
+#         FORMATS   file formats, comma-separated (default yaml,json: the same mesh as YAML and as
+#                   JSON, which both proxies read as YAML; Ambit reads JSON with a JSON parser)
 #         MESH_DIR  where the mesh files are written (default target/memory-bench)
-#         ROUNDS    runs per binary and size (default 1)
+#         ROUNDS    runs per binary, size and format (default 1)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SIZES=${1:-10000,100000}
 AMBIT=${2:-${CARGO_TARGET_DIR:-target}/release/ambit}
 MESH_DIR=${MESH_DIR:-${CARGO_TARGET_DIR:-target}/memory-bench}
 ROUNDS=${ROUNDS:-1}
+FORMATS=${FORMATS:-yaml,json}
 mkdir -p "$MESH_DIR"
 MESH_DIR=$(realpath "$MESH_DIR")
 
 missing=""
 for n in ${SIZES//,/ }; do
-  [ -s "$MESH_DIR/mesh-$n.yaml" ] || missing="$missing,$n"
+  [ -s "$MESH_DIR/mesh-$n.yaml" ] && [ -s "$MESH_DIR/mesh-$n.json" ] || missing="$missing,$n"
 done
 if [ -n "$missing" ]; then
   AMBIT_SCALE_DIR="$MESH_DIR" AMBIT_SCALE_SIZES="${missing#,}" \
@@ -43,7 +47,7 @@ kind=$1 bin=$2 file=$3
 ip link set lo up
 log=$(mktemp)
 export LOCAL_XDS_PATH="$file" XDS_ADDRESS="" PROXY_MODE=dedicated \
-  PROXY_WORKLOAD_INFO=ns0/app-0-5d9c7b8f4-0/app-0 RUST_LOG=warn ZTUNNEL_WORKER_THREADS=2
+  PROXY_WORKLOAD_INFO=ns0/app-0-5d9c7b8f4-0/app-0 NODE_NAME=node-0 RUST_LOG=warn ZTUNNEL_WORKER_THREADS=2
 start=$(date +%s.%N)
 if [ "$kind" = ambit ]; then
   FAKE_CA=true "$bin" proxy >"$log" 2>&1 &
@@ -77,16 +81,18 @@ echo "$(echo "$ready - $start" | bc -l) $rss_ready $rss_settled $hwm"
 EOF
 }
 
-printf '%-8s %-9s %-5s %12s %16s %18s %14s\n' proxy workloads round "ready (s)" "RSS ready (MiB)" "RSS +5 s (MiB)" "peak (MiB)"
+printf '%-8s %-9s %-6s %-5s %12s %16s %18s %14s\n' proxy workloads format round "ready (s)" "RSS ready (MiB)" "RSS +5 s (MiB)" "peak (MiB)"
 for n in ${SIZES//,/ }; do
-  file="$MESH_DIR/mesh-$n.yaml"
-  for r in $(seq 1 "$ROUNDS"); do
-    for kind in ambit ${ZTUNNEL:+ztunnel}; do
-      bin=$AMBIT
-      [ "$kind" = ztunnel ] && bin=$ZTUNNEL
-      read -r t a b h < <(run_one "$kind" "$bin" "$file")
-      printf '%-8s %-9s %-5s %12.3f %16.1f %18.1f %14.1f\n' "$kind" "$n" "$r" "$t" \
-        "$(echo "$a/1024" | bc -l)" "$(echo "$b/1024" | bc -l)" "$(echo "$h/1024" | bc -l)"
+  for format in ${FORMATS//,/ }; do
+    file="$MESH_DIR/mesh-$n.$format"
+    for r in $(seq 1 "$ROUNDS"); do
+      for kind in ambit ${ZTUNNEL:+ztunnel}; do
+        bin=$AMBIT
+        [ "$kind" = ztunnel ] && bin=$ZTUNNEL
+        read -r t a b h < <(run_one "$kind" "$bin" "$file")
+        printf '%-8s %-9s %-6s %-5s %12.3f %16.1f %18.1f %14.1f\n' "$kind" "$n" "$format" "$r" "$t" \
+          "$(echo "$a/1024" | bc -l)" "$(echo "$b/1024" | bc -l)" "$(echo "$h/1024" | bc -l)"
+      done
     done
   done
 done

@@ -143,15 +143,6 @@ fn cpu_ticks(pid: u32) -> u64 {
         + f.get(12).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0)
 }
 
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        .unwrap_or(0)
-}
-
 fn waypoint_pid(c: &LocalCluster) -> u32 {
     let s = c.state();
     s.processes

@@ -1,7 +1,8 @@
 //! Benchmark (not a test): a real `ambit proxy` (dedicated mode, in a pod netns) fed by the
-//! test's delta ADS server with a generated mesh of N workloads and 10 000 services (the shape
-//! istiod sends: every pod field set, one address, a listed policy, locality), for N in
-//! `BENCH_XDS_SIZES` (default `10000,100000`). Prints, per N:
+//! test's delta ADS server with the generated mesh of N workloads, N / 10 services and one policy
+//! per 100 workloads (`ambit_proxy::testing::generated::mesh`, the shape istiod sends: every pod
+//! field set, one address, a listed policy, locality; the same mesh `benches/memory.sh` loads from
+//! the file), for N in `BENCH_XDS_SIZES` (default `10000,100000`). Prints, per N:
 //!
 //! - initial sync: proxy process start → `/healthz/ready` 200 (the first responses of both
 //!   types applied and ACKed);
@@ -27,7 +28,6 @@ use common::*;
 use mesh::*;
 
 const MARKER: &[u8] = b"AMBIT-BENCH-XDS-MARKER-2e7d";
-const SERVICES: usize = 10_000;
 
 fn sizes() -> Vec<usize> {
     std::env::var("BENCH_XDS_SIZES")
@@ -40,6 +40,7 @@ fn sizes() -> Vec<usize> {
 struct Figures {
     sync: Duration,
     rss_kib: u64,
+    peak_kib: u64,
     payload_bytes: f64,
     updates: Vec<Duration>,
     cpu_per_update: f64,
@@ -75,9 +76,8 @@ fn run(n: usize, updates: usize) -> Figures {
     mesh.use_xds(&format!("http://{}:{port}", mesh.cluster.node().ip4));
     let opts = XdsOptions { debounce: Some(Duration::ZERO), ..XdsOptions::default() };
     let server = XdsServer::start(mesh.cluster.node(), port, mesh.config_path(), opts);
-    let cfg = generated::mesh_with(n, if n == 0 { 0 } else { SERVICES });
-    let (workloads, services) =
-        if n == 0 { (&[][..], &[][..]) } else { (&cfg.workloads[..], &cfg.services[..]) };
+    let cfg = generated::mesh(n);
+    let (workloads, services) = (&cfg.workloads[..], &cfg.services[..]);
     server.publish(vec![
         Changes {
             type_url: ADDRESS.into(),
@@ -108,6 +108,7 @@ fn run(n: usize, updates: usize) -> Figures {
     std::thread::sleep(Duration::from_secs(2));
     let pid = proxy.pid();
     let rss_kib = rss_kib(pid);
+    let peak_kib = status_kib(pid, "VmHWM");
     let body = metrics(&a);
     let payload = metric(&body, "istio_xds_message_bytes_total", ADDRESS);
 
@@ -147,6 +148,7 @@ fn run(n: usize, updates: usize) -> Figures {
     Figures {
         sync,
         rss_kib,
+        peak_kib,
         payload_bytes: if n > 0 { payload / n as f64 } else { 0.0 },
         updates: times,
         cpu_per_update,
@@ -165,11 +167,14 @@ fn xds_state_at_scale() {
     for n in sizes() {
         let f = run(n, updates);
         println!(
-            "xds bench: N={n} workloads + {SERVICES} services: initial sync {:.2} s, RSS {} MiB (+{} MiB over N=0, {:.2} KiB per workload), {:.0} payload bytes per workload",
+            "xds bench: N={n} workloads + {} services + {} policies: initial sync {:.2} s, RSS {} MiB (+{} MiB over N=0, {:.2} KiB per workload), peak RSS {} MiB, {:.0} payload bytes per workload",
+            n / 10,
+            n.div_ceil(100),
             f.sync.as_secs_f64(),
             f.rss_kib / 1024,
             f.rss_kib.saturating_sub(base.rss_kib) / 1024,
             f.rss_kib.saturating_sub(base.rss_kib) as f64 / n as f64,
+            f.peak_kib / 1024,
             f.payload_bytes,
         );
         println!(

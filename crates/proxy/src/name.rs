@@ -12,6 +12,7 @@
 use std::borrow::Borrow;
 use std::collections::HashSet;
 use std::fmt;
+use std::hash::Hash;
 use std::ops::Deref;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -21,33 +22,61 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Name(Arc<str>);
 
-/// The interning table, and its size after the last sweep of unused names.
-struct Table {
-    names: HashSet<Arc<str>>,
+/// A process-wide table of shared values: equal values share one allocation. Values only the
+/// table still holds are dropped when it has doubled since its last sweep (and holds at least
+/// [`MIN_SWEEP`]), so churn does not grow it without bound.
+pub(crate) struct Interner<T: ?Sized> {
+    table: Mutex<Option<Table<T>>>,
+}
+
+/// The values, and their number after the last sweep.
+struct Table<T: ?Sized> {
+    values: HashSet<Arc<T>>,
     swept_at: usize,
 }
 
-static TABLE: Mutex<Option<Table>> = Mutex::new(None);
-
-/// Below this many names the table is never swept.
+/// Below this many values a table is never swept.
 const MIN_SWEEP: usize = 1024;
+
+impl<T: ?Sized + Eq + Hash> Interner<T> {
+    pub(crate) const fn new() -> Self {
+        Interner { table: Mutex::new(None) }
+    }
+
+    /// The shared copy of `value`; `make` makes it when the table has none.
+    pub(crate) fn intern<Q>(&self, value: &Q, make: impl FnOnce(&Q) -> Arc<T>) -> Arc<T>
+    where
+        Q: ?Sized + Eq + Hash,
+        Arc<T>: Borrow<Q>,
+    {
+        let mut guard = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+        let table = guard.get_or_insert_with(|| Table { values: HashSet::new(), swept_at: 0 });
+        if let Some(shared) = table.values.get(value) {
+            return shared.clone();
+        }
+        if table.values.len() >= MIN_SWEEP.max(2 * table.swept_at) {
+            // Only the table holds these: nobody can ask for them by pointer any more.
+            table.values.retain(|v| Arc::strong_count(v) > 1);
+            table.swept_at = table.values.len();
+        }
+        let shared = make(value);
+        table.values.insert(shared.clone());
+        shared
+    }
+
+    /// How many values the table holds.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.table.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map_or(0, |t| t.values.len())
+    }
+}
+
+static NAMES: Interner<str> = Interner::new();
 
 impl Name {
     /// The shared copy of `s`.
     pub fn new(s: &str) -> Name {
-        let mut guard = TABLE.lock().unwrap_or_else(PoisonError::into_inner);
-        let table = guard.get_or_insert_with(|| Table { names: HashSet::new(), swept_at: 0 });
-        if let Some(shared) = table.names.get(s) {
-            return Name(shared.clone());
-        }
-        if table.names.len() >= MIN_SWEEP.max(2 * table.swept_at) {
-            // Only the table holds these: nobody can ask for them by pointer any more.
-            table.names.retain(|n| Arc::strong_count(n) > 1);
-            table.swept_at = table.names.len();
-        }
-        let shared: Arc<str> = Arc::from(s);
-        table.names.insert(shared.clone());
-        Name(shared)
+        Name(NAMES.intern(s, |s: &str| Arc::from(s)))
     }
 
     /// The string.
@@ -205,7 +234,7 @@ mod tests {
         for i in 0..3 * MIN_SWEEP {
             drop(Name::new(&format!("swept-again-{i}")));
         }
-        let len = TABLE.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map_or(0, |t| t.names.len());
+        let len = NAMES.len();
         assert!(len < 3 * MIN_SWEEP, "the table holds {len} names");
         assert!(Arc::ptr_eq(&kept.0, &Name::new("kept-across-sweeps").0));
     }

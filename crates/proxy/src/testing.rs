@@ -127,37 +127,46 @@ impl ServedConfig {
     }
 }
 
-/// A generated mesh for benchmarks and tests: `n` workloads of the shape istiod sends (every
-/// field a pod has set, one IPv4 address, HBONE, a listed policy, locality).
+/// A generated mesh for benchmarks and tests, of the shape issue 30's benchmark names: `n`
+/// workloads (pods as istiod sends them: every string field set, one IPv4 address, HBONE,
+/// locality, one listed policy, one service), `n / 10` services of ten pods each and one policy
+/// per 100 workloads (a `serviceAccounts` rule). Names repeat as in a real cluster: 100
+/// namespaces, one service account per service, one trust domain, one cluster, 100 pods per
+/// node, one region and three zones.
 pub mod generated {
     use std::collections::BTreeMap;
     use std::net::{IpAddr, Ipv4Addr};
 
-    use crate::authz::{Action, Authorization, Scope};
+    use crate::authz::{Action, Authorization, Match, Scope, ServiceAccountMatch};
     use crate::state::{
         HealthStatus, LocalConfig, Locality, NetworkAddress, NetworkMode, Protocol, Service, Visibility,
-        Workload,
+        Workload, WorkloadSpec,
     };
 
-    /// The node the benchmarked proxy runs on (1 workload in 1 000 is on it).
+    /// The node the benchmarked proxy runs on (workloads 700 to 799 are on it).
     pub const NODE: &str = "node-7";
+
+    /// Namespace of service `s`: the ten services of one policy share it.
+    fn namespace(s: usize) -> usize {
+        (s / 10) % 100
+    }
 
     pub fn workload_ip(i: usize) -> IpAddr {
         Ipv4Addr::from(0x0a00_0000u32 + i as u32 + 1).into()
     }
 
-    /// Workload `i`, an endpoint of service `i / 10`.
+    /// Workload `i`: a pod of service `i / 10`, on node `i / 100`, listing policy `i / 100`.
     pub fn workload(i: usize) -> Workload {
         workload_of(i, i / 10)
     }
 
     /// Workload `i`, an endpoint of service `svc` (in that service's namespace).
     pub fn workload_of(i: usize, svc: usize) -> Workload {
-        let ns = svc % 100;
+        let ns = namespace(svc);
         let services = [(format!("ns{ns}/app-{svc}.ns{ns}.svc.cluster.local"), BTreeMap::from([(80, 8080)]))]
             .into_iter()
             .collect();
-        Workload {
+        WorkloadSpec {
             uid: format!("cluster1//v1/Pod/ns{ns}/app-{svc}-5d9c7b8f4-{i}").into(),
             name: format!("app-{svc}-5d9c7b8f4-{i}").into(),
             namespace: format!("ns{ns}").into(),
@@ -168,17 +177,17 @@ pub mod generated {
             network: Default::default(),
             waypoint: None,
             network_gateway: None,
-            node: format!("node-{}", i % 1000).into(),
+            node: format!("node-{}", i / 100).into(),
             canonical_name: format!("app-{svc}").into(),
             canonical_revision: "v1".into(),
             workload_name: format!("app-{svc}").into(),
             workload_type: "deployment".into(),
             cluster_id: "cluster1".into(),
-            authorization_policies: vec![format!("ns{ns}/allow-app-{ns}").into()],
+            authorization_policies: vec![format!("ns{ns}/allow-{}", i / 100).into()],
             status: HealthStatus::Healthy,
             locality: Locality {
                 region: "eu-west-1".into(),
-                zone: "eu-west-1a".into(),
+                zone: ["eu-west-1a", "eu-west-1b", "eu-west-1c"][i % 3].into(),
                 subzone: Default::default(),
             },
             capacity: 1,
@@ -188,23 +197,24 @@ pub mod generated {
             application_tunnel: None,
             services,
         }
+        .into()
     }
 
-    /// Service `i`, in namespace `i % 100`, of workloads `10 i .. 10 i + 9`.
-    pub fn service(i: usize) -> Service {
-        let ns = i % 100;
+    /// Service `s`, in namespace `(s / 10) % 100`, of workloads `10 s .. 10 s + 9`.
+    pub fn service(s: usize) -> Service {
+        let ns = namespace(s);
         Service {
-            name: format!("app-{i}"),
+            name: format!("app-{s}"),
             namespace: format!("ns{ns}"),
-            hostname: format!("app-{i}.ns{ns}.svc.cluster.local"),
+            hostname: format!("app-{s}.ns{ns}.svc.cluster.local"),
             vips: vec![NetworkAddress {
                 network: String::new(),
-                address: Ipv4Addr::from(0x0b00_0000u32 + i as u32 + 1).into(),
+                address: Ipv4Addr::from(0x0b00_0000u32 + s as u32 + 1).into(),
             }],
             cidr_vips: vec![],
             ports: BTreeMap::from([(80, 8080)]),
             endpoints: Default::default(),
-            subject_alt_names: vec![format!("spiffe://cluster.local/ns/ns{ns}/sa/app-{i}")],
+            subject_alt_names: vec![],
             waypoint: None,
             weighted_waypoints: vec![],
             load_balancer: None,
@@ -214,105 +224,50 @@ pub mod generated {
         }
     }
 
-    pub fn policy(i: usize) -> Authorization {
+    /// Policy `p`, selecting workloads `100 p .. 100 p + 99` (they list it), allowing the service
+    /// account of the first service of the next hundred workloads (another deployment calling).
+    pub fn policy(p: usize) -> Authorization {
+        let caller = (p + 1) * 10;
         Authorization {
-            name: format!("allow-app-{i}"),
-            namespace: format!("ns{}", i % 100),
+            name: format!("allow-{p}"),
+            namespace: format!("ns{}", p % 100),
             scope: Scope::WorkloadSelector,
             action: Action::Allow,
-            rules: vec![],
+            rules: vec![vec![vec![Match {
+                service_accounts: vec![ServiceAccountMatch {
+                    namespace: format!("ns{}", namespace(caller)),
+                    service_account: format!("app-{caller}"),
+                }],
+                ..Match::default()
+            }]]],
             dry_run: false,
         }
     }
 
-    /// `workloads` workloads, `workloads / 10` services, 100 policies.
+    /// `workloads` workloads, `workloads / 10` services, one policy per 100 workloads.
     pub fn mesh(workloads: usize) -> LocalConfig {
         LocalConfig {
             workloads: (0..workloads).map(workload).collect(),
             services: (0..workloads / 10).map(service).collect(),
-            policies: (0..100).map(policy).collect(),
+            policies: (0..workloads.div_ceil(100)).map(policy).collect(),
         }
     }
 
-    /// `workloads` workloads spread round-robin over `services` services (at least one), 100
-    /// policies.
+    /// `workloads` workloads spread round-robin over `services` services (at least one), one
+    /// policy per 100 workloads.
     pub fn mesh_with(workloads: usize, services: usize) -> LocalConfig {
         let services = services.max(1);
         LocalConfig {
             workloads: (0..workloads).map(|i| workload_of(i, i % services)).collect(),
             services: (0..services).map(service).collect(),
-            policies: (0..100).map(policy).collect(),
+            policies: (0..workloads.div_ceil(100)).map(policy).collect(),
         }
     }
-}
 
-/// The mesh of the memory benchmark and of the bytes-per-workload guard, as ztunnel-format
-/// local-config YAML (what `LOCAL_XDS_PATH` reads; ztunnel reads the same file).
-///
-/// `n` workloads (pods of the shape istiod sends: every string field set, one IPv4 address,
-/// HBONE, locality, one listed policy, one service), `n / 10` services of ten pods each and one
-/// policy per 100 workloads. Names repeat as in a real cluster: 100 namespaces, one service
-/// account per service (ten pods each), one trust domain, one cluster, 100 pods per node, one
-/// region and three zones.
-pub mod scale {
-    use std::fmt::Write;
-    use std::net::Ipv4Addr;
-
-    /// The workload a dedicated proxy serving this mesh runs as (`PROXY_WORKLOAD_INFO`).
-    pub const PROXY_WORKLOAD: &str = "ns0/app-0-5d9c7b8f4-0/app-0";
-
-    /// Namespace of service `s`: the ten services of one policy share it.
-    fn namespace(s: usize) -> usize {
-        (s / 10) % 100
-    }
-
-    /// The YAML of a mesh of `n` workloads (see the module docs).
+    /// [`mesh`] as ztunnel-format local-config YAML (what `LOCAL_XDS_PATH` reads; ztunnel reads
+    /// the same file): the memory benchmark's and the bytes-per-workload guard's input.
     pub fn local_config_yaml(n: usize) -> String {
-        let nodes = (n / 100).max(1);
-        let mut y = String::with_capacity(n * 700);
-        y.push_str("workloads:\n");
-        for i in 0..n {
-            let s = i / 10;
-            let ns = namespace(s);
-            let p = i / 100;
-            let ip = Ipv4Addr::from(0x0a00_0000u32 + i as u32 + 1);
-            // Infallible: writing to a String.
-            let _ = write!(
-                y,
-                "- uid: cluster1//v1/Pod/ns{ns}/app-{s}-5d9c7b8f4-{i}\n  name: app-{s}-5d9c7b8f4-{i}\n  \
-                 namespace: ns{ns}\n  workloadIps: [{ip}]\n  protocol: HBONE\n  trustDomain: cluster.local\n  \
-                 serviceAccount: app-{s}\n  node: node-{node}\n  canonicalName: app-{s}\n  \
-                 canonicalRevision: v1\n  workloadName: app-{s}\n  workloadType: deployment\n  \
-                 clusterId: cluster1\n  authorizationPolicies: [ns{ns}/allow-{p}]\n  status: Healthy\n  \
-                 locality: {{region: eu-west-1, zone: eu-west-1{zone}, subzone: \"\"}}\n  \
-                 services: {{\"ns{ns}/app-{s}.ns{ns}.svc.cluster.local\": {{80: 8080}}}}\n",
-                node = i % nodes,
-                zone = ["a", "b", "c"][i % 3],
-            );
-        }
-        y.push_str("services:\n");
-        for s in 0..n / 10 {
-            let ns = namespace(s);
-            let vip = Ipv4Addr::from(0x0b00_0000u32 + s as u32 + 1);
-            let _ = write!(
-                y,
-                "- name: app-{s}\n  namespace: ns{ns}\n  hostname: app-{s}.ns{ns}.svc.cluster.local\n  \
-                 vips: [/{vip}]\n  ports: {{80: 8080}}\n"
-            );
-        }
-        y.push_str("policies:\n");
-        for p in 0..n.div_ceil(100) {
-            let ns = p % 100;
-            // Allowed: the first service of the next group of ten (another deployment calling it).
-            let caller = (p + 1) * 10;
-            let _ = write!(
-                y,
-                "- name: allow-{p}\n  namespace: ns{ns}\n  scope: WorkloadSelector\n  action: Allow\n  dryRun: false\n  \
-                 rules: [[[{{serviceAccounts: [{{namespace: ns{cns}, serviceAccount: app-{caller}}}]}}]]]\n",
-                cns = namespace(caller),
-            );
-        }
-        y
+        serde_saphyr::to_string(&mesh(n)).expect("a generated mesh serializes")
     }
 }
 

@@ -55,7 +55,7 @@ pub use load::{Load, Tally, short_echo};
 pub use netns::{Cluster, Node, Pod};
 pub use nginx::{nginx_conf, nginx_container};
 pub use pcap::{Capture, Segment, contains, pcap_payloads};
-pub use process::{ChildGuard, cpu_seconds, hard_nofile, rss_kib};
+pub use process::{ChildGuard, cpu_seconds, hard_nofile, rss_kib, status_kib};
 pub use runtime::{CniFailure, CniRuntime, Sandbox, ambit_cni_path};
 pub use sockets::{connect_tcp_in, listen_tcp_in, original_dst, run_in};
 pub use up::{

@@ -199,10 +199,16 @@ pub fn hard_nofile() -> u64 {
 
 /// Resident memory of a process (`VmRSS`), in KiB; 0 if it is gone.
 pub fn rss_kib(pid: u32) -> u64 {
+    status_kib(pid, "VmRSS")
+}
+
+/// A KiB figure of a process's `/proc/<pid>/status` (`VmRSS`, `VmHWM`: its peak RSS), 0 if it
+/// is gone.
+pub fn status_kib(pid: u32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
         .lines()
-        .find(|l| l.starts_with("VmRSS:"))
+        .find(|l| l.strip_prefix(field).is_some_and(|rest| rest.starts_with(':')))
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)

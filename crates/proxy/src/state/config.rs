@@ -42,6 +42,9 @@ pub const MAX_SERVICES: usize = 50_000;
 /// ... and policies (see [`budget`]).
 pub const MAX_POLICIES: usize = 10_000;
 
+/// Most threads a large file is parsed on (see `pieces`).
+const MAX_THREADS: usize = 4;
+
 /// Largest local config file read, in bytes (the file is held in memory while it is parsed).
 pub const MAX_FILE_BYTES: usize = 256 * 1024 * 1024;
 
@@ -91,6 +94,20 @@ pub enum LocalConfigError {
         column: Option<u64>,
         /// The parser's report.
         source: Box<serde_saphyr::Error>,
+    },
+    /// A JSON file lists more items than a local file is sized for (a YAML one is held to the
+    /// same sizes by its parser's budget).
+    #[error(
+        "the local config lists {count} {kind}, more than the {max} a local file is sized for; serve a \
+         mesh this large over xDS"
+    )]
+    TooMany {
+        /// `workloads`, `services` or `policies`.
+        kind: &'static str,
+        /// How many the file lists.
+        count: usize,
+        /// The most it may list.
+        max: usize,
     },
     /// Two workloads have the same uid.
     #[error(
@@ -188,6 +205,11 @@ impl LocalConfigError {
 
 impl LocalConfig {
     /// Parses ztunnel-format local config YAML, refusing empty input and duplicates.
+    ///
+    /// A file that is one JSON object (JSON is YAML too: ztunnel reads it as such) is read by
+    /// the JSON parser, about ten times faster on a generated mesh (measured: BENCHMARKS.md,
+    /// "node proxy memory at scale"); anything that is not valid JSON, a YAML flow mapping like
+    /// `{workloads: []}` included, is read as YAML, so every error is the YAML parser's.
     pub fn parse(yaml: &str) -> Result<Self, LocalConfigError> {
         if yaml.len() > MAX_FILE_BYTES {
             return Err(LocalConfigError::TooLarge { bytes: yaml.len() as u64 });
@@ -195,12 +217,34 @@ impl LocalConfig {
         if yaml.lines().all(|l| l.trim().is_empty() || l.trim_start().starts_with('#')) {
             return Err(LocalConfigError::Empty);
         }
-        let config: LocalConfig = serde_saphyr::from_str_with_options(yaml, options()).map_err(yaml_error)?;
+        let json = yaml.trim_start().starts_with('{').then(|| serde_json::from_str::<LocalConfig>(yaml).ok());
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_THREADS));
+        let config = match json.flatten() {
+            Some(config) => config.within_sizes()?,
+            None => match super::pieces::parse(yaml, threads, super::pieces::MIN_BYTES) {
+                Some(config) => config.within_sizes()?,
+                None => serde_saphyr::from_str_with_options(yaml, options()).map_err(yaml_error)?,
+            },
+        };
         // Positions are only needed for an error: find them with a second, cheap pass then.
         match config.duplicate() {
             None => Ok(config),
             Some(dup) => Err(dup.into_error(&Positions::of(yaml)?)),
         }
+    }
+
+    /// Refuses more items than a local file is sized for.
+    fn within_sizes(self) -> Result<Self, LocalConfigError> {
+        for (kind, count, max) in [
+            ("workloads", self.workloads.len(), MAX_WORKLOADS),
+            ("services", self.services.len(), MAX_SERVICES),
+            ("policies", self.policies.len(), MAX_POLICIES),
+        ] {
+            if count > max {
+                return Err(LocalConfigError::TooMany { kind, count, max });
+            }
+        }
+        Ok(self)
     }
 
     /// The first duplicate uid, address, service key or policy key, by item index.
@@ -352,7 +396,11 @@ const SCALAR_BYTES_PER_ITEM: usize = 1024;
 /// of 250 000 nodes refused a 5 000-workload file). The other limits (depth 64, aliases,
 /// anchors) keep serde-saphyr's defaults, which no config of ours comes near.
 pub fn budget() -> serde_saphyr::Budget {
-    let items = MAX_WORKLOADS + MAX_SERVICES + MAX_POLICIES;
+    item_budget(MAX_WORKLOADS + MAX_SERVICES + MAX_POLICIES)
+}
+
+/// The budget of `items` items at the per-item allowances.
+pub(super) fn item_budget(items: usize) -> serde_saphyr::Budget {
     let mut budget = serde_saphyr::Budget::default();
     budget.max_nodes = items * NODES_PER_ITEM;
     budget.max_events = items * EVENTS_PER_ITEM;

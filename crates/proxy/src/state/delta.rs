@@ -361,7 +361,7 @@ impl State {
                 }
                 held = EndpointSet::default();
             } else {
-                let unhealthy: Vec<(Key, Arc<Endpoint>)> = endpoints
+                let unhealthy: Vec<(Key, Endpoint)> = endpoints
                     .entries()
                     .filter(|(_, ep)| ep.status != HealthStatus::Healthy)
                     .map(|(k, ep)| (k.clone(), ep.clone()))

@@ -13,8 +13,10 @@
 
 mod config;
 mod delta;
+mod endpoints;
 mod inbound;
 mod model;
+mod pieces;
 mod proto;
 mod route;
 mod store;
@@ -35,6 +37,8 @@ use crate::authz::Authorization;
 pub use config::{LocalConfig, LocalConfigError};
 pub use delta::{Applied, Delta, Rejected};
 pub use inbound::{Authority, InboundError};
+#[cfg(any(test, feature = "testing"))]
+pub use model::WorkloadSpec;
 pub use model::{DEFAULT_SERVICE_ACCOUNT, EndpointSet, IpFamily, Protocol, Service, Workload};
 // The generated meshes of `crate::testing` build these too.
 #[cfg(any(test, feature = "testing"))]

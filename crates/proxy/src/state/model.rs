@@ -8,7 +8,10 @@ use std::sync::Arc;
 
 use ambit_identity::Identity;
 
-use crate::name::Name;
+use crate::name::{Interner, Name};
+
+pub(crate) use super::endpoints::unique_map;
+pub use super::endpoints::{Endpoint, EndpointSet, ServicePorts};
 use ipnet::IpNet;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -22,9 +25,180 @@ pub const DEFAULT_CLUSTER_ID: &str = "Kubernetes";
 pub const HBONE_PORT: u16 = 15008;
 
 /// One endpoint: a pod, VM, WorkloadEntry or gateway.
+///
+/// What differs between the replicas of one deployment (uid, name, addresses, node, health,
+/// hostname) is held here; the rest (namespace, identity, telemetry names, policies, services,
+/// locality, …) is one [`Profile`], interned, that every replica with equal fields shares: at
+/// 100 000 pods that is about 300 bytes less per workload. The profile's fields read as the
+/// workload's own (`w.namespace`, through `Deref`); writing one (`w.namespace = …`, tests and
+/// benchmarks) gives this workload its own copy of the profile.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "WorkloadSpec", into = "WorkloadSpec")]
+pub struct Workload {
+    /// Primary key, e.g. `cluster1//v1/Pod/default/web-0` (shared with the indexes and endpoints
+    /// that name the workload).
+    pub uid: Arc<str>,
+    /// Pod name.
+    pub name: Arc<str>,
+    /// Addresses; `(network, ip)` is the address key.
+    pub workload_ips: Vec<IpAddr>,
+    /// Node name.
+    pub node: Name,
+    /// Health.
+    pub status: HealthStatus,
+    /// DNS name used when the workload has no usable address.
+    pub hostname: Name,
+    /// Locality for load balancing (interned: a node's pods share one).
+    pub locality: Arc<Locality>,
+    /// Everything else, shared by the replicas that have it equal.
+    profile: Arc<Profile>,
+}
+
+/// The fields of a [`Workload`] that the replicas of one deployment have in common (not their
+/// node or locality), interned.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Profile {
+    /// Namespace.
+    pub namespace: Name,
+    /// Inbound protocol the workload accepts.
+    pub protocol: Protocol,
+    /// SPIFFE trust domain (may be empty in local config).
+    pub trust_domain: Name,
+    /// Kubernetes service account (may be empty in local config).
+    pub service_account: Name,
+    /// Network the addresses belong to.
+    pub network: Name,
+    /// Workload-attached waypoint.
+    pub waypoint: Option<GatewayAddress>,
+    /// East-west gateway for cross-network access.
+    pub network_gateway: Option<GatewayAddress>,
+    /// Canonical service (telemetry).
+    pub canonical_name: Name,
+    /// Canonical revision (telemetry).
+    pub canonical_revision: Name,
+    /// Owning workload name, e.g. the deployment (telemetry).
+    pub workload_name: Name,
+    /// Owning workload kind, lower case (`deployment`, `cronjob`, `pod`, `job`).
+    pub workload_type: Name,
+    /// Cluster id.
+    pub cluster_id: Name,
+    /// Selector-scoped policy keys (`ns/name`) that apply to this workload.
+    pub authorization_policies: Vec<Name>,
+    /// Load-balancing weight.
+    pub capacity: u32,
+    /// Host-network workloads are not indexed by address.
+    pub network_mode: NetworkMode,
+    /// The workload terminates HBONE itself (only affects certificate prefetch).
+    pub native_tunnel: bool,
+    /// The workload consumes tunnel metadata (e.g. a PROXY header).
+    pub application_tunnel: Option<ApplicationTunnel>,
+    /// Services this workload is an endpoint of: `"<ns>/<hostname>"` → service port → target port.
+    pub services: ServicePorts,
+}
+
+static PROFILES: Interner<Profile> = Interner::new();
+static LOCALITIES: Interner<Locality> = Interner::new();
+
+impl std::ops::Deref for Workload {
+    type Target = Profile;
+
+    fn deref(&self) -> &Profile {
+        &self.profile
+    }
+}
+
+impl std::ops::DerefMut for Workload {
+    /// This workload's own copy of its profile (no longer shared, nor interned).
+    fn deref_mut(&mut self) -> &mut Profile {
+        Arc::make_mut(&mut self.profile)
+    }
+}
+
+impl Workload {
+    /// The shared profile (its address tells whether two workloads share one).
+    pub fn profile(&self) -> &Arc<Profile> {
+        &self.profile
+    }
+}
+
+impl From<WorkloadSpec> for Workload {
+    fn from(w: WorkloadSpec) -> Workload {
+        let profile = Profile {
+            namespace: w.namespace,
+            protocol: w.protocol,
+            trust_domain: w.trust_domain,
+            service_account: w.service_account,
+            network: w.network,
+            waypoint: w.waypoint,
+            network_gateway: w.network_gateway,
+            canonical_name: w.canonical_name,
+            canonical_revision: w.canonical_revision,
+            workload_name: w.workload_name,
+            workload_type: w.workload_type,
+            cluster_id: w.cluster_id,
+            authorization_policies: w.authorization_policies,
+            capacity: w.capacity,
+            network_mode: w.network_mode,
+            native_tunnel: w.native_tunnel,
+            application_tunnel: w.application_tunnel,
+            services: w.services,
+        };
+        let mut workload_ips = w.workload_ips;
+        // Parsed lists grow in steps (four addresses' room for one); a workload keeps only what
+        // it has.
+        workload_ips.shrink_to_fit();
+        Workload {
+            uid: w.uid,
+            name: w.name,
+            workload_ips,
+            node: w.node,
+            status: w.status,
+            hostname: w.hostname,
+            locality: LOCALITIES.intern(&w.locality, |l| Arc::new(l.clone())),
+            profile: PROFILES.intern(&profile, |p| Arc::new(p.clone())),
+        }
+    }
+}
+
+impl From<Workload> for WorkloadSpec {
+    fn from(w: Workload) -> WorkloadSpec {
+        let p = Arc::unwrap_or_clone(w.profile);
+        WorkloadSpec {
+            uid: w.uid,
+            name: w.name,
+            namespace: p.namespace,
+            workload_ips: w.workload_ips,
+            protocol: p.protocol,
+            trust_domain: p.trust_domain,
+            service_account: p.service_account,
+            network: p.network,
+            waypoint: p.waypoint,
+            network_gateway: p.network_gateway,
+            node: w.node,
+            canonical_name: p.canonical_name,
+            canonical_revision: p.canonical_revision,
+            workload_name: p.workload_name,
+            workload_type: p.workload_type,
+            cluster_id: p.cluster_id,
+            authorization_policies: p.authorization_policies,
+            status: w.status,
+            locality: Arc::unwrap_or_clone(w.locality),
+            capacity: p.capacity,
+            hostname: w.hostname,
+            network_mode: p.network_mode,
+            native_tunnel: p.native_tunnel,
+            application_tunnel: p.application_tunnel,
+            services: p.services,
+        }
+    }
+}
+
+/// A workload as written in ztunnel's local config (and built from an xDS `Workload`): every
+/// field flat. Parsed into, and serialized from, [`Workload`], which holds the fields replicas
+/// share in one interned [`Profile`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Workload {
+pub struct WorkloadSpec {
     /// Primary key, e.g. `cluster1//v1/Pod/default/web-0` (shared with the indexes and endpoints
     /// that name the workload).
     #[serde(default)]
@@ -146,7 +320,7 @@ pub struct Locality {
 }
 
 /// Tunnel metadata the workload expects in front of the stream.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ApplicationTunnel {
     /// Tunnel protocol.
     #[serde(default)]
@@ -157,7 +331,7 @@ pub struct ApplicationTunnel {
 }
 
 /// Application tunnel protocol.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum AppTunnelProtocol {
     /// Raw bytes.
     #[default]
@@ -225,7 +399,7 @@ pub struct Service {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cidr_vips: Vec<CidrVip>,
     /// Service port → target port (0 = named port, resolved per endpoint).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "unique_map")]
     pub ports: BTreeMap<u16, u16>,
     /// Endpoints by workload uid (normally built from workloads' `services`).
     #[serde(default)]
@@ -261,296 +435,6 @@ pub struct CidrVip {
     pub network: String,
     /// The range.
     pub cidr: IpNet,
-}
-
-/// One endpoint of a service.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Endpoint {
-    /// The workload.
-    pub workload_uid: Arc<str>,
-    /// This endpoint's service port → target port map.
-    #[serde(default)]
-    pub port: PortMap,
-    /// Health.
-    #[serde(default)]
-    pub status: HealthStatus,
-}
-
-/// A service's endpoints by workload uid.
-///
-/// A persistent map: a copy of a service with one endpoint changed shares every other endpoint
-/// with the original (O(log n) time and memory, never a copy of the set), so one workload update
-/// does not copy a service of 10 000 endpoints. Serialised as a map sorted by uid.
-#[derive(Clone, Default)]
-pub struct EndpointSet(imbl::HashMap<Arc<str>, Arc<Endpoint>>);
-
-impl EndpointSet {
-    /// The endpoint of workload `uid`.
-    pub fn get(&self, uid: &str) -> Option<&Endpoint> {
-        self.0.get(uid).map(|e| &**e)
-    }
-
-    /// Whether workload `uid` is an endpoint.
-    pub fn contains_key(&self, uid: &str) -> bool {
-        self.0.contains_key(uid)
-    }
-
-    /// Adds or replaces the endpoint of workload `uid`; returns the one replaced.
-    pub fn insert(
-        &mut self,
-        uid: impl Into<Arc<str>>,
-        endpoint: impl Into<Arc<Endpoint>>,
-    ) -> Option<Arc<Endpoint>> {
-        self.0.insert(uid.into(), endpoint.into())
-    }
-
-    /// Removes the endpoint of workload `uid`.
-    pub fn remove(&mut self, uid: &str) -> Option<Arc<Endpoint>> {
-        self.0.remove(uid)
-    }
-
-    /// Number of endpoints.
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    /// Whether there is no endpoint.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    /// The endpoints' workload uids (unordered).
-    pub fn keys(&self) -> impl Iterator<Item = &str> {
-        self.0.keys().map(|k| &**k)
-    }
-
-    /// The endpoints (unordered).
-    pub fn values(&self) -> impl Iterator<Item = &Endpoint> {
-        self.0.values().map(|e| &**e)
-    }
-
-    /// `(uid, endpoint)` pairs (unordered).
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &Endpoint)> {
-        self.0.iter().map(|(k, e)| (&**k, &**e))
-    }
-
-    /// Keeps the endpoints for which `keep` holds.
-    pub fn retain(&mut self, mut keep: impl FnMut(&str, &Endpoint) -> bool) {
-        self.0.retain(|k, e| keep(k, e));
-    }
-
-    /// Whether both hold the same storage (then they are equal without looking further).
-    pub(crate) fn ptr_eq(&self, other: &Self) -> bool {
-        self.0.ptr_eq(&other.0)
-    }
-
-    pub(crate) fn entries(&self) -> impl Iterator<Item = (&Arc<str>, &Arc<Endpoint>)> {
-        self.0.iter()
-    }
-
-    fn sorted(&self) -> BTreeMap<&str, &Endpoint> {
-        self.iter().collect()
-    }
-}
-
-impl PartialEq for EndpointSet {
-    fn eq(&self, other: &Self) -> bool {
-        self.ptr_eq(other) || self.0 == other.0
-    }
-}
-
-impl Eq for EndpointSet {}
-
-impl fmt::Debug for EndpointSet {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_map().entries(self.sorted()).finish()
-    }
-}
-
-impl Serialize for EndpointSet {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        self.sorted().serialize(s)
-    }
-}
-
-impl<'de> Deserialize<'de> for EndpointSet {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let map = BTreeMap::<String, Endpoint>::deserialize(d)?;
-        Ok(map.into_iter().collect())
-    }
-}
-
-impl<K: Into<Arc<str>>, E: Into<Arc<Endpoint>>> FromIterator<(K, E)> for EndpointSet {
-    fn from_iter<I: IntoIterator<Item = (K, E)>>(iter: I) -> Self {
-        EndpointSet(iter.into_iter().map(|(k, e)| (k.into(), e.into())).collect())
-    }
-}
-
-/// Service port → target port (0: the named port, resolved per endpoint), sorted by service
-/// port: a workload's few ports in one small shared slice, not a tree (a workload's map and its
-/// endpoint's are the same allocation).
-#[derive(Clone, Default, PartialEq, Eq, Hash)]
-pub struct PortMap(Arc<[(u16, u16)]>);
-
-impl PortMap {
-    /// The target port of service port `port`.
-    pub fn get(&self, port: &u16) -> Option<&u16> {
-        self.0.binary_search_by_key(port, |(s, _)| *s).ok().map(|i| &self.0[i].1)
-    }
-
-    /// `(service port, target port)` pairs, by service port.
-    pub fn iter(&self) -> impl Iterator<Item = (&u16, &u16)> {
-        self.0.iter().map(|(s, t)| (s, t))
-    }
-
-    /// The target ports, by service port.
-    pub fn values(&self) -> impl Iterator<Item = &u16> {
-        self.0.iter().map(|(_, t)| t)
-    }
-
-    /// Number of ports.
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    /// Whether there is no port.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-}
-
-impl FromIterator<(u16, u16)> for PortMap {
-    /// Sorted by service port; the last target of a service port listed twice wins (as a map).
-    fn from_iter<I: IntoIterator<Item = (u16, u16)>>(iter: I) -> Self {
-        BTreeMap::from_iter(iter).into()
-    }
-}
-
-impl From<BTreeMap<u16, u16>> for PortMap {
-    fn from(map: BTreeMap<u16, u16>) -> Self {
-        PortMap(map.into_iter().collect())
-    }
-}
-
-impl PartialEq<BTreeMap<u16, u16>> for PortMap {
-    fn eq(&self, other: &BTreeMap<u16, u16>) -> bool {
-        self.len() == other.len() && self.iter().zip(other.iter()).all(|(a, b)| a == b)
-    }
-}
-
-impl fmt::Debug for PortMap {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_map().entries(self.iter()).finish()
-    }
-}
-
-impl Serialize for PortMap {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_map(self.iter())
-    }
-}
-
-impl<'de> Deserialize<'de> for PortMap {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        BTreeMap::<u16, u16>::deserialize(d).map(PortMap::from)
-    }
-}
-
-/// The services a workload is an endpoint of: `"<ns>/<hostname>"` (interned: shared by every
-/// endpoint of the service) → this workload's port map, sorted by key. A workload is in a
-/// handful of services, so a sorted vector, not a tree.
-#[derive(Clone, Default, PartialEq, Eq)]
-pub struct ServicePorts(Vec<(Name, PortMap)>);
-
-impl ServicePorts {
-    /// The port map of service `key`.
-    pub fn get(&self, key: &str) -> Option<&PortMap> {
-        self.find(key).ok().map(|i| &self.0[i].1)
-    }
-
-    /// Whether the workload is an endpoint of service `key`.
-    pub fn contains_key(&self, key: &str) -> bool {
-        self.find(key).is_ok()
-    }
-
-    /// Adds or replaces service `key`; returns the port map replaced.
-    pub fn insert(&mut self, key: impl Into<Name>, ports: impl Into<PortMap>) -> Option<PortMap> {
-        let key = key.into();
-        match self.find(&key) {
-            Ok(i) => Some(std::mem::replace(&mut self.0[i].1, ports.into())),
-            Err(i) => {
-                self.0.insert(i, (key, ports.into()));
-                None
-            }
-        }
-    }
-
-    /// Removes every service.
-    pub fn clear(&mut self) {
-        self.0.clear();
-    }
-
-    /// The service keys, sorted.
-    pub fn keys(&self) -> impl Iterator<Item = &Name> {
-        self.0.iter().map(|(k, _)| k)
-    }
-
-    /// `(service key, port map)` pairs, by key.
-    pub fn iter(&self) -> impl Iterator<Item = (&Name, &PortMap)> {
-        self.0.iter().map(|(k, p)| (k, p))
-    }
-
-    /// Number of services.
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    /// Whether the workload is in no service.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    fn find(&self, key: &str) -> Result<usize, usize> {
-        self.0.binary_search_by(|(k, _)| k.as_str().cmp(key))
-    }
-}
-
-impl std::ops::Index<&str> for ServicePorts {
-    type Output = PortMap;
-
-    fn index(&self, key: &str) -> &PortMap {
-        self.get(key).expect("no such service key")
-    }
-}
-
-impl<K: Into<Name>, P: Into<PortMap>> FromIterator<(K, P)> for ServicePorts {
-    fn from_iter<I: IntoIterator<Item = (K, P)>>(iter: I) -> Self {
-        let mut out = ServicePorts::default();
-        for (k, p) in iter {
-            out.insert(k, p);
-        }
-        out.0.shrink_to_fit();
-        out
-    }
-}
-
-impl fmt::Debug for ServicePorts {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_map().entries(self.iter()).finish()
-    }
-}
-
-impl Serialize for ServicePorts {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_map(self.iter())
-    }
-}
-
-impl<'de> Deserialize<'de> for ServicePorts {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        Ok(BTreeMap::<String, PortMap>::deserialize(d)?.into_iter().collect())
-    }
 }
 
 /// A waypoint with a sampling weight.

@@ -12,7 +12,7 @@ use super::model::{
     AppTunnelProtocol, ApplicationTunnel, CidrVip, DEFAULT_CLUSTER_ID, DEFAULT_SERVICE_ACCOUNT,
     DEFAULT_TRUST_DOMAIN, Destination, GatewayAddress, HBONE_PORT, HealthPolicy, HealthStatus, IpFamily,
     LoadBalancer, LoadBalancerMode, LoadBalancerScope, Locality, NamespacedHostname, NetworkAddress,
-    NetworkMode, Protocol, Service, ServicePorts, Visibility, WeightedWaypoint, Workload,
+    NetworkMode, Protocol, Service, ServicePorts, Visibility, WeightedWaypoint, Workload, WorkloadSpec,
 };
 
 /// A converted `istio.workload.Address` resource.
@@ -159,7 +159,7 @@ impl TryFrom<pb::Workload> for Workload {
             .locality
             .map(|l| Locality { region: l.region.into(), zone: l.zone.into(), subzone: l.subzone.into() })
             .unwrap_or_default();
-        Ok(Workload {
+        Ok(WorkloadSpec {
             waypoint: w.waypoint.map(|g| gateway("Workload.waypoint", g)).transpose()?,
             network_gateway: w.network_gateway.map(|g| gateway("Workload.network_gateway", g)).transpose()?,
             uid: w.uid.into(),
@@ -185,7 +185,8 @@ impl TryFrom<pb::Workload> for Workload {
             native_tunnel: w.native_tunnel,
             application_tunnel,
             services,
-        })
+        }
+        .into())
     }
 }
 

@@ -542,3 +542,127 @@ fn string_match_tag_form() {
         vec![StringMatch::Exact("x".into()), StringMatch::Suffix("y".into())]
     );
 }
+
+/// Replicas (same namespace, identity, services, zone…) share one profile; a replica that differs
+/// in one of those fields gets its own, and writing a field of one workload copies its profile
+/// without touching the others'.
+#[test]
+fn replicas_share_one_profile_and_a_written_field_unshares_it() {
+    let replica = |i: usize, sa: &str| {
+        format!(
+            "- uid: c//v1/Pod/ns/web-{i}\n  name: web-{i}\n  namespace: ns\n  serviceAccount: {sa}\n  \
+             workloadIps: [\"10.1.0.{i}\"]\n  node: node-{i}\n  services: {{\"ns/web.ns.svc\": {{80: 8080}}}}\n"
+        )
+    };
+    let yaml = format!("workloads:\n{}{}{}", replica(1, "web"), replica(2, "web"), replica(3, "other"));
+    let cfg = LocalConfig::parse(&yaml).expect("parses");
+    let [a, b, c] = [&cfg.workloads[0], &cfg.workloads[1], &cfg.workloads[2]];
+    assert!(Arc::ptr_eq(a.profile(), b.profile()), "two replicas hold two profiles");
+    assert!(!Arc::ptr_eq(a.profile(), c.profile()), "another service account shares the profile");
+    assert_eq!((&*a.node, &*b.node, &*a.name, &*b.name), ("node-1", "node-2", "web-1", "web-2"));
+
+    let mut moved = a.clone();
+    moved.service_account = "moved".into();
+    assert!(!Arc::ptr_eq(moved.profile(), a.profile()));
+    assert_eq!((&*moved.service_account, &*a.service_account, &*b.service_account), ("moved", "web", "web"));
+    // The dump writes every field flat again, as it was read.
+    let dumped = serde_json::to_value(a).expect("serializes");
+    assert_eq!(dumped["serviceAccount"], "web");
+    assert_eq!(dumped["node"], "node-1");
+    assert_eq!(dumped["services"]["ns/web.ns.svc"]["80"], 8080);
+}
+
+/// A JSON file reads as the YAML it equals; YAML flow syntax that is not JSON still reads as
+/// YAML; a duplicate key is refused either way; a JSON file is held to the file's sizes.
+#[test]
+fn a_json_file_reads_as_its_yaml_and_is_held_to_the_same_rules() {
+    let mesh = crate::testing::generated::mesh(120);
+    let json = serde_json::to_string(&mesh).expect("serializes");
+    assert_eq!(LocalConfig::parse(&json).expect("the JSON parses"), mesh);
+    assert_eq!(LocalConfig::parse(&crate::testing::generated::local_config_yaml(120)).expect("parses"), mesh);
+
+    let flow = LocalConfig::parse("{workloads: [], services: [], policies: []}").expect("YAML flow");
+    assert_eq!(flow, LocalConfig::default());
+    assert_eq!(LocalConfig::parse("{}").expect("an empty config"), LocalConfig::default());
+
+    let dup_json = r#"{"workloads": [{"uid": "a", "name": "a", "namespace": "ns", "workloadIps": [],
+        "services": {"ns/x": {"80": 1, "80": 2}}}]}"#;
+    let dup_yaml = "workloads:\n- uid: a\n  name: a\n  namespace: ns\n  workloadIps: []\n  services: {ns/x: {80: 1, 80: 2}}\n";
+    let (j, y) = (LocalConfig::parse(dup_json).unwrap_err(), LocalConfig::parse(dup_yaml).unwrap_err());
+    // The JSON reader refuses it (it would have kept the last key) and the YAML reader reports it.
+    let first_line = |e: &LocalConfigError| e.to_string().lines().next().unwrap_or_default().to_owned();
+    assert_eq!(
+        first_line(&j),
+        "invalid local config YAML: error: line 2 column 40: duplicate mapping key: 80, set \
+         DuplicateKeyPolicy in Options if acceptable"
+    );
+    assert_eq!(
+        first_line(&y),
+        "invalid local config YAML: error: line 6 column 28: duplicate mapping key: 80, set \
+         DuplicateKeyPolicy in Options if acceptable"
+    );
+
+    let services: Vec<String> = (0..=MAX_SERVICES)
+        .map(|i| format!(r#"{{"name":"s{i}","namespace":"n","hostname":"h{i}"}}"#))
+        .collect();
+    let big = format!(r#"{{"services":[{}]}}"#, services.join(","));
+    assert_eq!(
+        LocalConfig::parse(&big).unwrap_err().to_string(),
+        "the local config lists 50001 services, more than the 50000 a local file is sized for; serve a \
+         mesh this large over xDS"
+    );
+}
+
+/// A file of the plain block shape parses in pieces to exactly the whole-file result; any other
+/// shape, or a piece that fails on its own, is left to the whole-file parse.
+#[test]
+fn a_large_file_parses_in_pieces_to_the_whole_files_result() {
+    use super::pieces;
+    let yaml = crate::testing::generated::local_config_yaml(300);
+    let whole = LocalConfig::parse(&yaml).expect("parses");
+    for threads in [2, 3, 7] {
+        assert_eq!(pieces::parse(&yaml, threads, 0).as_ref(), Some(&whole), "{threads} threads");
+    }
+    assert_eq!(pieces::parse(&yaml, 1, 0), None, "one thread");
+    assert_eq!(pieces::parse(&yaml, 4, yaml.len() + 1), None, "below the size");
+
+    let item = |i: usize| {
+        format!("- uid: c//v1/Pod/ns/w{i}\n  name: w{i}\n  namespace: ns\n  workloadIps: [\"10.2.0.{i}\"]\n")
+    };
+    let items: String = (1..=8).map(item).collect();
+    let plain = format!("# a comment\nworkloads:\n{items}services: []\n");
+    // `services: []` is a key with a value on its line: not the plain shape.
+    assert_eq!(pieces::parse(&plain, 4, 0), None);
+    let plain = format!(
+        "# a comment\nworkloads:\n{items}\n# between\npolicies:\n- name: p\n  namespace: ns\n  scope: Global\n  action: Deny\n"
+    );
+    let parsed = pieces::parse(&plain, 4, 0).expect("the plain shape");
+    assert_eq!(parsed, LocalConfig::parse(&plain).expect("parses"));
+    assert_eq!((parsed.workloads.len(), parsed.policies.len()), (8, 1));
+
+    let not_plain = [
+        ("flow at the top", format!("{{workloads: [{}]}}", "{uid: a, name: a, namespace: ns}")),
+        ("a key twice", format!("workloads:\n{}workloads:\n{}", item(1), item(2))),
+        ("an indented list", "workloads:\n  - uid: a\n    name: a\n    namespace: ns\n".to_owned()),
+        ("a key without items", "workloads:\nservices:\n".to_owned()),
+        ("a document marker", format!("---\nworkloads:\n{items}")),
+        ("another key", format!("workloads:\n{items}extra:\n- 1\n")),
+    ];
+    for (what, text) in &not_plain {
+        assert_eq!(pieces::parse(text, 4, 0), None, "{what}");
+    }
+    // An alias to an anchor in another piece, and a broken item, fail their piece: the whole-file
+    // parse decides (the alias resolves there; the error is the whole file's).
+    let aliased = format!(
+        "workloads:\n- &first\n  uid: c//v1/Pod/ns/a\n  name: a\n  namespace: ns\n{}- uid: c//v1/Pod/ns/b\n  name: b\n  namespace: ns\n  workloadIps: []\n  services: *nothing\n",
+        (1..=8).map(item).collect::<String>()
+    );
+    assert_eq!(pieces::parse(&aliased, 4, 0), None);
+    let broken = format!("workloads:\n{items}- uid: [unclosed\n");
+    assert_eq!(pieces::parse(&broken, 4, 0), None);
+    let err = LocalConfig::parse(&broken).unwrap_err().to_string();
+    assert_eq!(
+        err.lines().next(),
+        Some("invalid local config YAML: error: line 34 column 8: expected string scalar")
+    );
+}

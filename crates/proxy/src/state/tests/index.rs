@@ -93,3 +93,45 @@ fn policies_for_workload() {
     assert_eq!(keys, ["istio-system/global", "ns/ns-wide", "ns/selected"]);
     assert_eq!(st.policies().count(), 5);
 }
+
+/// An endpoint set changes representation at [`SMALL_SET`] (a slice, then a map above it, a slice
+/// again below half) without changing what it holds or how it compares.
+#[test]
+fn endpoint_sets_hold_the_same_endpoints_as_a_slice_or_a_map() {
+    use super::endpoints::SMALL_SET;
+    use super::model::Endpoint;
+    let ep = |i: usize| Endpoint {
+        workload_uid: format!("uid-{i:03}").into(),
+        port: Default::default(),
+        status: if i.is_multiple_of(2) { HealthStatus::Healthy } else { HealthStatus::Unhealthy },
+    };
+    let mut set = EndpointSet::default();
+    let mut expect = std::collections::BTreeMap::new();
+    for i in (0..=SMALL_SET + 8).rev() {
+        assert_eq!(set.insert(format!("uid-{i:03}"), ep(i)), None);
+        expect.insert(format!("uid-{i:03}"), ep(i));
+        let shadow: EndpointSet = expect.clone().into_iter().collect();
+        assert_eq!(set, shadow, "after inserting {i}");
+        assert_eq!(set.len(), expect.len());
+    }
+    // Replacing returns the old endpoint; every endpoint is found by its uid.
+    let mut healthy = ep(1);
+    healthy.status = HealthStatus::Healthy;
+    assert_eq!(set.insert("uid-001", healthy.clone()), Some(ep(1)));
+    expect.insert("uid-001".into(), healthy);
+    for (uid, e) in &expect {
+        assert_eq!(set.get(uid), Some(e));
+    }
+    let copy = set.clone();
+    for i in 0..=SMALL_SET + 8 {
+        let uid = format!("uid-{i:03}");
+        assert_eq!(set.remove(&uid), expect.remove(&uid), "removing {i}");
+        assert_eq!(set.get(&uid), None);
+        let shadow: EndpointSet = expect.clone().into_iter().collect();
+        assert_eq!(set, shadow, "after removing {i}");
+    }
+    assert!(set.is_empty());
+    // The copy taken before the removals is untouched.
+    assert_eq!(copy.len(), SMALL_SET + 9);
+    assert_eq!(serde_json::to_value(&copy).expect("serializes")["uid-000"]["workloadUid"], "uid-000");
+}

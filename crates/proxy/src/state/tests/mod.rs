@@ -24,7 +24,7 @@ use super::*;
 
 /// A healthy TCP workload in namespace `default` with the given IPs.
 fn wl(uid: &str, ips: &[&str]) -> Workload {
-    Workload {
+    WorkloadSpec {
         uid: uid.into(),
         name: uid.rsplit('/').next().unwrap_or(uid).into(),
         namespace: "default".into(),
@@ -51,6 +51,7 @@ fn wl(uid: &str, ips: &[&str]) -> Workload {
         application_tunnel: None,
         services: Default::default(),
     }
+    .into()
 }
 
 /// A service `<hostname>` in namespace `default` with VIPs on the default network.

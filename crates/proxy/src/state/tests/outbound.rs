@@ -305,7 +305,7 @@ fn direct_hbone_expects_service_sans_too() {
 
 fn zoned(uid: &str, ip_: &str, zone: &str, region: &str) -> Workload {
     let mut w = endpoint_of(wl(uid, &[ip_]), "default/example.com", &[(80, 8080)]);
-    w.locality = Locality { region: region.into(), zone: zone.into(), subzone: Default::default() };
+    w.locality = Locality { region: region.into(), zone: zone.into(), subzone: Default::default() }.into();
     w
 }
 
@@ -319,7 +319,7 @@ fn lb_svc(mode: LoadBalancerMode, prefs: Vec<LoadBalancerScope>) -> Service {
 /// Routes `n` times from a source in region r1 / zone z1 and returns the distinct targets.
 fn targets(ws: Vec<Workload>, s: Service, n: usize) -> Result<Vec<String>, RouteError> {
     let mut all = base();
-    all[0].locality = Locality { region: "r1".into(), zone: "z1".into(), subzone: Default::default() };
+    all[0].locality = Locality { region: "r1".into(), zone: "z1".into(), subzone: Default::default() }.into();
     all.extend(ws);
     let st = state(all, vec![s]);
     let src = st.workload_by_uid(SOURCE).unwrap();
