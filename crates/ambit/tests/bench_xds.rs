@@ -94,7 +94,7 @@ fn run(n: usize, updates: usize) -> Figures {
     std::thread::sleep(Duration::from_millis(300));
 
     let t0 = Instant::now();
-    let mut proxy = mesh.spawn_proxy_unready(&a, &[("RUST_LOG", "warn")]);
+    let mut proxy = mesh.spawn_proxy_unready(&a, &[("RUST_LOG", "warn"), ("NODE_NAME", generated::NODE)]);
     let ready = wait_for(
         || {
             proxy.try_wait().is_none()

@@ -18,7 +18,7 @@ use ambit_api::{security as pb_security, workload as pb};
 use ambit_identity::control::{ControlError, ControlPlane, Service as ControlService};
 use ambit_xds::client::{
     ClientConfig, ClientHandle, ClientStatus, Connector, DemandError, Handler, MetadataSource, Rejection,
-    Subscription, Typed, TypedHandler, TypedUpdate, XdsClient,
+    Subscription, Update, XdsClient, decode,
 };
 use ambit_xds::{BoxFuture, XdsMetrics};
 use prometheus_client::registry::Registry;
@@ -71,10 +71,10 @@ impl Xds {
         let c = control;
         let metadata: MetadataSource = Arc::new(move || c.metadata().map_err(Into::into));
         let handlers: [(String, Arc<dyn Handler>); 2] = [
-            (ADDRESS.to_owned(), Arc::new(Typed::<pb::Address, _>::new(ADDRESS, addresses(store.clone())))),
+            (ADDRESS.to_owned(), Arc::new(addresses(store.clone()))),
             (
                 AUTHORIZATION.to_owned(),
-                Arc::new(Typed::<pb_security::Authorization, _>::new(AUTHORIZATION, policies(store))),
+                Arc::new(policies(store)),
             ),
         ];
         let metrics = XdsMetrics::register(registry.sub_registry_with_prefix("istio"));
@@ -127,52 +127,66 @@ impl Xds {
     }
 }
 
-/// Applies the responses of one type: `add` converts one resource into the delta, `removed`
-/// places the response's removals.
+/// Applies the responses of one type: each resource is decoded (as `M`, of `type_url`) and
+/// converted into the delta by `add` one at a time, so a large response (100 000 workloads) never
+/// exists decoded all at once; `removed` places the response's removals. The response itself is
+/// dropped only after the state is built, in one piece.
 struct Apply<M> {
+    type_url: &'static str,
     store: StateStore,
     add: fn(&mut Delta, &str, M) -> Result<(), Rejected>,
     removed: fn(&mut Delta, Vec<String>),
 }
 
+/// What the server is told about a resource the state refused.
+fn rejection(r: Rejected) -> Rejection {
+    Rejection { reason: r.reason.to_string(), name: r.name }
+}
+
 /// The Address handler.
 fn addresses(store: StateStore) -> Apply<pb::Address> {
-    Apply { store, add: |d, name, r| d.add_address(name, r), removed: |d, names| d.removed_addresses = names }
+    Apply {
+        type_url: ADDRESS,
+        store,
+        add: |d, name, r| d.add_address(name, r),
+        removed: |d, names| d.removed_addresses = names,
+    }
 }
 
 /// The Authorization handler.
 fn policies(store: StateStore) -> Apply<pb_security::Authorization> {
     Apply {
+        type_url: AUTHORIZATION,
         store,
         add: |d, name, r| d.add_authorization(name, &r),
         removed: |d, names| d.removed_policies = names,
     }
 }
 
-impl<M: Send + 'static> TypedHandler<M> for Apply<M> {
-    fn apply(&self, updates: Vec<TypedUpdate<M>>, removed: Vec<String>) -> BoxFuture<'_, Vec<Rejection>> {
-        let (store, add, place_removed) = (self.store.clone(), self.add, self.removed);
+impl<M: prost::Message + Default + Send + 'static> Handler for Apply<M> {
+    fn apply(&self, updates: Vec<Update>, removed: Vec<String>) -> BoxFuture<'_, Vec<Rejection>> {
+        let (type_url, store, add, place_removed) = (self.type_url, self.store.clone(), self.add, self.removed);
         Box::pin(async move {
             // Conversion and application run on the blocking pool, off the control runtime.
             let job = tokio::task::spawn_blocking(move || {
                 let mut delta = Delta::default();
                 let mut rejected = Vec::new();
-                for u in updates {
-                    if let Err(r) = add(&mut delta, &u.name, u.resource) {
+                for u in &updates {
+                    let converted = decode::<M>(type_url, u)
+                        .and_then(|m| add(&mut delta, &u.name, m).map_err(rejection));
+                    if let Err(r) = converted {
                         rejected.push(r);
                     }
                 }
                 place_removed(&mut delta, removed);
                 if !delta.is_empty() {
-                    rejected.extend(store.apply(delta).rejected);
+                    rejected.extend(store.apply(delta).rejected.into_iter().map(rejection));
                 }
+                drop(updates);
                 rejected
             });
             match job.await {
-                Ok(rejected) => rejected
-                    .into_iter()
-                    .map(|r| Rejection { reason: r.reason.to_string(), name: r.name })
-                    .collect(),
+                Ok(rejected) => rejected,
                 // A panic while applying: the state is unchanged (the store publishes only a
                 // finished snapshot); NACK the whole response so the server knows.
                 Err(e) => vec![Rejection {

@@ -163,24 +163,11 @@ where
         let mut rejected = Vec::new();
         let mut good = Vec::with_capacity(updates.len());
         for u in updates {
-            if u.resource.type_url != self.type_url {
-                rejected.push(Rejection {
-                    name: u.name,
-                    reason: format!(
-                        "payload has type URL {:?}, expected {:?}",
-                        u.resource.type_url, self.type_url
-                    ),
-                });
-                continue;
-            }
-            match M::decode(u.resource.value.as_slice()) {
+            match decode::<M>(&self.type_url, &u) {
                 Ok(resource) => {
                     good.push(TypedUpdate { name: u.name, version: u.version, aliases: u.aliases, resource })
                 }
-                Err(e) => rejected.push(Rejection {
-                    name: u.name,
-                    reason: format!("cannot decode {}: {e}", self.type_url),
-                }),
+                Err(r) => rejected.push(r),
             }
         }
         Box::pin(async move {
@@ -188,6 +175,20 @@ where
             rejected
         })
     }
+}
+
+/// Decodes one update's payload as `M` after checking its type URL against `type_url`; the
+/// rejection says which check failed. [`Typed`] decodes a whole response with it; a handler that
+/// converts as it goes (so a large response never exists decoded all at once) calls it per update.
+pub fn decode<M: prost::Message + Default>(type_url: &str, u: &Update) -> Result<M, Rejection> {
+    if u.resource.type_url != type_url {
+        return Err(Rejection {
+            name: u.name.clone(),
+            reason: format!("payload has type URL {:?}, expected {type_url:?}", u.resource.type_url),
+        });
+    }
+    M::decode(u.resource.value.as_slice())
+        .map_err(|e| Rejection { name: u.name.clone(), reason: format!("cannot decode {type_url}: {e}") })
 }
 
 /// Why an on-demand request could not be made.
