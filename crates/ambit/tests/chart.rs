@@ -279,7 +279,7 @@ fn the_checker_rejects_broken_objects() {
                 }]),
             })
         },
-        "the chart renders a Role or RoleBinding",
+        "RoleBindings {\"ambit-agent\", \"proxy\"}, want {\"ambit-agent\"}",
     );
     broken(
         &|r| {

@@ -157,9 +157,7 @@ fn objects(r: &Release, e: &Expect, p: &mut Problems) {
 
 /// Exact permissions, no wildcards, each role bound to its component's account only.
 fn rbac(r: &Release, e: &Expect, p: &mut Problems) {
-    p.ensure(r.roles.is_empty() && r.role_bindings.is_empty(), || {
-        "the chart renders a Role or RoleBinding; no component needs namespaced permissions".into()
-    });
+    agent_role(r, e, p);
     let (agent, ctl) = (e.name("ambit-agent"), e.name("ambit-control"));
     let mut want = BTreeMap::from([(agent.clone(), (agent_permissions(), agent.clone()))]);
     if !e.istiod {
@@ -219,6 +217,65 @@ fn rbac(r: &Release, e: &Expect, p: &mut Problems) {
                 name(&b.metadata)
             )
         });
+    }
+}
+
+/// The one namespaced permission: the agent reads its own DaemonSet (get, and list and watch
+/// by name), to tell an uninstall from an upgrade when it stops.
+fn agent_role(r: &Release, e: &Expect, p: &mut Problems) {
+    let agent = e.name("ambit-agent");
+    let want = set(&[&agent]);
+    let got = names(&r.roles, |o| &o.metadata);
+    p.ensure(got == want, || {
+        format!("Roles {got:?}, want {want:?}: only the agent needs a namespaced permission (its DaemonSet)")
+    });
+    let got = names(&r.role_bindings, |o| &o.metadata);
+    p.ensure(got == want, || format!("RoleBindings {got:?}, want {want:?}"));
+    for role in &r.roles {
+        let rules: Vec<[Vec<String>; 4]> = role
+            .rules
+            .iter()
+            .flatten()
+            .map(|r| {
+                [
+                    r.api_groups.clone().unwrap_or_default(),
+                    r.resources.clone().unwrap_or_default(),
+                    r.resource_names.clone().unwrap_or_default(),
+                    r.verbs.clone(),
+                ]
+            })
+            .collect();
+        let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let expected = vec![[
+            strings(&["apps"]),
+            strings(&["daemonsets"]),
+            vec![agent.clone()],
+            strings(&["get", "list", "watch"]),
+        ]];
+        p.ensure(rules == expected, || {
+            format!("Role {}: rules {rules:?}, want only {expected:?}", name(&role.metadata))
+        });
+    }
+    for b in &r.role_bindings {
+        let subjects: Vec<(String, String, Option<String>)> = b
+            .subjects
+            .iter()
+            .flatten()
+            .map(|s| (s.kind.clone(), s.name.clone(), s.namespace.clone()))
+            .collect();
+        let expected = vec![("ServiceAccount".to_owned(), agent.clone(), Some(NAMESPACE.to_owned()))];
+        p.ensure(
+            (b.role_ref.kind.as_str(), b.role_ref.name.as_str()) == ("Role", agent.as_str())
+                && subjects == expected,
+            || {
+                format!(
+                    "RoleBinding {} binds {} {} to {subjects:?}, want Role {agent} to {expected:?}",
+                    name(&b.metadata),
+                    b.role_ref.kind,
+                    b.role_ref.name
+                )
+            },
+        );
     }
 }
 
@@ -349,6 +406,15 @@ fn agent(spec: &PodSpec, e: &Expect, p: &mut Problems) {
             format!("{what}: {var} is not the downward API's {field}")
         });
     }
+    // The DaemonSet the agent asks about when it stops (uninstall or upgrade) is its own, and
+    // its Role lets it read exactly that one (checked in `rbac`).
+    let own = e.name("ambit-agent");
+    p.ensure(env(c, "AMBIT_AGENT_DAEMONSET") == Some(own.as_str()), || {
+        format!(
+            "{what}: AMBIT_AGENT_DAEMONSET {:?}, want its own DaemonSet {own}",
+            env(c, "AMBIT_AGENT_DAEMONSET")
+        )
+    });
     p.ensure(env(c, "AMBIT_CAPTURE_BACKEND") == Some(e.capture_backend.as_str()), || {
         format!(
             "{what}: AMBIT_CAPTURE_BACKEND {:?}, want {}",

@@ -183,6 +183,7 @@ pub fn check_every_field(r: &Release) {
         env(container(&proxy), "XDS_ADDRESS"),
         Some(format!("ambit-control-canary.{NAMESPACE}.svc:15012").as_str())
     );
+    assert_eq!(env(container(&agent), "AMBIT_AGENT_DAEMONSET"), Some("ambit-agent-canary"));
     revisioned(r, "canary");
 }
 
@@ -301,6 +302,7 @@ Wait for them:
 Then enroll a namespace (kubectl label namespace NAME istio.io/dataplane-mode=ambient): its new
 pods get the annotation ambient.istio.io/redirection=enabled once captured and served by their
 node's proxy.
+`helm uninstall ambit -n istio-system` also takes ambit-cni out of every node's CNI chain.
 docs/install.md has the rest."
     );
     for extra in [&["-f", FILE][..], &["-f", FILE, "--set", "mode=istiod"], &["--set", "mode=istiod"]] {

@@ -78,6 +78,10 @@ env (a map, rendered name by name in key order), volumes, volumeMounts. Call wit
   valueFrom:
     fieldRef:
       fieldPath: metadata.namespace
+# The agent's own DaemonSet: when it stops while this DaemonSet is being deleted (an
+# uninstall), it takes ambit-cni out of the node's CNI chain; otherwise it leaves it.
+- name: AMBIT_AGENT_DAEMONSET
+  value: {{ include "ambit.name" (dict "root" . "base" "ambit-agent") | quote }}
 # The node proxy's pods (templates/proxy.yaml), never enrolled and always started.
 - name: AMBIT_PROXY_POD_LABELS
   value: app=ztunnel
