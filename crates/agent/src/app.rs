@@ -72,7 +72,8 @@ pub enum AgentError {
 }
 
 /// Runs the agent until SIGTERM/SIGINT. It never removes capture on exit: pods stay captured
-/// (and the CNI plugin fails closed) until an agent is back.
+/// (and the CNI plugin fails closed) until an agent is back. The plugin leaves the CNI chain only
+/// when [`crate::owner`] says this stop is an uninstall (or AMBIT_UNINSTALL_ON_EXIT is set).
 pub fn run(args: AgentArgs) -> Result<(), AgentError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -119,8 +120,9 @@ async fn run_async(args: AgentArgs) -> Result<(), AgentError> {
     health::serve_health(args.health_addr, readiness.clone()).await?;
     health::serve_metrics(args.metrics_addr, Arc::new(registry)).await?;
 
-    // 2. The pod source.
+    // 2. The pod source (and, on Kubernetes, the watch of the agent's own DaemonSet).
     let mut file_annotate = None;
+    let mut owner = None;
     let (mut source, annotate): (Source, Arc<dyn Annotate>) = match &args.source_dir {
         Some(dir) => {
             let mut filter = Filter::kinds(&[Kind::Namespace, Kind::Pod]);
@@ -148,6 +150,9 @@ async fn run_async(args: AgentArgs) -> Result<(), AgentError> {
             let client =
                 kube::Client::try_default().await.map_err(|e| AgentError::KubeConfig(e.to_string()))?;
             let src = crate::kube::watch(client.clone(), node);
+            owner = args
+                .own_daemonset()
+                .map(|(name, ns)| crate::owner::OwnerWatch::start(client.clone(), &ns, &name));
             if let Err(e) = src.synced(args.kube_sync_timeout, |reason| readiness.not_ready(reason)).await {
                 readiness.not_ready(&e.to_string());
                 return Err(e.into());
@@ -261,18 +266,15 @@ async fn run_async(args: AgentArgs) -> Result<(), AgentError> {
     if let Err(e) = &outcome {
         readiness.not_ready(&e.to_string());
         tracing::error!(error = %e, "agent stopping; pods keep their capture and proxy");
-        return outcome;
     }
-    if args.uninstall_on_exit
-        && let Some(p) = &follower.plugin
-    {
-        match p.installer().uninstall() {
-            Ok(()) => tracing::info!("CNI plugin uninstalled"),
-            Err(e) => tracing::error!(error = %e, "CNI plugin uninstall failed"),
-        }
+    // The plugin stays in the chain for the next agent, unless this stop is an uninstall.
+    if let Some(p) = &follower.plugin {
+        crate::owner::on_stop(p.installer(), owner.as_ref(), args.uninstall_on_exit).await;
     }
-    tracing::info!("agent stopping; pods keep their capture and proxy");
-    Ok(())
+    if outcome.is_ok() {
+        tracing::info!("agent stopping; pods keep their capture and proxy");
+    }
+    outcome
 }
 
 /// The installer and the plugin's entry: Ambit's keys ([`AmbitKeys`], the type the plugin

@@ -7,9 +7,10 @@
 //! a CNI ADD names; the core that adds pods to and removes them from the mesh (capture through
 //! `ambit-redirect`, the ZDS server); the redirection annotation, written as a report with
 //! retries (to `pods/status`, or in local mode to the capture-state file); the CNI event server;
-//! the CNI installer; and `app`, which wires them into `ambit agent`. The plugin ⇄ agent contract
-//! (event, socket, enrollment cache, config keys) is `ambit-cni`'s library, shared with the
-//! plugin.
+//! the CNI installer; `owner`, which tells an uninstall from an upgrade when the agent stops
+//! (whether the plugin leaves the chain); and `app`, which wires them into `ambit agent`. The
+//! plugin ⇄ agent contract (event, socket, enrollment cache, config keys) is `ambit-cni`'s
+//! library, shared with the plugin.
 
 pub mod addrs;
 pub mod annotate;
@@ -20,6 +21,7 @@ pub mod install;
 pub mod kube;
 pub mod mesh;
 pub mod model;
+pub mod owner;
 pub mod podns;
 pub mod procfs;
 pub mod server;

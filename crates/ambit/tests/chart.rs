@@ -7,6 +7,7 @@
 mod chart {
     pub mod checks;
     pub mod docs;
+    pub mod istio_style;
     pub mod pods;
     pub mod reference;
     pub mod render;
@@ -110,6 +111,51 @@ fn refused_combinations_fail_with_their_message() {
             format!("{schema}- at '/agent/captureBackend': value must be one of 'nftables', 'iptables'"),
         ),
         ("unknown-mode-values.yaml", format!("{schema}- at '/mode': value must be one of 'ambit', 'istiod'")),
+        // A misspelt key is refused at every depth, not ignored.
+        (
+            "nested-typo-values.yaml",
+            format!("{schema}- at '/agent': additional properties 'captureBackendd' not allowed"),
+        ),
+        (
+            "nested-typo-deep-values.yaml",
+            format!("{schema}- at '/agent/resources': additional properties 'request' not allowed"),
+        ),
+        // Additions never silently replace what the chart sets.
+        (
+            "env-overrides-chart-values.yaml",
+            format!(
+                "{validate}proxy.env.RUST_LOG is refused: the chart sets RUST_LOG on the proxy itself (to \"info\"); \
+                 change the chart value that sets it instead"
+            ),
+        ),
+        (
+            "pod-label-overrides-chart-values.yaml",
+            format!(
+                "{validate}agent.podLabels.app=my-agent is refused: the chart sets app to \"ambit-agent\" on the \
+                 agent's pods itself"
+            ),
+        ),
+        (
+            "chart-volume-name-values.yaml",
+            format!(
+                "{validate}agent.volumes: the name cni-bin-dir is refused: the chart's own volume has it"
+            ),
+        ),
+        (
+            "placement-differs-values.yaml",
+            format!(
+                "{validate}agent.nodeSelector and proxy.nodeSelector differ: the agent and the proxy must run on the \
+                 same nodes (a node with an agent and no proxy leaves its captured pods without connectivity); set \
+                 the same value on both"
+            ),
+        ),
+        (
+            "global-hub-conflict-values.yaml",
+            format!(
+                "{validate}image.registry=registry.example.com/mesh and global.hub=registry.example.com/istio \
+                 disagree: they are the same setting (Istio's name and the chart's); set one of them"
+            ),
+        ),
     ];
     let on_disk: BTreeSet<String> = std::fs::read_dir(repo().join("deploy/charts/ambit/ci-refused"))
         .expect("ci-refused")
@@ -233,7 +279,7 @@ fn the_checker_rejects_broken_objects() {
                 }]),
             })
         },
-        "the chart renders a Role or RoleBinding",
+        "RoleBindings {\"ambit-agent\", \"proxy\"}, want {\"ambit-agent\"}",
     );
     broken(
         &|r| {
@@ -492,7 +538,7 @@ fn the_guides_commands_are_the_rendered_ones() {
                         if let Some(image) = word.strip_prefix("--image=") {
                             let want = format!(
                                 "{}/ambit:{}",
-                                Values::defaults().str("image.registry"),
+                                Values::defaults().expect().registry,
                                 chart_app_version()
                             );
                             assert_eq!(image, want, "{at}: not the image the chart installs");

@@ -215,11 +215,18 @@ pub struct AgentArgs {
     /// generateName goes into the plugin config so that they always start, even with no agent.
     #[arg(long, env = "AMBIT_PROXY_POD_LABELS", default_value = "app=ztunnel")]
     pub proxy_pod_labels: String,
-    /// Remove the plugin from the CNI config on exit. Only for a real uninstall: on a restart
-    /// or upgrade the plugin must stay, so new pods wait for the agent instead of starting
-    /// unmeshed.
+    /// Remove the plugin from the CNI config on every exit, without asking whether this is an
+    /// uninstall. Not needed to uninstall under a DaemonSet (see AMBIT_AGENT_DAEMONSET); with it,
+    /// every restart or upgrade lets new pods start unmeshed until the next agent is up.
     #[arg(long, env = "AMBIT_UNINSTALL_ON_EXIT", default_value_t = false, action = clap::ArgAction::Set)]
     pub uninstall_on_exit: bool,
+    /// The agent's own DaemonSet, in POD_NAMESPACE (Kubernetes source only). Watched while the
+    /// agent runs and asked for when it stops: being deleted or gone means an uninstall, and the
+    /// plugin leaves the CNI chain; present, or no clear answer, and it stays. Default
+    /// `istio-cni-node` in the istio-cni profile (Istio's chart's name), none otherwise (the
+    /// plugin then stays).
+    #[arg(long, env = "AMBIT_AGENT_DAEMONSET")]
+    pub agent_daemonset: Option<String>,
     /// Log filter.
     #[arg(long, env = "RUST_LOG", default_value = "info")]
     pub rust_log: String,
@@ -235,6 +242,18 @@ pub struct AgentArgs {
 }
 
 impl AgentArgs {
+    /// The agent's own DaemonSet and its namespace, when both are known: AMBIT_AGENT_DAEMONSET
+    /// (else the istio-cni profile's `istio-cni-node`) in POD_NAMESPACE.
+    pub fn own_daemonset(&self) -> Option<(String, String)> {
+        let name = match (&self.agent_daemonset, self.profile) {
+            (Some(n), _) => Some(n.clone()),
+            (None, Profile::IstioCni) => Some("istio-cni-node".to_owned()),
+            (None, Profile::Ambit) => None,
+        };
+        let namespace = self.pod_namespace.clone();
+        name.filter(|n| !n.is_empty()).zip(namespace.filter(|n| !n.is_empty()))
+    }
+
     /// The paths, from the flags and environment, else the profile's defaults.
     pub fn paths(&self) -> Paths {
         let istio = self.profile == Profile::IstioCni;
@@ -526,6 +545,23 @@ mod tests {
             args(&["--capture-backend", "ebpf"]).backend(),
             Err("AMBIT_CAPTURE_BACKEND=\"ebpf\": use nftables or iptables".to_owned())
         );
+    }
+
+    #[test]
+    fn own_daemonset_needs_a_name_and_the_namespace() {
+        let own = |a: &[&str]| args(a).own_daemonset();
+        let pair = |n: &str, ns: &str| Some((n.to_owned(), ns.to_owned()));
+        assert_eq!(
+            own(&["--pod-namespace", "mesh", "--agent-daemonset", "ambit-agent"]),
+            pair("ambit-agent", "mesh")
+        );
+        assert_eq!(own(&["--pod-namespace", "mesh"]), None, "no default in Ambit's profile");
+        assert_eq!(
+            own(&["--profile", "istio-cni", "--pod-namespace", "mesh"]),
+            pair("istio-cni-node", "mesh")
+        );
+        assert_eq!(own(&["--agent-daemonset", "ambit-agent"]), None, "no namespace");
+        assert_eq!(own(&["--pod-namespace", "mesh", "--agent-daemonset", ""]), None);
     }
 
     #[test]

@@ -11,7 +11,7 @@ use ambit_objects::{Kind, ObjectMeta};
 
 use super::pods::{self, Backing, Component, backing, component, describe, env, env_field, host_path};
 use super::render::{NAMESPACE, Release};
-use super::values::Expect;
+use super::values::{Expect, Placement};
 
 /// Every violation of the chart's invariants in `r`, rendered with values that expect `e`.
 pub fn check(r: &Release, e: &Expect) -> Vec<String> {
@@ -23,18 +23,19 @@ pub fn check(r: &Release, e: &Expect) -> Vec<String> {
             container(&what, c, comp, e, &mut p);
         }
     }
-    if let Some(spec) = r.pod_spec("ambit-agent") {
+    let (agent_name, proxy_name) = (e.name("ambit-agent"), e.name("ztunnel"));
+    if let Some(spec) = r.pod_spec(&agent_name) {
         agent(&spec, e, &mut p);
     }
-    if let Some(spec) = r.pod_spec("ztunnel") {
+    if let Some(spec) = r.pod_spec(&proxy_name) {
         proxy(r, &spec, e, &mut p);
     }
-    if let (Some(agent), Some(proxy)) = (r.pod_spec("ambit-agent"), r.pod_spec("ztunnel")) {
-        agent_and_proxy(r, &agent, &proxy, &mut p);
+    if let (Some(agent), Some(proxy)) = (r.pod_spec(&agent_name), r.pod_spec(&proxy_name)) {
+        agent_and_proxy(r, e, &agent, &proxy, &mut p);
     }
     // The agent: never two on a node. The proxy: the new one before the old one leaves.
-    rolling(r, "ambit-agent", 0, 1, &mut p);
-    rolling(r, "ztunnel", 1, 0, &mut p);
+    rolling(r, &agent_name, 0, 1, &mut p);
+    rolling(r, &proxy_name, 1, 0, &mut p);
     if !e.istiod {
         control(r, e, &mut p);
     }
@@ -115,18 +116,13 @@ fn set(items: &[&str]) -> BTreeSet<String> {
 /// The objects of the mode, all in the release namespace.
 fn objects(r: &Release, e: &Expect, p: &mut Problems) {
     let control = !e.istiod;
-    let want_sa = if control {
-        set(&["ambit-agent", "ztunnel", "ambit-control"])
-    } else {
-        set(&["ambit-agent", "ztunnel"])
-    };
+    let (agent, proxy, ctl) = (e.name("ambit-agent"), e.name("ztunnel"), e.name("ambit-control"));
+    let want_sa = if control { set(&[&agent, &proxy, &ctl]) } else { set(&[&agent, &proxy]) };
     let got = names(&r.service_accounts, |o| &o.metadata);
     p.ensure(got == want_sa, || format!("ServiceAccounts {got:?}, want {want_sa:?}"));
     let got = names(&r.daemon_sets, |o| &o.metadata);
-    p.ensure(got == set(&["ambit-agent", "ztunnel"]), || {
-        format!("DaemonSets {got:?}, want ambit-agent and ztunnel")
-    });
-    let want = if control { set(&["ambit-control"]) } else { BTreeSet::new() };
+    p.ensure(got == set(&[&agent, &proxy]), || format!("DaemonSets {got:?}, want {agent} and {proxy}"));
+    let want = if control { set(&[&ctl]) } else { BTreeSet::new() };
     for (kind, got) in [
         ("Deployments", names(&r.deployments, |o| &o.metadata)),
         ("Services", names(&r.services, |o| &o.metadata)),
@@ -137,7 +133,7 @@ fn objects(r: &Release, e: &Expect, p: &mut Problems) {
     let want = if e.ca_generated { set(&["cacerts"]) } else { BTreeSet::new() };
     let got = names(&r.secrets, |o| &o.metadata);
     p.ensure(got == want, || format!("Secrets {got:?}, want {want:?}"));
-    let want = if control { set(&["istio-ca-root-cert"]) } else { BTreeSet::new() };
+    let want = if control { set(&[&e.root_config_map()]) } else { BTreeSet::new() };
     let got = names(&r.config_maps, |o| &o.metadata);
     p.ensure(got == want, || format!("ConfigMaps {got:?}, want {want:?} (mode=istiod uses istiod's)"));
     let namespaced = r
@@ -149,7 +145,9 @@ fn objects(r: &Release, e: &Expect, p: &mut Problems) {
         .chain(r.services.iter().map(|o| &o.metadata))
         .chain(r.pdbs.iter().map(|o| &o.metadata))
         .chain(r.secrets.iter().map(|o| &o.metadata))
-        .chain(r.config_maps.iter().map(|o| &o.metadata));
+        .chain(r.config_maps.iter().map(|o| &o.metadata))
+        .chain(r.roles.iter().map(|o| &o.metadata))
+        .chain(r.role_bindings.iter().map(|o| &o.metadata));
     for m in namespaced {
         p.ensure(m.namespace.as_deref() == Some(NAMESPACE), || {
             format!("{} is in namespace {:?}, not the release's {NAMESPACE}", name(m), m.namespace)
@@ -159,12 +157,11 @@ fn objects(r: &Release, e: &Expect, p: &mut Problems) {
 
 /// Exact permissions, no wildcards, each role bound to its component's account only.
 fn rbac(r: &Release, e: &Expect, p: &mut Problems) {
-    p.ensure(r.roles.is_empty() && r.role_bindings.is_empty(), || {
-        "the chart renders a Role or RoleBinding; no component needs namespaced permissions".into()
-    });
-    let mut want = BTreeMap::from([("ambit-agent", (agent_permissions(), "ambit-agent"))]);
+    agent_role(r, e, p);
+    let (agent, ctl) = (e.name("ambit-agent"), e.name("ambit-control"));
+    let mut want = BTreeMap::from([(agent.clone(), (agent_permissions(), agent.clone()))]);
     if !e.istiod {
-        want.insert("ambit-control", (control_permissions(), "ambit-control"));
+        want.insert(ctl.clone(), (control_permissions(), ctl.clone()));
     }
     let got = names(&r.cluster_roles, |o| &o.metadata);
     let want_names: BTreeSet<String> = want.keys().map(|k| k.to_string()).collect();
@@ -212,7 +209,7 @@ fn rbac(r: &Release, e: &Expect, p: &mut Problems) {
             .flatten()
             .map(|s| (s.kind.clone(), s.name.clone(), s.namespace.clone()))
             .collect();
-        let account = want.get(role.as_str()).map(|(_, sa)| *sa).unwrap_or("?");
+        let account = want.get(role.as_str()).map(|(_, sa)| sa.as_str()).unwrap_or("?");
         let expected = vec![("ServiceAccount".to_owned(), account.to_owned(), Some(NAMESPACE.to_owned()))];
         p.ensure(b.role_ref.kind == "ClusterRole" && subjects == expected, || {
             format!(
@@ -220,6 +217,65 @@ fn rbac(r: &Release, e: &Expect, p: &mut Problems) {
                 name(&b.metadata)
             )
         });
+    }
+}
+
+/// The one namespaced permission: the agent reads its own DaemonSet (get, and list and watch
+/// by name), to tell an uninstall from an upgrade when it stops.
+fn agent_role(r: &Release, e: &Expect, p: &mut Problems) {
+    let agent = e.name("ambit-agent");
+    let want = set(&[&agent]);
+    let got = names(&r.roles, |o| &o.metadata);
+    p.ensure(got == want, || {
+        format!("Roles {got:?}, want {want:?}: only the agent needs a namespaced permission (its DaemonSet)")
+    });
+    let got = names(&r.role_bindings, |o| &o.metadata);
+    p.ensure(got == want, || format!("RoleBindings {got:?}, want {want:?}"));
+    for role in &r.roles {
+        let rules: Vec<[Vec<String>; 4]> = role
+            .rules
+            .iter()
+            .flatten()
+            .map(|r| {
+                [
+                    r.api_groups.clone().unwrap_or_default(),
+                    r.resources.clone().unwrap_or_default(),
+                    r.resource_names.clone().unwrap_or_default(),
+                    r.verbs.clone(),
+                ]
+            })
+            .collect();
+        let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let expected = vec![[
+            strings(&["apps"]),
+            strings(&["daemonsets"]),
+            vec![agent.clone()],
+            strings(&["get", "list", "watch"]),
+        ]];
+        p.ensure(rules == expected, || {
+            format!("Role {}: rules {rules:?}, want only {expected:?}", name(&role.metadata))
+        });
+    }
+    for b in &r.role_bindings {
+        let subjects: Vec<(String, String, Option<String>)> = b
+            .subjects
+            .iter()
+            .flatten()
+            .map(|s| (s.kind.clone(), s.name.clone(), s.namespace.clone()))
+            .collect();
+        let expected = vec![("ServiceAccount".to_owned(), agent.clone(), Some(NAMESPACE.to_owned()))];
+        p.ensure(
+            (b.role_ref.kind.as_str(), b.role_ref.name.as_str()) == ("Role", agent.as_str())
+                && subjects == expected,
+            || {
+                format!(
+                    "RoleBinding {} binds {} {} to {subjects:?}, want Role {agent} to {expected:?}",
+                    name(&b.metadata),
+                    b.role_ref.kind,
+                    b.role_ref.name
+                )
+            },
+        );
     }
 }
 
@@ -298,22 +354,24 @@ fn container(what: &str, c: &Container, comp: Option<Component>, e: &Expect, p: 
     });
 }
 
-/// Node-wide: every node, critical priority, host mounts as the agent's settings name them.
-fn node_pod(what: &str, spec: &PodSpec, p: &mut Problems) {
+/// Node-wide: not on the host's namespaces, Linux nodes only, and the priority, node selector
+/// and tolerations the values give (by default: system-node-critical, every taint tolerated).
+fn node_pod(what: &str, spec: &PodSpec, want: &Placement, p: &mut Problems) {
     p.ensure(spec.host_network != Some(true), || format!("{what}: hostNetwork"));
     p.ensure(spec.host_pid != Some(true) && spec.host_ipc != Some(true), || {
         format!("{what}: hostPID or hostIPC")
     });
-    p.ensure(spec.priority_class_name.as_deref() == Some("system-node-critical"), || {
-        format!("{what}: priorityClassName {:?}, want system-node-critical", spec.priority_class_name)
+    p.ensure(spec.priority_class_name == want.priority_class, || {
+        format!("{what}: priorityClassName {:?}, want {:?}", spec.priority_class_name, want.priority_class)
     });
-    let every_taint = spec
-        .tolerations
-        .iter()
-        .flatten()
-        .any(|t| t.operator.as_deref() == Some("Exists") && t.key.is_none() && t.effect.is_none());
-    p.ensure(every_taint, || {
-        format!("{what}: does not tolerate every taint (operator Exists, no key or effect)")
+    let json = |v: Option<serde_json::Value>| v.filter(|v| !v.is_null() && v != &serde_json::json!([]));
+    let tolerations = json(serde_json::to_value(&spec.tolerations).ok());
+    p.ensure(tolerations == json(Some(want.tolerations.clone())), || {
+        format!("{what}: tolerations {tolerations:?}, want {:?}", want.tolerations)
+    });
+    let selector = json(serde_json::to_value(&spec.node_selector).ok());
+    p.ensure(selector == json(Some(want.node_selector.clone())), || {
+        format!("{what}: nodeSelector {selector:?}, want {:?}", want.node_selector)
     });
     let linux = spec.node_selector.as_ref().and_then(|n| n.get("kubernetes.io/os")).map(String::as_str);
     p.ensure(linux == Some("linux"), || format!("{what}: nodeSelector kubernetes.io/os is {linux:?}"));
@@ -336,8 +394,8 @@ fn rolling(r: &Release, ds: &str, surge: i32, unavailable: i32, p: &mut Problems
 }
 
 fn agent(spec: &PodSpec, e: &Expect, p: &mut Problems) {
-    let what = "DaemonSet ambit-agent";
-    node_pod(what, spec, p);
+    let what = &format!("DaemonSet {}", e.name("ambit-agent"));
+    node_pod(what, spec, &e.agent_placement, p);
     let Some(c) = spec.containers.first() else { return };
     for (var, field) in [
         ("NODE_NAME", "spec.nodeName"),
@@ -348,6 +406,15 @@ fn agent(spec: &PodSpec, e: &Expect, p: &mut Problems) {
             format!("{what}: {var} is not the downward API's {field}")
         });
     }
+    // The DaemonSet the agent asks about when it stops (uninstall or upgrade) is its own, and
+    // its Role lets it read exactly that one (checked in `rbac`).
+    let own = e.name("ambit-agent");
+    p.ensure(env(c, "AMBIT_AGENT_DAEMONSET") == Some(own.as_str()), || {
+        format!(
+            "{what}: AMBIT_AGENT_DAEMONSET {:?}, want its own DaemonSet {own}",
+            env(c, "AMBIT_AGENT_DAEMONSET")
+        )
+    });
     p.ensure(env(c, "AMBIT_CAPTURE_BACKEND") == Some(e.capture_backend.as_str()), || {
         format!(
             "{what}: AMBIT_CAPTURE_BACKEND {:?}, want {}",
@@ -389,10 +456,10 @@ fn agent(spec: &PodSpec, e: &Expect, p: &mut Problems) {
     p.ensure(proc_mount.and_then(|m| m.read_only) == Some(true), || {
         format!("{what}: /host/proc is not read-only")
     });
-    // Only these host paths, nothing broader.
+    // Only these host paths (and those agent.volumes adds), nothing broader.
     let hosts: BTreeSet<String> =
         spec.volumes.iter().flatten().filter_map(|v| v.host_path.as_ref()).map(|h| h.path.clone()).collect();
-    let want: BTreeSet<String> = [
+    let mut want: BTreeSet<String> = [
         e.cni_bin_dir.as_str(),
         e.cni_conf_dir.as_str(),
         "/proc",
@@ -402,19 +469,21 @@ fn agent(spec: &PodSpec, e: &Expect, p: &mut Problems) {
     ]
     .map(String::from)
     .into();
+    want.extend(e.agent_extra_host_paths.iter().cloned());
     p.ensure(hosts == want, || format!("{what}: host paths {hosts:?}, want {want:?}"));
 }
 
 fn proxy(r: &Release, spec: &PodSpec, e: &Expect, p: &mut Problems) {
-    let what = "DaemonSet ztunnel";
-    node_pod(what, spec, p);
-    let template = r.daemon_set("ztunnel").and_then(|d| d.spec.as_ref()).map(|s| s.template.clone());
+    let own = e.name("ztunnel");
+    let what = &format!("DaemonSet {own}");
+    node_pod(what, spec, &e.proxy_placement, p);
+    let template = r.daemon_set(&own).and_then(|d| d.spec.as_ref()).map(|s| s.template.clone());
     let labels = template.and_then(|t| t.metadata).and_then(|m| m.labels).unwrap_or_default();
     p.ensure(labels.get("app").map(String::as_str) == Some("ztunnel"), || {
         format!("{what}: pods lack app=ztunnel")
     });
-    p.ensure(spec.service_account_name.as_deref() == Some("ztunnel"), || {
-        format!("{what}: service account {:?}, want ztunnel", spec.service_account_name)
+    p.ensure(spec.service_account_name.as_deref() == Some(own.as_str()), || {
+        format!("{what}: service account {:?}, want {own}", spec.service_account_name)
     });
     p.ensure(spec.automount_service_account_token == Some(false), || {
         format!("{what}: mounts an API token; the proxy needs only its istio-ca token")
@@ -447,7 +516,7 @@ fn proxy(r: &Release, spec: &PodSpec, e: &Expect, p: &mut Problems) {
     let root_default = "./var/run/secrets/istio/root-cert.pem";
     for var in ["XDS_ROOT_CA", "CA_ROOT_CA"] {
         let path = env(c, var).unwrap_or(root_default);
-        let want = Backing::ConfigMap { name: "istio-ca-root-cert".into(), key: "root-cert.pem".into() };
+        let want = Backing::ConfigMap { name: e.root_config_map(), key: "root-cert.pem".into() };
         let got = backing(spec, c, path).0;
         p.ensure(got == want, || format!("{what}: {var} {path} is {got:?}, want {want:?}"));
     }
@@ -489,7 +558,7 @@ pub fn drain_deadline(explicit: Option<&str>, grace: Option<i64>) -> Duration {
 }
 
 /// One ZDS socket, the proxy's pods exempt, the proxy's account trusted.
-fn agent_and_proxy(r: &Release, agent: &PodSpec, proxy: &PodSpec, p: &mut Problems) {
+fn agent_and_proxy(r: &Release, e: &Expect, agent: &PodSpec, proxy: &PodSpec, p: &mut Problems) {
     let (Some(a), Some(x)) = (agent.containers.first(), proxy.containers.first()) else { return };
     let zds = "/var/run/ztunnel/ztunnel.sock";
     let server = host_path(agent, a, env(a, "ZTUNNEL_UDS_ADDRESS").unwrap_or(zds));
@@ -498,7 +567,7 @@ fn agent_and_proxy(r: &Release, agent: &PodSpec, proxy: &PodSpec, p: &mut Proble
         format!("the agent serves ZDS at {server:?} on the host, the proxy dials {client:?}")
     });
     let labels = r
-        .daemon_set("ztunnel")
+        .daemon_set(&e.name("ztunnel"))
         .and_then(|d| d.spec.as_ref())
         .and_then(|s| s.template.metadata.as_ref())
         .and_then(|m| m.labels.clone())
@@ -513,8 +582,8 @@ fn agent_and_proxy(r: &Release, agent: &PodSpec, proxy: &PodSpec, p: &mut Proble
 }
 
 fn control(r: &Release, e: &Expect, p: &mut Problems) {
-    let what = "Deployment ambit-control";
-    let Some(d) = r.deployment("ambit-control") else { return };
+    let what = &format!("Deployment {}", e.name("ambit-control"));
+    let Some(d) = r.deployment(&e.name("ambit-control")) else { return };
     let Some(spec) = d.spec.as_ref() else { return };
     p.ensure(spec.replicas == Some(e.control_replicas), || {
         format!("{what}: replicas {:?}, want {}", spec.replicas, e.control_replicas)
@@ -551,7 +620,7 @@ fn control(r: &Release, e: &Expect, p: &mut Problems) {
     p.ensure(got == Backing::EmptyDir, || {
         format!("{what}: the state dir {state} is {got:?}, want an emptyDir")
     });
-    let trusted = format!("{NAMESPACE}/ztunnel");
+    let trusted = format!("{NAMESPACE}/{}", e.name("ztunnel"));
     p.ensure(env(c, "CA_TRUSTED_NODE_ACCOUNTS").is_none_or(|t| t == trusted), || {
         format!("{what}: CA_TRUSTED_NODE_ACCOUNTS {:?}, want {trusted}", env(c, "CA_TRUSTED_NODE_ACCOUNTS"))
     });
@@ -566,7 +635,7 @@ fn control(r: &Release, e: &Expect, p: &mut Problems) {
     let proxy_image = r
         .daemon_sets
         .iter()
-        .find(|d| name(&d.metadata) == "ztunnel")
+        .find(|d| name(&d.metadata) == e.name("ztunnel"))
         .and_then(|d| d.spec.as_ref()?.template.spec.as_ref()?.containers.first()?.image.clone());
     p.ensure(proxy_image.is_some() && env(c, "AMBIT_WAYPOINT_IMAGE") == proxy_image.as_deref(), || {
         format!(
@@ -624,16 +693,17 @@ fn ca(r: &Release, e: &Expect, p: &mut Problems) {
     if e.istiod {
         return;
     }
+    let cm = e.root_config_map();
     let root = r
         .config_maps
         .iter()
-        .find(|c| name(&c.metadata) == "istio-ca-root-cert")
+        .find(|c| name(&c.metadata) == cm)
         .and_then(|c| c.data.as_ref())
         .and_then(|d| d.get("root-cert.pem"))
         .cloned()
         .unwrap_or_default();
     p.ensure(root.trim_start().starts_with("-----BEGIN CERTIFICATE-----"), || {
-        format!("ConfigMap istio-ca-root-cert: root-cert.pem is not a PEM certificate: {root:?}")
+        format!("ConfigMap {cm}: root-cert.pem is not a PEM certificate: {root:?}")
     });
     if !e.ca_generated {
         return;
@@ -653,7 +723,6 @@ fn ca(r: &Release, e: &Expect, p: &mut Problems) {
     let secret_root =
         data.get("root-cert.pem").map(|b| String::from_utf8_lossy(&b.0).into_owned()).unwrap_or_default();
     p.ensure(secret_root.trim() == root.trim(), || {
-        "ConfigMap istio-ca-root-cert is not the Secret's root-cert.pem: proxies would not trust the CA"
-            .into()
+        format!("ConfigMap {cm} is not the Secret's root-cert.pem: proxies would not trust the CA")
     });
 }

@@ -12,6 +12,8 @@ use super::render::repo;
 pub struct Expect {
     /// `mode=istiod`: no control plane, no CA objects.
     pub istiod: bool,
+    /// `revision`: the suffix of every object name ("" for none).
+    pub revision: String,
     /// Where the proxies dial xDS and the CA.
     pub discovery_address: String,
     /// `<registry>/` prefix of every image (empty: none).
@@ -32,6 +34,32 @@ pub struct Expect {
     pub ca_secret: String,
     /// Whether the chart renders that Secret itself.
     pub ca_generated: bool,
+    /// Where the agent and the proxy run: `<component>.priorityClassName` (else
+    /// `global.priorityClassName`), `nodeSelector`, `tolerations`.
+    pub agent_placement: Placement,
+    pub proxy_placement: Placement,
+    /// Host paths of the agent's own `agent.volumes`.
+    pub agent_extra_host_paths: Vec<String>,
+}
+
+/// A node component's placement, as its values set it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Placement {
+    pub priority_class: Option<String>,
+    pub node_selector: Value,
+    pub tolerations: Value,
+}
+
+impl Expect {
+    /// The name the chart gives an object: `base`, or `base-<revision>`.
+    pub fn name(&self, base: &str) -> String {
+        if self.revision.is_empty() { base.to_owned() } else { format!("{base}-{}", self.revision) }
+    }
+
+    /// The ConfigMap the proxies read the mesh root from.
+    pub fn root_config_map(&self) -> String {
+        if self.istiod { "istio-ca-root-cert".into() } else { self.name("istio-ca-root-cert") }
+    }
 }
 
 /// Values: the chart's `values.yaml` merged with overrides.
@@ -92,20 +120,37 @@ impl Values {
         path.split('.').fold(&self.0, |v, k| v.get(k).unwrap_or(&Value::Null))
     }
 
+    /// The first of `paths` that is set (not empty), or "".
+    pub fn first(&self, paths: &[&str]) -> String {
+        paths.iter().map(|p| self.str(p)).find(|v| !v.is_empty()).unwrap_or_default()
+    }
+
     /// What the rendering must show.
     pub fn expect(&self) -> Expect {
         let istiod = self.str("mode") == "istiod";
         let existing = self.str("ca.existingSecret");
-        let tag = self.str("image.tag");
+        let tag = self.first(&["image.tag", "global.tag"]);
         let digest = self.str("image.digest");
+        let revision = self.str("revision");
+        let suffix = if revision.is_empty() { String::new() } else { format!("-{revision}") };
+        let registry = self.first(&["image.registry", "global.hub"]);
+        let placement = |c: &str| Placement {
+            priority_class: Some(
+                self.first(&[&format!("{c}.priorityClassName"), "global.priorityClassName"]),
+            )
+            .filter(|p| !p.is_empty()),
+            node_selector: self.at(&format!("{c}.nodeSelector")).clone(),
+            tolerations: self.at(&format!("{c}.tolerations")).clone(),
+        };
         Expect {
             istiod,
-            discovery_address: if istiod {
-                self.str("istiod.address")
-            } else {
-                format!("ambit-control.{}.svc:15012", super::render::NAMESPACE)
+            discovery_address: match (istiod, self.str("istiod.address")) {
+                (true, a) if !a.is_empty() => a,
+                (true, _) => format!("istiod{suffix}.{}.svc:15012", self.str("global.istioNamespace")),
+                (false, _) => format!("ambit-control{suffix}.{}.svc:15012", super::render::NAMESPACE),
             },
-            registry: self.str("image.registry"),
+            revision,
+            registry: if registry.is_empty() { "localhost/ambit".into() } else { registry },
             tag: digest.is_empty().then(|| if tag.is_empty() { chart_app_version() } else { tag }),
             digest: (!digest.is_empty()).then_some(digest),
             cni_bin_dir: self.str("platform.cniBinDir"),
@@ -115,6 +160,15 @@ impl Values {
             control_replicas: self.at("control.replicas").as_i64().unwrap_or(1) as i32,
             ca_secret: if existing.is_empty() { "cacerts".into() } else { existing.clone() },
             ca_generated: existing.is_empty() && !istiod,
+            agent_placement: placement("agent"),
+            proxy_placement: placement("proxy"),
+            agent_extra_host_paths: self
+                .at("agent.volumes")
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v["hostPath"]["path"].as_str().map(str::to_owned))
+                .collect(),
         }
     }
 }
