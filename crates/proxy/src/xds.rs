@@ -72,10 +72,7 @@ impl Xds {
         let metadata: MetadataSource = Arc::new(move || c.metadata().map_err(Into::into));
         let handlers: [(String, Arc<dyn Handler>); 2] = [
             (ADDRESS.to_owned(), Arc::new(addresses(store.clone()))),
-            (
-                AUTHORIZATION.to_owned(),
-                Arc::new(policies(store)),
-            ),
+            (AUTHORIZATION.to_owned(), Arc::new(policies(store))),
         ];
         let metrics = XdsMetrics::register(registry.sub_registry_with_prefix("istio"));
         let (handle, task) = XdsClient::new(cfg, connector, metadata, handlers, metrics);
@@ -165,15 +162,16 @@ fn policies(store: StateStore) -> Apply<pb_security::Authorization> {
 
 impl<M: prost::Message + Default + Send + 'static> Handler for Apply<M> {
     fn apply(&self, updates: Vec<Update>, removed: Vec<String>) -> BoxFuture<'_, Vec<Rejection>> {
-        let (type_url, store, add, place_removed) = (self.type_url, self.store.clone(), self.add, self.removed);
+        let (type_url, store, add, place_removed) =
+            (self.type_url, self.store.clone(), self.add, self.removed);
         Box::pin(async move {
             // Conversion and application run on the blocking pool, off the control runtime.
             let job = tokio::task::spawn_blocking(move || {
                 let mut delta = Delta::default();
                 let mut rejected = Vec::new();
                 for u in &updates {
-                    let converted = decode::<M>(type_url, u)
-                        .and_then(|m| add(&mut delta, &u.name, m).map_err(rejection));
+                    let converted =
+                        decode::<M>(type_url, u).and_then(|m| add(&mut delta, &u.name, m).map_err(rejection));
                     if let Err(r) = converted {
                         rejected.push(r);
                     }
