@@ -1,7 +1,8 @@
 //! Records what one xDS-style update costs at scale: p50/p99/max of 10 000 single-workload
-//! updates published through `StateStore::apply` at 100 000 workloads + 10 000 services, and the
-//! memory the state holds at 10 000 and 100 000 workloads (growth of this process's resident set,
-//! `VmRSS` in `/proc/self/status`, system allocator).
+//! updates published through `StateStore::apply` at N workloads (+ N / 10 services, N / 100
+//! policies: `testing::generated::mesh`), and the memory the state holds at N (growth of this
+//! process's resident set, `VmRSS` in `/proc/self/status`, system allocator), for N in
+//! `STATE_UPDATE_SIZES` (default `10000,100000`).
 //!
 //! Run: `cargo bench -p ambit-proxy --bench state_update`.
 
@@ -43,8 +44,18 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 fn main() {
     // Criterion-style flags (`--bench`) are accepted and ignored.
-    drop(memory(10_000));
-    let st = memory(100_000);
+    let sizes: Vec<usize> = std::env::var("STATE_UPDATE_SIZES")
+        .unwrap_or_else(|_| "10000,100000".into())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    for n in sizes {
+        updates_at(n);
+    }
+}
+
+fn updates_at(size: usize) {
+    let st = memory(size);
     let store = StateStore::new(st);
     // A reader holds a snapshot, as a live connection does: updates must not disturb it.
     let held = store.current();
@@ -53,11 +64,11 @@ fn main() {
     let cpu_start = cpu_time();
     let wall = Instant::now();
     for n in 0..UPDATES {
-        let i = (n * 7919) % 100_000;
+        let i = (n * 7919) % size;
         let mut w = common::workload(i);
         if n % 2 == 0 {
             // Moved to another IP: the address index changes.
-            w.workload_ips = vec![common::workload_ip(200_000 + n)];
+            w.workload_ips = vec![common::workload_ip(2 * size + n)];
         } else {
             // Unhealthy: its endpoint leaves its service (a copy of the service, sharing the rest).
             w.status = HealthStatus::Unhealthy;
@@ -72,13 +83,13 @@ fn main() {
     let cpu = cpu_time().saturating_sub(cpu_start);
     times.sort();
     println!(
-        "{UPDATES} single-workload updates at 100 000 workloads + 10 000 services (StateStore::apply): \
-         p50 {:?}, p99 {:?}, max {:?}; {wall:?} wall, {cpu:?} CPU in total",
+        "{UPDATES} single-workload updates at {size} workloads (StateStore::apply): p50 {:?}, p99 {:?}, \
+         max {:?}; {wall:?} wall, {cpu:?} CPU in total",
         percentile(&times, 0.50),
         percentile(&times, 0.99),
         times[times.len() - 1],
     );
-    assert_eq!(held.counts().0, 100_000);
+    assert_eq!(held.counts().0, size);
 }
 
 /// This process's user + system CPU time (from `/proc/self/stat`, in clock ticks of 10 ms).
