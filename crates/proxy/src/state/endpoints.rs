@@ -157,15 +157,36 @@ impl EndpointSet {
         }
     }
 
-    pub(crate) fn entries(&self) -> Box<dyn Iterator<Item = (&Arc<str>, &Endpoint)> + '_> {
+    /// `(uid, endpoint)` pairs (unordered), without an allocation: routing walks them per
+    /// connection.
+    pub(crate) fn entries(&self) -> Entries<'_> {
         match &self.0 {
-            Set::Small(v) => Box::new(v.iter().map(|(k, e)| (k, e))),
-            Set::Large(m) => Box::new(m.iter()),
+            Set::Small(v) => Entries::Small(v.iter()),
+            Set::Large(m) => Entries::Large(m.iter()),
         }
     }
 
     fn sorted(&self) -> BTreeMap<&str, &Endpoint> {
         self.iter().collect()
+    }
+}
+
+/// The iterator of [`EndpointSet::entries`]. Lives on the stack for one walk; boxing the large
+/// variant would allocate per walk, which is what it replaces.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Entries<'a> {
+    Small(std::slice::Iter<'a, (Arc<str>, Endpoint)>),
+    Large(imbl::hashmap::Iter<'a, Arc<str>, Endpoint, imbl::shared_ptr::DefaultSharedPtr>),
+}
+
+impl<'a> Iterator for Entries<'a> {
+    type Item = (&'a Arc<str>, &'a Endpoint);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match self {
+            Entries::Small(i) => i.next().map(|(k, e)| (k, e)),
+            Entries::Large(i) => i.next(),
+        }
     }
 }
 
