@@ -681,13 +681,15 @@ fn local_config_reloads_refuse_empty_and_duplicates() {
     assert_eq!(dumped_uids(), Vec::<String>::new());
 
     // A large file (the two pods and 100 000 more workloads): readiness and admin answer promptly
-    // while it parses.
+    // while it parses. The fillers are on a network of their own: their 10.200-10.201 addresses
+    // would otherwise collide with the pods' whenever the cluster's subnet falls in that range
+    // (CI at a5d7126: a pod at 10.200.66.2 and filler-16898 refused as a duplicate address).
     let mut big = good.replacen("workloads:\n", "", 1);
     big.insert_str(0, "workloads:\n");
     let filler: String = (0..100_000)
         .map(|i| {
             format!(
-                "- {{uid: filler-{i}, namespace: other, workloadIps: [10.{}.{}.{}]}}\n",
+                "- {{uid: filler-{i}, namespace: other, network: filler, workloadIps: [10.{}.{}.{}]}}\n",
                 200 + i / 65_536,
                 i / 256 % 256,
                 i % 256
