@@ -4,8 +4,8 @@
 //! field set, one address, a listed policy, locality; the same mesh `benches/memory.sh` loads from
 //! the file), for N in `BENCH_XDS_SIZES` (default `10000,100000`). Prints, per N:
 //!
-//! - initial sync: proxy process start → `/healthz/ready` 200 (the first responses of both
-//!   types applied and ACKed);
+//! - initial sync: proxy process start → `/healthz/ready` 200 (the initial response of both
+//!   types applied and ACKed, every part of it when the server split it: `ambit_xds::parts`);
 //! - memory: the proxy's RSS after the sync, and its growth over the same proxy holding only its
 //!   own workload (N = 0, measured first);
 //! - bytes on the wire per workload: `istio_xds_message_bytes_total` (Any payloads) / N;

@@ -23,11 +23,15 @@
 //! * [`XdsMetrics`]: `xds_connection_terminations`, `xds_message`, `xds_message_bytes` as ztunnel
 //!   names them (the owner registers them under its `istio_` prefix).
 //!
+//! * [`parts`]: how a response too large for one message is sent as several, and how a client
+//!   tells that more parts follow (so it reports initial sync only once it holds all of them).
+//!
 //! The wire behaviour follows `node-proxy.md` §1.4 (client) and `control-plane.md` §5 (server).
 
 pub mod client;
 mod metrics;
 pub mod node;
+pub mod parts;
 pub mod server;
 
 pub use metrics::{TerminationReason, XdsMetrics};

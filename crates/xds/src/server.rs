@@ -143,7 +143,14 @@ pub struct ServerConfig {
     /// `false` and calls [`AdsServer::set_ready`] once synced, so no proxy is handed an empty
     /// state that would wipe what it holds.
     pub ready: bool,
+    /// A response larger than this is sent in parts ([`crate::parts`]), each at most this large
+    /// (or one resource, if a single one is larger). Default 64 MiB: a third of the 200 MiB
+    /// decoding limit of ztunnel's and Ambit's clients.
+    pub max_response_bytes: usize,
 }
+
+/// [`ServerConfig::max_response_bytes`]'s default.
+pub const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
 
 impl Default for ServerConfig {
     fn default() -> Self {
@@ -159,6 +166,7 @@ impl Default for ServerConfig {
             new_stream_max_wait: Duration::from_secs(1),
             authenticate_timeout: Duration::from_secs(10),
             ready: true,
+            max_response_bytes: MAX_RESPONSE_BYTES,
         }
     }
 }
@@ -259,6 +267,9 @@ struct Sub {
     names: HashMap<String, u64>,
     responses: u64,
     last_nonce: String,
+    /// The nonces of the last response's parts ([`crate::parts`]; one unless it was split):
+    /// an ACK or NACK of any of them is current.
+    in_flight: Vec<String>,
     acked: Vec<String>,
     nacks: Vec<ServerNack>,
 }

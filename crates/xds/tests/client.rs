@@ -607,3 +607,30 @@ async fn waiting_demands_are_capped_and_abandoned_ones_are_pruned() {
     let _ = task.await;
     assert_eq!(ok.await, Err(DemandError::Stopped));
 }
+
+#[tokio::test]
+async fn a_response_in_parts_syncs_only_after_the_last_part() {
+    let (a, b) = (Store::default(), Store::default());
+    let (subs, handlers) = wildcard2(&a, &b);
+    let mut h = Harness::start(subs, handlers).await;
+    let mut s = h.stream().await;
+    assert_eq!(s.req().await.type_url, A);
+    assert_eq!(s.req().await.type_url, B);
+    let part = |nonce: &str, version: &str, resources| DeltaDiscoveryResponse {
+        system_version_info: version.into(),
+        ..resp(A, nonce, resources, &[])
+    };
+
+    s.send(resp(B, "m1", vec![res("b1", "x", "bee")], &[])).await;
+    assert_ack(&s.req().await, B, "m1");
+    s.send(part("n1", "4 part 1/2", vec![res("r1", "v1", "one")])).await;
+    assert_ack(&s.req().await, A, "n1");
+    // Applied and ACKed, but the state is not whole yet: not synced.
+    assert_eq!(a.snapshot(), BTreeMap::from([("r1".into(), "one".into())]));
+    assert!(!h.client.is_synced());
+    s.send(part("n2", "4 part 2/2", vec![res("r2", "v2", "two")])).await;
+    assert_ack(&s.req().await, A, "n2");
+    timeout(WAIT, h.client.synced()).await.expect("synced once the last part is ACKed");
+    assert_eq!(a.snapshot().len(), 2);
+    assert_eq!(h.client.status().types[0].system_version_info, "4 part 2/2");
+}

@@ -445,3 +445,51 @@ async fn a_change_of_also_alone_is_stored_and_pushed_to_nobody() {
     let p = second.recv().await;
     assert_eq!(names(&p), strings(&["ns/svc", "uid-1", "uid-2"]));
 }
+
+#[tokio::test]
+async fn a_response_over_the_size_limit_goes_in_parts_each_acked_on_its_own() {
+    // Each resource encodes to a little over 1 000 bytes: two fit in a part, three do not.
+    let cfg = ServerConfig { max_response_bytes: 4096 + 2500, ..fast() };
+    let s = start(cfg, None).await;
+    let payload = |i: usize| format!("{i}{}", "x".repeat(1000));
+    let all: Vec<ServerResource> = (0..5).map(|i| r(&format!("a{i}"), &payload(i))).collect();
+    s.resources.publish([upsert(A, all)]).unwrap();
+    let mut c = Client::open(&s.url, None).await.unwrap();
+    c.wildcard(A, &[]).await;
+    let parts = [c.recv().await, c.recv().await, c.recv().await];
+    c.quiet(200).await;
+    let versions: Vec<&str> = parts.iter().map(|p| p.system_version_info.as_str()).collect();
+    assert_eq!(versions, ["1 part 1/3", "1 part 2/3", "1 part 3/3"]);
+    let sent: Vec<Vec<String>> = parts.iter().map(names).collect();
+    let mut every: Vec<String> = sent.concat();
+    every.sort();
+    assert_eq!(every, strings(&["a0", "a1", "a2", "a3", "a4"]));
+    assert!(sent.iter().all(|p| p.len() <= 2), "{sent:?}");
+    let nonces: Vec<String> = parts.iter().map(|p| p.nonce.clone()).collect();
+    assert_eq!(nonces.iter().collect::<std::collections::HashSet<_>>().len(), 3);
+
+    // Every part's ACK counts (none is stale), in the order they come.
+    for p in &parts {
+        c.ack(p).await;
+    }
+    c.quiet(200).await;
+    let st = s.ads.status();
+    assert_eq!(st[0].types[0].acked_nonces, nonces);
+    assert_eq!(st[0].types[0].responses, 3);
+
+    // A change that fits is one whole response again, and the parts' nonces are stale now.
+    s.resources.publish([upsert(A, vec![r("a0", "small")])]).unwrap();
+    let p = c.recv().await;
+    assert_eq!((p.system_version_info.as_str(), names(&p)), ("2", strings(&["a0"])));
+    c.send(DeltaDiscoveryRequest {
+        response_nonce: nonces[0].clone(),
+        resource_names_subscribe: strings(&["zzz"]),
+        ..req(A)
+    })
+    .await;
+    c.quiet(200).await;
+    c.ack(&p).await;
+    c.quiet(200).await;
+    assert_eq!(s.ads.status()[0].types[0].acked_nonces.last(), Some(&p.nonce));
+    assert_eq!(s.ads.status()[0].types[0].acked_nonces.len(), 4);
+}

@@ -340,7 +340,9 @@ impl Task {
             }
         }
         drop(st);
-        if nack.is_none() {
+        // A part that more parts of the same response follow does not complete the sync: the
+        // state is not whole until the last part is in.
+        if nack.is_none() && !crate::parts::more_follow(version) {
             ts.acked = true;
             let synced = self.types.iter().all(|t| t.acked || t.subscription == Subscription::OnDemand);
             if synced && !*self.shared.synced.borrow() {

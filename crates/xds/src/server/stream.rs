@@ -5,6 +5,7 @@
 use std::collections::{HashMap, HashSet};
 
 use ambit_api::xds::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource};
+use prost::Message;
 use tonic::Status;
 use tracing::{debug, warn};
 
@@ -62,6 +63,7 @@ pub(super) fn handle_request(
     let snap = resources.read();
     let set = &snap.sets[ti];
     let type_url = &resources.inner.types[ti];
+    let max_bytes = server.cfg.max_response_bytes;
     let Some(sub) = subs[ti].as_mut() else {
         let mut names: HashSet<String> = req.resource_names_subscribe.iter().cloned().collect();
         names.extend(req.initial_resource_versions.keys().cloned());
@@ -75,6 +77,7 @@ pub(super) fn handle_request(
             names: HashMap::new(),
             responses: 0,
             last_nonce: String::new(),
+            in_flight: Vec::new(),
             acked: Vec::new(),
             nacks: Vec::new(),
         };
@@ -85,11 +88,13 @@ pub(super) fn handle_request(
             names.extend(set.node_local(node_name, &sub, &names, scope));
             resolve(set, snap.version, &mut sub, &names, &req.initial_resource_versions, scope)
         };
-        let resp = response(type_url, snap.version, &mut sub, counter, resources_out, removed);
+        let parts = response(type_url, snap.version, &mut sub, counter, resources_out, removed, max_bytes);
         subs[ti] = Some(sub);
-        return Ok(vec![(ti, resp)]);
+        return Ok(parts.into_iter().map(|r| (ti, r)).collect());
     };
-    if !req.response_nonce.is_empty() && req.response_nonce != sub.last_nonce {
+    // Every part of the last response is current (each is ACKed on its own); anything older
+    // is stale.
+    if !req.response_nonce.is_empty() && !sub.in_flight.contains(&req.response_nonce) {
         debug!(stream = *id, %type_url, nonce = %req.response_nonce, "stale nonce; request ignored");
         server.type_metrics[ti].expired_nonce();
         return Ok(Vec::new());
@@ -130,7 +135,8 @@ pub(super) fn handle_request(
         }
         return Ok(Vec::new());
     };
-    Ok(vec![(ti, response(type_url, snap.version, sub, counter, out, removed))])
+    let parts = response(type_url, snap.version, sub, counter, out, removed, max_bytes);
+    Ok(parts.into_iter().map(|r| (ti, r)).collect())
 }
 
 /// Every resource of the type the stream may see except those the client already holds at the
@@ -245,10 +251,10 @@ pub(super) fn push(server: &ServerInner, shared: &StreamShared, dirty: &Dirty) -
         if resources_out.is_empty() && removed.is_empty() {
             continue;
         }
-        out.push((
-            ti,
-            response(&resources.inner.types[ti], snap.version, sub, counter, resources_out, removed),
-        ));
+        let type_url = &resources.inner.types[ti];
+        let max_bytes = server.cfg.max_response_bytes;
+        let parts = response(type_url, snap.version, sub, counter, resources_out, removed, max_bytes);
+        out.extend(parts.into_iter().map(|r| (ti, r)));
     }
     out
 }
@@ -263,6 +269,14 @@ pub(super) fn wire(e: &Entry, aliases: bool) -> Resource {
     }
 }
 
+/// What a part's header (type URL, nonce, version) and one field's tag and length may take,
+/// on top of what [`ServerConfig::max_response_bytes`](super::ServerConfig) counts.
+const HEADER_BYTES: usize = 4096;
+const FIELD_BYTES: usize = 16;
+
+/// The response that sends `resources` and `removed`: one message, or, when it would be larger
+/// than `max_bytes`, several parts ([`crate::parts`]) with the removals after every resource.
+/// Each gets its own nonce; all of them are the stream's current nonces for the type.
 pub(super) fn response(
     type_url: &str,
     version: u64,
@@ -270,18 +284,42 @@ pub(super) fn response(
     counter: &mut u64,
     resources: Vec<Resource>,
     mut removed: Vec<String>,
-) -> DeltaDiscoveryResponse {
+    max_bytes: usize,
+) -> Vec<DeltaDiscoveryResponse> {
     // Removals in a stable order (names come out of hash sets).
     removed.sort();
-    *counter += 1;
-    let nonce = format!("{version}-{counter}-{:016x}", rand::random::<u64>());
-    sub.last_nonce = nonce.clone();
-    sub.responses += 1;
-    DeltaDiscoveryResponse {
-        system_version_info: version.to_string(),
-        resources,
-        type_url: type_url.to_owned(),
-        removed_resources: removed,
-        nonce,
+    let sizes = resources
+        .iter()
+        .map(|r| r.encoded_len() + FIELD_BYTES)
+        .chain(removed.iter().map(|n| n.len() + FIELD_BYTES));
+    let starts = crate::parts::split(sizes, max_bytes.saturating_sub(HEADER_BYTES));
+    let (total, held) = (resources.len() + removed.len(), resources.len());
+    let count = starts.len() + 1;
+    let (mut resources, mut removed) = (resources.into_iter(), removed.into_iter());
+    let version_info = version.to_string();
+    sub.in_flight.clear();
+    let mut out = Vec::with_capacity(count);
+    let mut from = 0;
+    for (i, to) in starts.into_iter().chain([total]).enumerate() {
+        let sent = to.min(held).saturating_sub(from.min(held));
+        let resources = resources.by_ref().take(sent).collect();
+        let removed_resources = removed.by_ref().take(to - from - sent).collect();
+        from = to;
+        *counter += 1;
+        let nonce = format!("{version}-{counter}-{:016x}", rand::random::<u64>());
+        sub.last_nonce = nonce.clone();
+        sub.in_flight.push(nonce.clone());
+        sub.responses += 1;
+        out.push(DeltaDiscoveryResponse {
+            system_version_info: match count {
+                1 => version_info.clone(),
+                _ => crate::parts::version(&version_info, i + 1, count),
+            },
+            resources,
+            type_url: type_url.to_owned(),
+            removed_resources,
+            nonce,
+        });
     }
+    out
 }
