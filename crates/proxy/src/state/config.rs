@@ -36,17 +36,17 @@ pub struct LocalConfig {
 }
 
 /// The largest mesh the local file is sized for: workloads ...
-pub const MAX_WORKLOADS: usize = 250_000;
+pub const MAX_WORKLOADS: usize = 1_000_000;
 /// ... services ...
-pub const MAX_SERVICES: usize = 50_000;
+pub const MAX_SERVICES: usize = 200_000;
 /// ... and policies (see [`budget`]).
-pub const MAX_POLICIES: usize = 10_000;
+pub const MAX_POLICIES: usize = 40_000;
 
 /// Most threads a large file is parsed on (see `pieces`).
 const MAX_THREADS: usize = 4;
 
 /// Largest local config file read, in bytes (the file is held in memory while it is parsed).
-pub const MAX_FILE_BYTES: usize = 256 * 1024 * 1024;
+pub const MAX_FILE_BYTES: usize = 1024 * 1024 * 1024;
 
 /// A position in the config file (1-based line and column).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -369,8 +369,15 @@ pub(super) fn read(path: &Path) -> Result<String, LocalConfigError> {
 }
 
 fn options() -> serde_saphyr::Options {
+    options_within(budget())
+}
+
+/// The parser's options for a document held to `budget`. Comments are read but not kept
+/// (nothing uses them).
+pub(super) fn options_within(budget: serde_saphyr::Budget) -> serde_saphyr::Options {
     let mut options = serde_saphyr::Options::default();
-    options.budget = Some(budget());
+    options.budget = Some(budget);
+    options.emit_comments = false;
     options
 }
 

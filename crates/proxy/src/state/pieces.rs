@@ -10,9 +10,11 @@
 //! whole file as before: the result, and every error with its position, are the whole-file
 //! parse's.
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
 use serde::de::DeserializeOwned;
 
-use super::config::{LocalConfig, MAX_POLICIES, MAX_SERVICES, MAX_WORKLOADS, item_budget};
+use super::config::{LocalConfig, MAX_POLICIES, MAX_SERVICES, MAX_WORKLOADS, item_budget, options_within};
 
 /// Files smaller than this are parsed whole (the threads would not pay for themselves).
 pub const MIN_BYTES: usize = 4 * 1024 * 1024;
@@ -22,6 +24,10 @@ const KEYS: [&str; 3] = ["workloads", "services", "policies"];
 
 /// The config, parsed in pieces on up to `threads` threads; `None` when the file is smaller than
 /// `min_bytes`, not of the plain shape, or a piece failed (then parse it whole).
+///
+/// The pieces are several times more than the threads, and each thread takes the next one
+/// when it is done with one: pieces parse at different speeds (a workload costs more per byte
+/// than a policy), so a fixed share per thread left one core idle while the other finished.
 pub fn parse(yaml: &str, threads: usize, min_bytes: usize) -> Option<LocalConfig> {
     if threads < 2 || yaml.len() < min_bytes {
         return None;
@@ -32,14 +38,72 @@ pub fn parse(yaml: &str, threads: usize, min_bytes: usize) -> Option<LocalConfig
         return None;
     }
     let total: usize = sections.iter().flatten().map(|s| s.last().map_or(0, |l| l.end) - s[0].start).sum();
-    let target = total.div_ceil(threads).max(1);
-    let [workloads, services, policies] = sections.map(|s| s.map(|items| pieces(yaml, &items, target)));
-    std::thread::scope(|scope| {
-        let w = workloads.map(|p| spawn_all(scope, p));
-        let s = services.map(|p| spawn_all(scope, p));
-        let p = policies.map(|p| spawn_all(scope, p));
-        Some(LocalConfig { workloads: join(w)?, services: join(s)?, policies: join(p)? })
-    })
+    let target = total.div_ceil(threads * PIECES_PER_THREAD).max(1);
+    let queue: Vec<(usize, &str, usize)> = sections
+        .iter()
+        .enumerate()
+        .filter_map(|(k, s)| Some((k, s.as_ref()?)))
+        .flat_map(|(k, items)| pieces(yaml, items, target).into_iter().map(move |(text, n)| (k, text, n)))
+        .collect();
+    let next = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let done: Vec<Vec<(usize, Parsed)>> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads.min(queue.len()))
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut out = Vec::new();
+                    while !failed.load(Ordering::Relaxed) {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(&(kind, text, items)) = queue.get(i) else { break };
+                        match Parsed::of(kind, text, items) {
+                            Some(parsed) => out.push((i, parsed)),
+                            None => failed.store(true, Ordering::Relaxed),
+                        }
+                    }
+                    out
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap_or_default()).collect()
+    });
+    if failed.load(Ordering::Relaxed) {
+        return None;
+    }
+    let mut parsed: Vec<(usize, Parsed)> = done.into_iter().flatten().collect();
+    if parsed.len() != queue.len() {
+        return None;
+    }
+    parsed.sort_unstable_by_key(|(i, _)| *i);
+    let mut config = LocalConfig::default();
+    for (_, p) in parsed {
+        match p {
+            Parsed::Workloads(w) => config.workloads.extend(w),
+            Parsed::Services(s) => config.services.extend(s),
+            Parsed::Policies(p) => config.policies.extend(p),
+        }
+    }
+    Some(config)
+}
+
+/// Pieces per thread: enough that the last piece is a small part of a thread's work.
+const PIECES_PER_THREAD: usize = 8;
+
+/// One piece's items.
+enum Parsed {
+    Workloads(Vec<super::model::Workload>),
+    Services(Vec<super::model::Service>),
+    Policies(Vec<crate::authz::Authorization>),
+}
+
+impl Parsed {
+    /// The piece `text` of section `kind` (an index into [`KEYS`]), of `items` items.
+    fn of(kind: usize, text: &str, items: usize) -> Option<Parsed> {
+        Some(match kind {
+            0 => Parsed::Workloads(piece(text, items)?),
+            1 => Parsed::Services(piece(text, items)?),
+            _ => Parsed::Policies(piece(text, items)?),
+        })
+    }
 }
 
 /// One list item's bytes.
@@ -116,28 +180,8 @@ fn pieces<'a>(yaml: &'a str, items: &[Item], target: usize) -> Vec<(&'a str, usi
     out
 }
 
-type Handle<'s, T> = std::thread::ScopedJoinHandle<'s, Option<Vec<T>>>;
-
-fn spawn_all<'s, 'e: 's, T: DeserializeOwned + Send + 's>(
-    scope: &'s std::thread::Scope<'s, 'e>,
-    pieces: Vec<(&'e str, usize)>,
-) -> Vec<Handle<'s, T>> {
-    pieces.into_iter().map(|(text, items)| scope.spawn(move || piece::<T>(text, items))).collect()
-}
-
 /// One piece, a block sequence of `items` items, under the budget of that many items.
 fn piece<T: DeserializeOwned>(text: &str, items: usize) -> Option<Vec<T>> {
-    let mut options = serde_saphyr::Options::default();
-    options.budget = Some(item_budget(items));
-    let list: Vec<T> = serde_saphyr::from_str_with_options(text, options).ok()?;
+    let list: Vec<T> = serde_saphyr::from_str_with_options(text, options_within(item_budget(items))).ok()?;
     (list.len() == items).then_some(list)
-}
-
-/// The pieces' lists in order; `None` if a piece failed; empty for an absent section.
-fn join<T>(handles: Option<Vec<Handle<'_, T>>>) -> Option<Vec<T>> {
-    let mut out = Vec::new();
-    for h in handles.unwrap_or_default() {
-        out.extend(h.join().ok()??);
-    }
-    Some(out)
 }
