@@ -10,8 +10,8 @@
 # nothing on the host, and nothing is left behind). As root.
 #
 # Usage:  bash benches/memory.sh [SIZES] [AMBIT]
-#         SIZES  comma-separated workload counts (default 10000,100000; the local file is
-#                sized for at most 250 000 workloads, so 1M goes through xDS only)
+#         SIZES  comma-separated workload counts (default 10000,100000; the local file holds
+#                at most 1 000 000 workloads)
 #         AMBIT  the binary (default target/release/ambit; build it without `--features jemalloc`
 #                for the system allocator, as the issue's table was measured)
 # Env:    ZTUNNEL   a ztunnel binary to run on the same files
@@ -19,6 +19,7 @@
 #                   JSON, which both proxies read as YAML; Ambit reads JSON with a JSON parser)
 #         MESH_DIR  where the mesh files are written (default target/memory-bench)
 #         ROUNDS    runs per binary, size and format (default 1)
+#         READY_TIMEOUT  seconds a proxy may take to become ready (default 600)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SIZES=${1:-10000,100000}
@@ -58,14 +59,15 @@ else
 fi
 pid=$!
 ready=""
-for _ in $(seq 1 6000); do
+deadline=$(( $(date +%s) + ${READY_TIMEOUT:-600} ))
+while [ "$(date +%s)" -lt "$deadline" ]; do
   if ! kill -0 "$pid" 2>/dev/null; then echo "the proxy exited:" >&2; tail -20 "$log" >&2; exit 1; fi
   if [ "$(curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:15021/healthz/ready)" = 200 ]; then
     ready=$(date +%s.%N); break
   fi
   sleep 0.01
 done
-[ -n "$ready" ] || { echo "not ready in 60 s" >&2; tail -20 "$log" >&2; kill "$pid"; exit 1; }
+[ -n "$ready" ] || { echo "not ready in ${READY_TIMEOUT:-600} s" >&2; tail -20 "$log" >&2; kill "$pid"; exit 1; }
 rss() { awk -v k="$1:" '$1 == k { print $2 }' "/proc/$pid/status"; }
 rss_ready=$(rss VmRSS)
 sleep 5
