@@ -113,8 +113,9 @@ async fn run_async(args: AgentArgs) -> Result<(), AgentError> {
         tracing::warn!(
             sysctl = ambit_redirect::TCP_MIGRATE_REQ,
             "the sysctl cannot be set in pods: this kernel lacks it (Linux 5.14 and later have it) or \
-             /proc/sys is read-only here (an unprivileged container); pods are captured and served, but a \
-             node proxy upgrade resets the connections still queued in the old proxy's listeners"
+             /proc/sys is read-only here and no procfs can be mounted (no CAP_SYS_ADMIN); pods are captured \
+             and served, but a node proxy upgrade resets the connections still queued in the old proxy's \
+             listeners"
         );
     }
     health::serve_health(args.health_addr, readiness.clone()).await?;

@@ -11,11 +11,17 @@
 //! pod netns, checked where they are checked. `/proc/sys/net` shows the namespace of the thread
 //! that opens it.
 //!
+//! Container runtimes give an unprivileged container a read-only `/proc/sys` (Ambit's chart and
+//! Istio's `cni` chart both run the agent unprivileged, with CAP_SYS_ADMIN for setns). There the
+//! thread that writes the sysctl first mounts a procfs of its own over `/proc`, in a mount
+//! namespace only it has: the thread is the fresh one [`crate::in_netns`] runs the capture on,
+//! and it ends with the capture, so nothing else sees that mount. Found by running the chart's
+//! agent in a container (tests/up_containers.rs), where the sysctl was silently left unset.
+//!
 //! A kernel without the sysctl (older than 5.14) does not fail the capture: the pod is still
 //! captured and served, only an upgrade may reset queued connections. Nor does a read-only
-//! `/proc/sys`, which is what container runtimes give an unprivileged container (Ambit's chart
-//! and Istio's `cni` chart both run the agent unprivileged): the sysctl is then left as it is
-//! and not checked. [`tcp_migrate_req_supported`] lets the agent say which case it is in, once
+//! `/proc/sys` where no procfs can be mounted (no CAP_SYS_ADMIN): the sysctl is then left as it
+//! is and not checked. [`tcp_migrate_req_supported`] lets the agent say which case it is in, once
 //! at start.
 
 use std::io::{self, Read, Write};
@@ -30,17 +36,57 @@ pub const TCP_MIGRATE_REQ: &str = "net.ipv4.tcp_migrate_req";
 const PATH: &str = "/proc/sys/net/ipv4/tcp_migrate_req";
 
 /// Whether the sysctl can be set here: the kernel has it (Linux ≥ 5.14; the same in every
-/// network namespace) and this process's `/proc/sys` is writable (a property of its mounts).
+/// network namespace) and this process can write it, through its `/proc/sys` or a procfs of the
+/// writing thread's own.
 pub fn tcp_migrate_req_supported() -> bool {
-    Path::new(PATH).exists() && !read_only()
+    Path::new(PATH).exists() && access() != Access::Neither
 }
 
-/// Whether `/proc/sys` is mounted read-only for this process, found once by opening the file for
-/// writing (which writes nothing).
-fn read_only() -> bool {
-    static READ_ONLY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *READ_ONLY
-        .get_or_init(|| std::fs::OpenOptions::new().write(true).open(PATH).is_err_and(|e| is_read_only(&e)))
+/// How this process writes the sysctl.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Access {
+    /// Its `/proc/sys` is writable.
+    Direct,
+    /// Its `/proc/sys` is read-only, but the writing thread can mount a procfs of its own.
+    OwnProc,
+    /// Neither.
+    Neither,
+}
+
+/// Found once: opening the file for writing (which writes nothing), and where that is refused
+/// as read-only, the same on a throwaway thread with a procfs of its own.
+fn access() -> Access {
+    static ACCESS: std::sync::OnceLock<Access> = std::sync::OnceLock::new();
+    *ACCESS.get_or_init(|| {
+        let open = || std::fs::OpenOptions::new().write(true).open(PATH);
+        match open() {
+            Err(e) if is_read_only(&e) => {
+                let own = std::thread::scope(|s| s.spawn(|| own_proc().is_ok() && open().is_ok()).join());
+                if own.unwrap_or(false) { Access::OwnProc } else { Access::Neither }
+            }
+            _ => Access::Direct,
+        }
+    })
+}
+
+/// Gives the current thread a mount namespace of its own (private: nothing propagates to the
+/// process's) with a fresh procfs over `/proc`, whose `/proc/sys` is writable. Needs
+/// CAP_SYS_ADMIN; only for threads that end after their work (see the module doc).
+fn own_proc() -> nix::Result<()> {
+    use nix::mount::{MsFlags, mount};
+    thread_local! {
+        static DONE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    if DONE.get() {
+        return Ok(());
+    }
+    // CLONE_NEWNS implies CLONE_FS: this thread's root and working directory become its own.
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)?;
+    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)?;
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    mount(Some("proc"), "/proc", Some("proc"), flags, None::<&str>)?;
+    DONE.set(true);
+    Ok(())
 }
 
 fn is_read_only(e: &io::Error) -> bool {
@@ -49,13 +95,13 @@ fn is_read_only(e: &io::Error) -> bool {
 
 /// Sets the sysctl to 1 in the current thread's netns (nothing to do on a kernel without it).
 pub(crate) fn apply() -> Result<(), RedirectError> {
-    write_at(Path::new(PATH), "1")
+    write_here("1")
 }
 
 /// The difference from what the capture needs, if any, in the current thread's netns (none
 /// where the sysctl cannot be set).
 pub(crate) fn verify() -> Result<Option<String>, RedirectError> {
-    if read_only() {
+    if access() == Access::Neither {
         return Ok(None);
     }
     verify_at(Path::new(PATH))
@@ -63,7 +109,21 @@ pub(crate) fn verify() -> Result<Option<String>, RedirectError> {
 
 /// Restores the kernel default (0), leaving the pod's namespace as the capture found it.
 pub(crate) fn remove() -> Result<(), RedirectError> {
-    write_at(Path::new(PATH), "0")
+    write_here("0")
+}
+
+/// Writes the sysctl of the current thread's netns, through a procfs of the thread's own where
+/// the process's `/proc/sys` is read-only.
+fn write_here(value: &'static str) -> Result<(), RedirectError> {
+    if access() == Access::OwnProc {
+        own_proc().map_err(|e| RedirectError::Sysctl {
+            name: TCP_MIGRATE_REQ,
+            value,
+            path: "a procfs of the thread's own over /proc".into(),
+            source: e.into(),
+        })?;
+    }
+    write_at(Path::new(PATH), value)
 }
 
 fn write_at(path: &Path, value: &'static str) -> Result<(), RedirectError> {
@@ -76,7 +136,7 @@ fn write_at(path: &Path, value: &'static str) -> Result<(), RedirectError> {
     match written {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        // A read-only /proc/sys (an unprivileged container): left as it is, see the module doc.
+        // A read-only /proc/sys where no procfs could be mounted: left as it is (module doc).
         Err(e) if is_read_only(&e) => Ok(()),
         Err(source) => Err(RedirectError::Sysctl {
             name: TCP_MIGRATE_REQ,
@@ -139,6 +199,37 @@ mod tests {
         assert!(is_read_only(&io::Error::from_raw_os_error(30)), "EROFS");
         assert!(!is_read_only(&io::Error::from_raw_os_error(13)), "EACCES is an error, not read-only");
         assert!(!is_read_only(&io::Error::from(io::ErrorKind::NotFound)));
+    }
+
+    /// A container's read-only `/proc/sys` (made here on a thread of its own) refuses the write;
+    /// after `own_proc` the same thread writes it, and the process's mounts are unchanged.
+    #[test]
+    fn a_procfs_of_the_thread_s_own_writes_past_a_read_only_proc_sys() {
+        use nix::mount::{MsFlags, mount};
+        if !ambit_cluster::testing::require_root() || !Path::new(PATH).exists() {
+            return;
+        }
+        let mounts = || std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+        let before = mounts();
+        let open = || std::fs::OpenOptions::new().write(true).open(PATH);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).expect("unshare");
+                let none = None::<&str>;
+                mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none).expect("private");
+                mount(Some("/proc/sys"), "/proc/sys", none, MsFlags::MS_BIND, none).expect("bind");
+                let ro = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
+                mount(none, "/proc/sys", none, ro, none).expect("read-only");
+                let refused = open().expect_err("a read-only /proc/sys refuses the write");
+                assert!(is_read_only(&refused), "{refused}");
+                own_proc().expect("a procfs of the thread's own");
+                open().expect("writable through the thread's own procfs");
+                own_proc().expect("a second call does nothing");
+            })
+            .join()
+            .expect("thread");
+        });
+        assert_eq!(mounts(), before, "the process's mounts changed");
     }
 
     /// Any other failure is an error that names the sysctl, the value and the file.

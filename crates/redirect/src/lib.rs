@@ -181,7 +181,7 @@ pub enum RedirectError {
     /// A sysctl of the pod's network namespace could not be set.
     #[error(
         "cannot set {name}={value} in the pod network namespace ({path}): {source}; the agent \
-         needs a writable /proc/sys (a privileged container)"
+         needs a writable /proc/sys, or CAP_SYS_ADMIN to mount a procfs of its own"
     )]
     Sysctl {
         /// The sysctl, e.g. `net.ipv4.tcp_migrate_req`.

@@ -159,7 +159,7 @@ impl AgentMetrics {
         );
         r.register(
             "tcp_migrate_req_supported",
-            "1 when the kernel has net.ipv4.tcp_migrate_req (set in every captured pod)",
+            "1 when net.ipv4.tcp_migrate_req can be set (it is, in every captured pod): the kernel has it and the agent can write it",
             m.migrate_req_supported.clone(),
         );
         r.register(
