@@ -86,6 +86,12 @@ pub struct UpArgs {
     /// Istio's chart starts ztunnel) with the environment `ambit proxy` gets.
     #[arg(long, value_name = "BINARY")]
     pub node_proxy: Option<PathBuf>,
+    /// Start the control plane and each node's agent and proxy through PROGRAM, as
+    /// `PROGRAM <name> <netns> <binary> <args…>` with the component's environment (`name`:
+    /// `control`, `agent/<node>`, `proxy/<node>`; `netns`: the `ip netns` it runs in). PROGRAM
+    /// runs the component or what stands for it, e.g. a container from Ambit's images.
+    #[arg(long, value_name = "PROGRAM")]
+    pub launcher: Option<PathBuf>,
     /// Run as the cluster's owner (what `ambit up` starts in the background).
     #[arg(long, hide = true)]
     pub supervise: bool,
@@ -150,14 +156,14 @@ fn node_names(n: u16) -> Vec<String> {
     (1..=n).map(|i| format!("node{i}")).collect()
 }
 
-/// `--node-proxy`'s binary as an absolute path, once it is known to be an executable file.
-fn executable(path: &Path) -> Result<PathBuf, String> {
+/// `flag`'s program as an absolute path, once it is known to be an executable file.
+fn executable(flag: &str, path: &Path) -> Result<PathBuf, String> {
     use std::os::unix::fs::PermissionsExt;
-    let full = std::fs::canonicalize(path).map_err(|e| format!("--node-proxy {}: {e}", path.display()))?;
+    let full = std::fs::canonicalize(path).map_err(|e| format!("{flag} {}: {e}", path.display()))?;
     match std::fs::metadata(&full) {
         Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => Ok(full),
-        Ok(_) => Err(format!("--node-proxy {}: not an executable file", path.display())),
-        Err(e) => Err(format!("--node-proxy {}: {e}", path.display())),
+        Ok(_) => Err(format!("{flag} {}: not an executable file", path.display())),
+        Err(e) => Err(format!("{flag} {}: {e}", path.display())),
     }
 }
 
@@ -270,7 +276,11 @@ pub fn up(args: UpArgs) -> ExitCode {
     if let Err(e) = plugins {
         return fail("up", e);
     }
-    let node_proxy = match args.node_proxy.as_deref().map(executable).transpose() {
+    let node_proxy = match args.node_proxy.as_deref().map(|p| executable("--node-proxy", p)).transpose() {
+        Ok(p) => p,
+        Err(e) => return fail("up", e),
+    };
+    let launcher = match args.launcher.as_deref().map(|p| executable("--launcher", p)).transpose() {
         Ok(p) => p,
         Err(e) => return fail("up", e),
     };
@@ -327,6 +337,7 @@ pub fn up(args: UpArgs) -> ExitCode {
                 .flat_map(|d| [std::ffi::OsStr::new("--cni-plugins-dir"), d.as_os_str()]),
         )
         .args(node_proxy.iter().flat_map(|p| [std::ffi::OsStr::new("--node-proxy"), p.as_os_str()]))
+        .args(launcher.iter().flat_map(|p| [std::ffi::OsStr::new("--launcher"), p.as_os_str()]))
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(log_err);
@@ -496,6 +507,7 @@ fn supervise(args: &UpArgs) -> ExitCode {
         pods: 244,
         plugin_dirs: args.cni_plugins_dir.clone(),
         node_proxy: args.node_proxy.clone(),
+        launcher: args.launcher.clone(),
     };
     match up::run(cfg, &STOP) {
         Ok(()) => ExitCode::SUCCESS,
@@ -649,26 +661,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_node_proxy_must_be_an_executable_file() {
+    fn a_node_proxy_or_launcher_must_be_an_executable_file() {
         let dir = tempfile::tempdir().expect("tempdir");
         let plain = dir.path().join("plain");
         std::fs::write(&plain, "").expect("write");
         assert_eq!(
-            executable(&plain).err(),
+            executable("--node-proxy", &plain).err(),
             Some(format!("--node-proxy {}: not an executable file", plain.display()))
         );
         assert_eq!(
-            executable(dir.path()).err(),
-            Some(format!("--node-proxy {}: not an executable file", dir.path().display()))
+            executable("--launcher", dir.path()).err(),
+            Some(format!("--launcher {}: not an executable file", dir.path().display()))
         );
         let missing = dir.path().join("missing");
         assert_eq!(
-            executable(&missing).err(),
+            executable("--node-proxy", &missing).err(),
             Some(format!("--node-proxy {}: No such file or directory (os error 2)", missing.display()))
         );
         let exe = dir.path().join("ztunnel");
         std::fs::write(&exe, "#!/bin/sh\n").expect("write");
         std::fs::set_permissions(&exe, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
-        assert_eq!(executable(&exe).ok(), std::fs::canonicalize(&exe).ok());
+        assert_eq!(executable("--launcher", &exe).ok(), std::fs::canonicalize(&exe).ok());
     }
 }

@@ -102,6 +102,11 @@ pub struct UpConfig {
     /// for interop and comparison): started as `<binary> proxy ztunnel`, as Istio's chart starts
     /// ztunnel, with the environment `ambit proxy` gets.
     pub node_proxy: Option<PathBuf>,
+    /// A program each of the cluster's components (`control`, `agent/<node>`, `proxy/<node>`)
+    /// is started through, as `<launcher> <name> <netns> <binary> <args…>` with the component's
+    /// environment: it runs the component, or something standing for it, such as a container
+    /// (tests/up_containers.rs runs one node's under podman with the chart's privileges).
+    pub launcher: Option<PathBuf>,
 }
 
 /// The run directory's parts.

@@ -58,7 +58,7 @@ impl Cluster {
             "--http-addr".into(),
             format!("0.0.0.0:{CONTROL_READY}"),
         ];
-        let spec = self.spec("control", &self.control_netns(), args, Vec::new());
+        let spec = self.launched(self.spec("control", &self.control_netns(), args, Vec::new()));
         self.sup.start(spec)?;
         Ok(())
     }
@@ -93,7 +93,8 @@ impl Cluster {
             "--cni-binary".into(),
             self.cfg.ambit_cni.display().to_string(),
         ];
-        let spec = self.spec(&format!("agent/{}", n.member.name), &n.member.netns, args, Vec::new());
+        let spec =
+            self.launched(self.spec(&format!("agent/{}", n.member.name), &n.member.netns, args, Vec::new()));
         self.sup.start(spec)?;
         Ok(())
     }
@@ -144,6 +145,17 @@ impl Cluster {
         if let Some(other) = &self.cfg.node_proxy {
             spec.program = other.clone();
             spec.args = vec!["proxy".into(), "ztunnel".into()];
+        }
+        self.launched(spec)
+    }
+
+    /// `spec` started through [`UpConfig::launcher`](super::UpConfig::launcher) when there is one.
+    fn launched(&self, mut spec: ProcessSpec) -> ProcessSpec {
+        if let Some(launcher) = &self.cfg.launcher {
+            let program = std::mem::replace(&mut spec.program, launcher.clone());
+            let head =
+                [spec.name.clone().into(), spec.netns.clone().unwrap_or_default().into(), program.into()];
+            spec.args.splice(0..0, head);
         }
         spec
     }
