@@ -13,76 +13,12 @@ mod chart {
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+
+use common::images::{build, ok, run, tools};
 
 use chart::render::{render, repo};
 use chart::values::Values;
 use serde_json::Value;
-
-fn run(program: &str, args: &[&str]) -> Output {
-    Command::new(program).args(args).output().unwrap_or_else(|e| panic!("{program}: {e}"))
-}
-
-fn ok(program: &str, args: &[&str]) -> String {
-    let out = run(program, args);
-    assert!(
-        out.status.success(),
-        "{program} {}: {}{}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Whether the tools are here; under `CI=true` their absence fails the test.
-fn tools() -> bool {
-    if !ambit_cluster::testing::require_root() {
-        return false;
-    }
-    let missing: Vec<&str> = ["buildah", "podman", "skopeo", "strip", "readelf", "apt-get", "dpkg-deb"]
-        .into_iter()
-        .filter(|t| {
-            !Command::new("sh")
-                .args(["-c", &format!("command -v {t}")])
-                .output()
-                .is_ok_and(|o| o.status.success())
-        })
-        .collect();
-    match missing.as_slice() {
-        [] => true,
-        m if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("the image test needs {} (apt-get install buildah podman skopeo binutils)", m.join(", "))
-        }
-        m => {
-            eprintln!("skipping: {} not installed", m.join(", "));
-            false
-        }
-    }
-}
-
-/// One run of build.sh into `out`.
-fn build(out: &Path, registry: &str, debs: Option<&Path>) -> String {
-    let mut cmd = Command::new("bash");
-    cmd.arg(repo().join("deploy/images/build.sh"))
-        .args(["--ambit", env!("CARGO_BIN_EXE_ambit")])
-        .arg("--ambit-cni")
-        .arg(common::ambit_cni_path())
-        .arg("--out")
-        .arg(out)
-        .args(["--registry", registry]);
-    if let Some(d) = debs {
-        cmd.env("AMBIT_IMAGE_DEBS", d);
-    }
-    let o = cmd.output().expect("build.sh");
-    assert!(
-        o.status.success(),
-        "build.sh: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
 
 fn inspect(archive: &Path, config: bool) -> Value {
     let target = format!("oci-archive:{}", archive.display());

@@ -110,32 +110,6 @@ spec:
     - source: {principals: ["cluster.local/ns/demo/sa/client"]}
 "#;
 
-/// A pod's nftables ruleset (the capture), without its counters.
-fn ruleset(c: &LocalCluster, pod: &str) -> String {
-    let out = std::process::Command::new("ip")
-        .args(["netns", "exec", &c.pod(pod).netns, "nft", "-s", "list", "ruleset"])
-        .output()
-        .expect("nft");
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// One echo connection to an `ambit app echo` server: its line, then our byte echoed.
-fn echo_once(dst: std::net::SocketAddr) -> std::io::Result<()> {
-    use std::io::{BufRead, BufReader, Write};
-    let s = std::net::TcpStream::connect_timeout(&dst, CONNECT_TIMEOUT)?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    let mut r = BufReader::new(s.try_clone()?);
-    let mut line = String::new();
-    r.read_line(&mut line)?;
-    if !line.contains("\"server\"") {
-        return Err(std::io::Error::other(format!("no server line: {line:?}")));
-    }
-    (&s).write_all(b"x\n")?;
-    line.clear();
-    r.read_line(&mut line)?;
-    if line == "x\n" { Ok(()) } else { Err(std::io::Error::other(format!("echo returned {line:?}"))) }
-}
-
 /// The README's demo: every verdict row as expected (exit 0), then `ambit down` leaves nothing.
 #[test]
 fn the_demo_passes_and_down_leaves_nothing() {
@@ -278,7 +252,7 @@ fn the_mesh_on_ambit_up() {
 
     // Replacing node1's proxy while the client opens 200 connections/s to a server on node1:
     // no connection fails.
-    let load = Load::start(&c.pod("demo/client").netns, c.addr("demo/server-0", 8080), 200, 20, echo_once);
+    let load = Load::start(&c.pod("demo/client").netns, c.addr("demo/server-0", 8080), 200, 20, app_echo);
     assert!(wait_for(|| load.ok() >= 100, Duration::from_secs(10)), "the load made no progress");
     let replaced = c.ambit(&["restart", "proxy/node1"]);
     assert_eq!(replaced.code, Some(0), "{replaced}\n{}", c.logs());
@@ -307,7 +281,7 @@ fn the_mesh_on_ambit_up() {
     // Restarting node2's agent: no capture is lost (the rules stay; traffic stays mTLS).
     let rules_before = ruleset(&c, "demo/server-1");
     assert!(rules_before.contains("table"), "no capture rules in server-1:\n{rules_before}");
-    let load = Load::start(&c.pod("demo/client").netns, c.addr("demo/server-1", 8080), 100, 10, echo_once);
+    let load = Load::start(&c.pod("demo/client").netns, c.addr("demo/server-1", 8080), 100, 10, app_echo);
     assert!(wait_for(|| load.ok() >= 50, Duration::from_secs(10)), "the load made no progress");
     let restarted = c.ambit(&["restart", "agent/node2"]);
     assert_eq!(restarted.code, Some(0), "{restarted}");

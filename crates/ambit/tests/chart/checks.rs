@@ -54,12 +54,14 @@ impl Problems {
     }
 }
 
-/// The capabilities each component adds (after dropping ALL), exactly.
-pub fn capabilities(c: Component) -> &'static [&'static str] {
-    match c {
-        Component::Agent => &["NET_ADMIN", "NET_RAW", "SYS_ADMIN", "SYS_PTRACE"],
-        Component::Proxy => &["NET_ADMIN", "SYS_ADMIN"],
-        Component::Control => &[],
+/// The capabilities each component adds (after dropping ALL), exactly, for the agent's capture
+/// backend: NET_RAW only for iptables (iptables-legacy's raw sockets).
+pub fn capabilities(c: Component, capture_backend: &str) -> &'static [&'static str] {
+    match (c, capture_backend) {
+        (Component::Agent, "iptables") => &["NET_ADMIN", "NET_RAW", "SYS_ADMIN", "SYS_PTRACE"],
+        (Component::Agent, _) => &["NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"],
+        (Component::Proxy, _) => &["NET_ADMIN", "SYS_ADMIN"],
+        (Component::Control, _) => &[],
     }
 }
 
@@ -326,11 +328,18 @@ fn container(what: &str, c: &Container, comp: Option<Component>, e: &Expect, p: 
     p.ensure(sc.read_only_root_filesystem == Some(true), || {
         format!("{at}: readOnlyRootFilesystem is {:?}, want true", sc.read_only_root_filesystem)
     });
+    // The control plane's pod sets it for the pod; the node components' containers their own.
+    if comp != Component::Control {
+        let seccomp = sc.seccomp_profile.as_ref().map(|s| s.type_.as_str());
+        p.ensure(seccomp == Some("RuntimeDefault"), || {
+            format!("{at}: seccomp profile {seccomp:?}, want RuntimeDefault")
+        });
+    }
     let caps = sc.capabilities.unwrap_or_default();
     let drop: Vec<String> = caps.drop.unwrap_or_default();
     p.ensure(drop == ["ALL"], || format!("{at}: capabilities drop {drop:?}, want [ALL]"));
     let add: BTreeSet<String> = caps.add.unwrap_or_default().into_iter().collect();
-    let want_add = set(capabilities(comp));
+    let want_add = set(capabilities(comp, &e.capture_backend));
     p.ensure(add == want_add, || format!("{at}: capabilities add {add:?}, want exactly {want_add:?}"));
     p.ensure(c.resources.as_ref().and_then(|r| r.requests.as_ref()).is_some(), || {
         format!("{at}: no resource requests")

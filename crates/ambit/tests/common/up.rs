@@ -435,3 +435,29 @@ pub fn desired_files(c: &LocalCluster) -> Vec<(String, String)> {
     out.sort();
     out
 }
+
+/// One echo connection to an `ambit app echo` server: its line, then our byte echoed.
+pub fn app_echo(dst: std::net::SocketAddr) -> std::io::Result<()> {
+    use std::io::{BufRead, BufReader, Write};
+    let s = std::net::TcpStream::connect_timeout(&dst, super::CONNECT_TIMEOUT)?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut r = BufReader::new(s.try_clone()?);
+    let mut line = String::new();
+    r.read_line(&mut line)?;
+    if !line.contains("\"server\"") {
+        return Err(std::io::Error::other(format!("no server line: {line:?}")));
+    }
+    (&s).write_all(b"x\n")?;
+    line.clear();
+    r.read_line(&mut line)?;
+    if line == "x\n" { Ok(()) } else { Err(std::io::Error::other(format!("echo returned {line:?}"))) }
+}
+
+/// A pod's nftables ruleset (the capture), without its counters.
+pub fn ruleset(c: &LocalCluster, pod: &str) -> String {
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", &c.pod(pod).netns, "nft", "-s", "list", "ruleset"])
+        .output()
+        .expect("nft");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}

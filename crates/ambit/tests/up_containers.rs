@@ -1,0 +1,883 @@
+//! Ambit's components run as Kubernetes would run them: on `ambit up`, the control plane and
+//! node1's agent and proxy are podman containers from Ambit's images (built here by
+//! `deploy/images/build.sh`), with the user, capabilities, seccomp and AppArmor settings,
+//! read-only root, environment and volumes of the pods `helm template` renders, read from the
+//! rendered manifests. node2's agent and proxy stay host processes. Then the mesh is driven as
+//! in tests/up_e2e.rs: mTLS within node1 and across nodes, a DENY policy counted by the
+//! container proxy, a namespace enrolled and released by the container agent, and the
+//! container proxy replaced under load without a failed connection.
+//!
+//! What `ambit up` cannot give as a kubelet would, and what stands in for it (each named where
+//! it is made): no API server, so the components keep `ambit up`'s object and capture folders
+//! (mounted at their own paths) and their pod fields (`status.podIP`, ports of a proxy
+//! generation) come from `ambit up`; the node's host network namespace is a named namespace, not
+//! pid 1's; Secrets, ConfigMaps, tokens and emptyDirs are directories the test fills.
+//!
+//! Root, with buildah and podman (`.ci/run` installs them); under `CI=true` a missing one fails.
+
+#[allow(dead_code)]
+mod chart {
+    pub mod pods;
+    pub mod render;
+    pub mod values;
+}
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ambit_objects::k8s_openapi::api::core::v1::{Container, PodSpec};
+use chart::render::{NAMESPACE, render};
+use common::images::{build, ok, run, tools};
+use common::*;
+
+const CLIENT: &str = "spiffe://cluster.local/ns/demo/sa/client";
+const OTHER: &str = "spiffe://cluster.local/ns/demo/sa/other";
+const PLAIN: &str = "spiffe://cluster.local/ns/plain/sa/default";
+const CONVERGE: Duration = Duration::from_secs(10);
+
+/// Two nodes: in `demo` (enrolled) a client and a server on each; in `plain` a web server on
+/// node1 (the container node) and an outsider on node2.
+const CLUSTER: &str = r#"apiVersion: v1
+kind: Namespace
+metadata:
+  name: demo
+  labels:
+    istio.io/dataplane-mode: ambient
+---
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: plain
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: client, namespace: demo}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: other, namespace: demo}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: server, namespace: demo}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: client, namespace: demo, labels: {app: client}}
+spec:
+  nodeName: node1
+  serviceAccountName: client
+  containers: [{name: idle, command: [sleep, infinity]}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: other, namespace: demo, labels: {app: other}}
+spec:
+  nodeName: node2
+  serviceAccountName: other
+  containers: [{name: idle, command: [sleep, infinity]}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: server-a, namespace: demo, labels: {app: server}}
+spec:
+  nodeName: node1
+  serviceAccountName: server
+  containers:
+  - {name: echo, command: [ambit, app, echo, --port, "8080"], ports: [{containerPort: 8080}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: server-b, namespace: demo, labels: {app: server}}
+spec:
+  nodeName: node2
+  serviceAccountName: server
+  containers:
+  - {name: echo, command: [ambit, app, echo, --port, "8080"], ports: [{containerPort: 8080}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: outsider, namespace: plain, labels: {app: outsider}}
+spec:
+  nodeName: node2
+  containers: [{name: idle, command: [sleep, infinity]}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: web, namespace: plain, labels: {app: web}}
+spec:
+  nodeName: node1
+  containers:
+  - {name: echo, command: [ambit, app, echo, --port, "8080"], ports: [{containerPort: 8080}]}
+"#;
+
+const DENY_CLIENT: &str = r#"apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: deny-client, namespace: demo}
+spec:
+  selector: {matchLabels: {app: server}}
+  action: DENY
+  rules:
+  - from:
+    - source: {principals: ["cluster.local/ns/demo/sa/client"]}
+"#;
+
+/// A word of the launcher script: literal (quoted) or expanded by the shell when the component
+/// starts (`ambit up`'s environment for it, the network namespace).
+enum Word {
+    Lit(String),
+    Shell(String),
+}
+
+impl Word {
+    fn text(&self) -> String {
+        match self {
+            Word::Lit(s) => format!("'{}'", s.replace('\'', r"'\''")),
+            Word::Shell(s) => format!("\"{s}\""),
+        }
+    }
+}
+
+fn lit(s: impl Into<String>) -> Word {
+    Word::Lit(s.into())
+}
+
+/// A volume of the rendered pod that is not a host path: the directory standing for it, and
+/// the shell lines that fill it when the component starts.
+struct Stand {
+    dir: PathBuf,
+    fill: Vec<String>,
+}
+
+/// What the test gives one component beyond the rendered pod.
+struct Extra {
+    /// `ambit up`'s flags passed on (its stand-ins for the API server); every other flag it
+    /// gives is one the rendered environment sets, and is dropped.
+    keep: &'static [&'static str],
+    drop: &'static [&'static str],
+    /// Directories mounted at their own paths (`ambit up`'s folders), read-only or not.
+    same_path: Vec<(PathBuf, bool)>,
+    /// Rendered environment values replaced, each with why.
+    env_override: Vec<(&'static str, Word)>,
+    /// Environment of `ambit up` added (names the rendered pod does not set).
+    env_from_up: &'static [&'static str],
+    /// Rendered volumes that are not host paths, by name.
+    stands: BTreeMap<&'static str, Stand>,
+    /// Shell lines run before the container starts.
+    prepare: Vec<String>,
+    /// More podman flags.
+    flags: Vec<Word>,
+}
+
+/// One component as a container: the launcher's case for it.
+struct Launch {
+    /// `ambit up`'s process name (`control`, `agent/node1`, `proxy/node1`).
+    process: String,
+    /// The pod's name (`metadata.name`).
+    pod_name: &'static str,
+    /// The container's name (a shell word: the proxy's includes its generation's admin port).
+    container: Word,
+    pod: PodSpec,
+    container_spec: Container,
+    extra: Extra,
+}
+
+/// `1Mi` → bytes.
+fn quantity_bytes(q: &str) -> u64 {
+    let (n, unit) = q.split_at(q.find(|c: char| !c.is_ascii_digit()).unwrap_or(q.len()));
+    let n: u64 = n.parse().unwrap_or_else(|_| panic!("size {q}"));
+    n * match unit {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        other => panic!("size unit {other} in {q}"),
+    }
+}
+
+impl Launch {
+    /// The `podman run` words for this component, from the rendered pod.
+    fn podman(&self, image: &str, node_fields: &BTreeMap<&str, Word>) -> (Vec<Word>, Vec<String>) {
+        let (pod, c, x) = (&self.pod, &self.container_spec, &self.extra);
+        let mut fields: BTreeMap<&str, Word> = node_fields
+            .iter()
+            .map(|(k, v)| {
+                (
+                    *k,
+                    match v {
+                        Word::Lit(s) => lit(s),
+                        Word::Shell(s) => Word::Shell(s.clone()),
+                    },
+                )
+            })
+            .collect();
+        fields.insert("metadata.name", lit(self.pod_name));
+        fields.insert("spec.serviceAccountName", lit(pod.service_account_name.clone().unwrap_or_default()));
+        let mut w = vec![
+            lit("run"),
+            lit("--rm"),
+            lit("--replace"),
+            lit("--name"),
+            Word::Shell(match &self.container {
+                Word::Lit(s) | Word::Shell(s) => s.clone(),
+            }),
+            lit("--pull"),
+            lit("never"),
+            lit("--network"),
+            Word::Shell("ns:/var/run/netns/$netns".into()),
+            lit("--hostname"),
+            lit(self.pod_name),
+            lit("--ulimit"),
+            lit(format!("nofile={n}:{n}", n = hard_nofile())),
+            lit("--ulimit"),
+            lit("nproc=4096:4096"),
+        ];
+        let mut prepare = x.prepare.clone();
+        let psc = pod.security_context.clone().unwrap_or_default();
+        let sc = c.security_context.clone().unwrap_or_default();
+        let user = sc.run_as_user.or(psc.run_as_user);
+        let group = sc.run_as_group.or(psc.run_as_group);
+        if let Some(u) = user {
+            w.extend([lit("--user"), lit(format!("{u}:{}", group.unwrap_or(0)))]);
+        }
+        if let Some(g) = psc.fs_group {
+            w.extend([lit("--group-add"), lit(g.to_string())]);
+        }
+        assert_ne!(sc.privileged, Some(true), "{}: privileged", self.process);
+        let caps = sc.capabilities.clone().unwrap_or_default();
+        for d in caps.drop.iter().flatten() {
+            w.extend([lit("--cap-drop"), lit(d)]);
+        }
+        for a in caps.add.iter().flatten() {
+            w.extend([lit("--cap-add"), lit(a)]);
+        }
+        if sc.allow_privilege_escalation == Some(false) {
+            w.extend([lit("--security-opt"), lit("no-new-privileges")]);
+        }
+        if sc.read_only_root_filesystem == Some(true) {
+            // Kubernetes mounts no tmpfs of its own on a read-only root; podman would.
+            w.extend([lit("--read-only"), lit("--read-only-tmpfs=false")]);
+        }
+        // No profile: the kubelet's default, Unconfined; RuntimeDefault: the runtime's.
+        match sc.seccomp_profile.or(psc.seccomp_profile).map(|p| p.type_) {
+            None => w.extend([lit("--security-opt"), lit("seccomp=unconfined")]),
+            Some(t) if t == "RuntimeDefault" => {}
+            Some(t) => panic!("{}: seccomp profile {t}", self.process),
+        }
+        match sc.app_armor_profile.or(psc.app_armor_profile).map(|p| p.type_) {
+            Some(t) if t == "Unconfined" => w.extend([lit("--security-opt"), lit("apparmor=unconfined")]),
+            None => {}
+            Some(t) if t == "RuntimeDefault" => {}
+            Some(t) => panic!("{}: AppArmor profile {t}", self.process),
+        }
+        if let Some(dir) = &c.working_dir {
+            w.extend([lit("--workdir"), lit(dir)]);
+        }
+        // The environment: the rendered values, the downward API as the kubelet fills it.
+        for e in c.env.iter().flatten() {
+            let value = if let Some((_, v)) = x.env_override.iter().find(|(n, _)| *n == e.name) {
+                match v {
+                    Word::Lit(s) => lit(format!("{}={s}", e.name)),
+                    Word::Shell(s) => Word::Shell(format!("{}={s}", e.name)),
+                }
+            } else if let Some(v) = &e.value {
+                lit(format!("{}={v}", e.name))
+            } else {
+                let field = chart::pods::env_field(c, &e.name)
+                    .unwrap_or_else(|| panic!("{}: env {} has no value", self.process, e.name));
+                match fields.get(field) {
+                    Some(Word::Lit(v)) => lit(format!("{}={v}", e.name)),
+                    Some(Word::Shell(v)) => Word::Shell(format!("{}={v}", e.name)),
+                    None => {
+                        panic!("{}: env {} from {field}, which the test does not fill", self.process, e.name)
+                    }
+                }
+            };
+            w.extend([lit("--env"), value]);
+        }
+        for (name, _) in &x.env_override {
+            assert!(
+                c.env.iter().flatten().any(|e| e.name == *name),
+                "{}: the rendered pod no longer sets {name}, which the test overrides",
+                self.process
+            );
+        }
+        for name in x.env_from_up {
+            assert!(
+                !c.env.iter().flatten().any(|e| e.name == *name),
+                "{}: the rendered pod sets {name} itself",
+                self.process
+            );
+            w.extend([lit("--env"), Word::Shell(format!("{name}=${name}"))]);
+        }
+        // The volumes.
+        for m in c.volume_mounts.iter().flatten() {
+            let v = pod
+                .volumes
+                .iter()
+                .flatten()
+                .find(|v| v.name == m.name)
+                .unwrap_or_else(|| panic!("{}: no volume {}", self.process, m.name));
+            let ro = if m.read_only == Some(true) { ":ro" } else { "" };
+            if let Some(h) = &v.host_path {
+                if h.type_.as_deref() == Some("DirectoryOrCreate") {
+                    prepare.push(format!("mkdir -p '{}'", h.path));
+                }
+                let propagation = match m.mount_propagation.as_deref() {
+                    None | Some("None") => "",
+                    Some("HostToContainer") => {
+                        if ro.is_empty() {
+                            ":rslave"
+                        } else {
+                            ",rslave"
+                        }
+                    }
+                    Some(p) => panic!("{}: mount propagation {p}", self.process),
+                };
+                w.extend([lit("--volume"), lit(format!("{}:{}{ro}{propagation}", h.path, m.mount_path))]);
+            } else if let Some(e) = v.empty_dir.as_ref().filter(|e| e.medium.as_deref() == Some("Memory")) {
+                let size = e.size_limit.as_ref().map_or(64 << 20, |q| quantity_bytes(&q.0));
+                w.extend([lit("--tmpfs"), lit(format!("{}:rw,size={size}", m.mount_path))]);
+            } else {
+                let stand = x.stands.get(m.name.as_str()).unwrap_or_else(|| {
+                    panic!(
+                        "{}: the rendered pod mounts volume {:?}, which the test does not stand in for",
+                        self.process, v
+                    )
+                });
+                prepare.push(format!("mkdir -p '{}'", stand.dir.display()));
+                prepare.extend(stand.fill.iter().cloned());
+                if let (true, Some(g)) = (v.empty_dir.is_some(), psc.fs_group) {
+                    // The kubelet gives an emptyDir to the pod's fsGroup.
+                    prepare.push(format!("chown -R {}:{g} '{}'", user.unwrap_or(0), stand.dir.display()));
+                }
+                w.extend([lit("--volume"), lit(format!("{}:{}{ro}", stand.dir.display(), m.mount_path))]);
+            }
+        }
+        for (dir, ro) in &x.same_path {
+            let d = dir.display();
+            w.extend([lit("--volume"), lit(format!("{d}:{d}{}", if *ro { ":ro" } else { "" }))]);
+        }
+        w.extend(x.flags.iter().map(|f| match f {
+            Word::Lit(s) => lit(s),
+            Word::Shell(s) => Word::Shell(s.clone()),
+        }));
+        let command: Vec<String> = c.command.clone().unwrap_or_default();
+        w.extend([lit("--entrypoint"), lit(serde_json::to_string(&command).expect("JSON"))]);
+        w.push(lit(image));
+        w.extend(c.args.iter().flatten().map(lit));
+        (w, prepare)
+    }
+
+    /// The launcher's `case` branch.
+    fn case(&self, image: &str, fields: &BTreeMap<&str, Word>) -> String {
+        let (words, prepare) = self.podman(image, fields);
+        let mut s = format!("{})\n", self.process);
+        s += &format!("    keep '{}' '{}' \"$@\"\n", self.extra.keep.join(" "), self.extra.drop.join(" "));
+        for p in prepare {
+            s += &format!("    {p}\n");
+        }
+        let words: Vec<String> = words.iter().map(Word::text).collect();
+        // `ip netns exec` gave this process a mount namespace with a fresh /sys (no cgroups):
+        // podman runs in the one of `ambit up`, the parent.
+        s += &format!(
+            "    exec nsenter --mount=/proc/$PPID/ns/mnt podman {} \"${{kept[@]}}\"\n    ;;\n",
+            words.join(" \\\n        ")
+        );
+        s
+    }
+}
+
+/// The script `ambit up --launcher` runs each component through.
+fn launcher(cases: &[String]) -> String {
+    format!(
+        r#"#!/bin/bash
+# Written by tests/up_containers.rs: runs the control plane and node1's agent and proxy as
+# podman containers, every other component as `ambit up` would.
+set -euo pipefail
+export HOME="${{HOME:-/root}}"
+name=$1 netns=$2 program=$3
+shift 3
+# keep KEEP DROP ARGS...: the subcommand, then ARGS' flags named in KEEP (each with its value)
+# into kept; a flag in neither list is an error.
+keep() {{
+    local keep=" $1 " drop=" $2 "
+    shift 2
+    sub=$1
+    shift
+    kept=()
+    while (( $# > 0 )); do
+        if [[ $keep == *" $1 "* ]]; then kept+=("$1" "$2")
+        elif [[ $drop != *" $1 "* ]]; then echo "launcher: $name: unexpected argument $1" >&2; exit 2
+        fi
+        shift 2
+    done
+}}
+case "$name" in
+{}*)
+    exec "$program" "$@"
+    ;;
+esac
+"#,
+        cases.concat()
+    )
+}
+
+/// One line of `/proc/<pid>/status`.
+fn status_field(status: &str, name: &str) -> String {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}:")))
+        .unwrap_or_else(|| panic!("no {name} in {status}"))
+        .trim()
+        .to_owned()
+}
+
+/// A capability set from the names Kubernetes uses.
+fn cap_mask(names: &[String]) -> u64 {
+    names
+        .iter()
+        .map(|n| {
+            1u64 << match n.as_str() {
+                "NET_ADMIN" => 12,
+                "NET_RAW" => 13,
+                "SYS_PTRACE" => 19,
+                "SYS_ADMIN" => 21,
+                other => panic!("capability {other}: add its number here"),
+            }
+        })
+        .fold(0, |a, b| a | b)
+}
+
+/// The host pid of a running container.
+fn container_pid(name: &str) -> u32 {
+    ok("podman", &["inspect", "--format", "{{.State.Pid}}", name]).trim().parse().expect("pid")
+}
+
+/// The running container whose name starts with `prefix`.
+fn container_named(prefix: &str) -> Vec<String> {
+    ok("podman", &["ps", "--format", "{{.Names}}"])
+        .lines()
+        .filter(|n| n.starts_with(prefix))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The container `name` runs with exactly the rendered privileges: user and groups,
+/// capabilities (effective, permitted, bounding; none inheritable or ambient), no new
+/// privileges, the seccomp mode, the image's binary, and a root that refuses writes when the
+/// chart says read-only. Read inside the container: its /proc, its root.
+fn assert_privileges(name: &str, launch: &Launch, image: &str) {
+    let pid = container_pid(name);
+    // Through the container's own /proc (its root's), where the component is pid 1.
+    let status = std::fs::read_to_string(format!("/proc/{pid}/root/proc/1/status")).expect("status");
+    assert_eq!(status_field(&status, "Name"), "ambit", "{}", launch.process);
+    let (pod, c) = (&launch.pod, &launch.container_spec);
+    let psc = pod.security_context.clone().unwrap_or_default();
+    let sc = c.security_context.clone().unwrap_or_default();
+    let uid = sc.run_as_user.or(psc.run_as_user).expect("runAsUser");
+    let gid = sc.run_as_group.or(psc.run_as_group).unwrap_or(0);
+    let what = &launch.process;
+    assert_eq!(status_field(&status, "Uid"), format!("{uid}\t{uid}\t{uid}\t{uid}"), "{what}");
+    assert_eq!(status_field(&status, "Gid"), format!("{gid}\t{gid}\t{gid}\t{gid}"), "{what}");
+    let groups = status_field(&status, "Groups");
+    // The runtime lists the primary group among the supplementary ones (containerd does the
+    // same), then the pod's fsGroup.
+    let mut want_groups: Vec<i64> = std::iter::once(gid).chain(psc.fs_group).collect();
+    want_groups.dedup();
+    let got_groups: Vec<i64> = groups.split_whitespace().map(|g| g.parse().expect("gid")).collect();
+    assert_eq!(got_groups, want_groups, "{what}: supplementary groups");
+    let caps = sc.capabilities.clone().unwrap_or_default();
+    assert_eq!(caps.drop.clone().unwrap_or_default(), ["ALL"], "{what}");
+    let add = cap_mask(&caps.add.clone().unwrap_or_default());
+    let read = |f: &str| u64::from_str_radix(&status_field(&status, f), 16).expect("hex");
+    // Root keeps the bounding set as effective; any other user starts with none.
+    let effective = if uid == 0 { add } else { 0 };
+    assert_eq!(read("CapEff"), effective, "{what}: effective capabilities {status}");
+    assert_eq!(read("CapPrm"), effective, "{what}: permitted capabilities");
+    assert_eq!(read("CapBnd"), add, "{what}: bounding set");
+    assert_eq!(read("CapInh"), 0, "{what}: inheritable");
+    assert_eq!(read("CapAmb"), 0, "{what}: ambient");
+    assert_eq!(
+        status_field(&status, "NoNewPrivs"),
+        if sc.allow_privilege_escalation == Some(false) { "1" } else { "0" },
+        "{what}"
+    );
+    let seccomp = match sc.seccomp_profile.or(psc.seccomp_profile) {
+        None => "0",
+        Some(_) => "2",
+    };
+    assert_eq!(status_field(&status, "Seccomp"), seccomp, "{what}: seccomp mode");
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).expect("exe");
+    assert_eq!(exe.to_str(), c.command.as_ref().and_then(|c| c.first()).map(String::as_str), "{what}");
+    let ran = ok("podman", &["inspect", "--format", "{{.ImageName}}", name]);
+    assert_eq!(ran.trim(), image, "{what}");
+    let probe = format!("/proc/{pid}/root/.ambit-write-probe");
+    let wrote = std::fs::write(&probe, b"");
+    if sc.read_only_root_filesystem == Some(true) {
+        assert_eq!(
+            wrote.as_ref().err().and_then(std::io::Error::raw_os_error),
+            Some(30),
+            "{what}: {wrote:?}"
+        );
+    } else {
+        let _ = std::fs::remove_file(&probe);
+    }
+}
+
+/// Removes the cluster's containers, whatever happened.
+struct Cleanup {
+    tag: String,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for name in container_named(&self.tag) {
+            let _ = run("podman", &["rm", "--force", "--time", "0", &name]);
+        }
+    }
+}
+
+#[test]
+fn the_chart_s_pods_run_in_containers_on_ambit_up_and_carry_the_mesh() {
+    if !tools() {
+        return;
+    }
+    let version = env!("CARGO_PKG_VERSION");
+    let registry = format!("localhost/ambit-containers{}", std::process::id());
+    let built = tempfile::tempdir().expect("tempdir");
+    build(built.path(), &registry, None);
+    let _images = Images(
+        ["ambit", "ambit-agent", "ztunnel", "install-cni"].map(|n| format!("{registry}/{n}:{version}")),
+    );
+    // One after the other: both use the chart's fixed host paths (/var/run/ambit, /var/run/ztunnel).
+    for backend in ["nftables", "iptables"] {
+        eprintln!("capture backend {backend}");
+        mesh_in_containers(&registry, backend);
+    }
+}
+
+/// Removes the test's images, whatever happened.
+struct Images([String; 4]);
+
+impl Drop for Images {
+    fn drop(&mut self) {
+        for i in &self.0 {
+            let _ = run("podman", &["rmi", "--force", i]);
+        }
+    }
+}
+
+/// The cluster with the chart rendered for capture backend `backend`, driven through the mesh.
+fn mesh_in_containers(registry: &str, backend: &str) {
+    let version = env!("CARGO_PKG_VERSION");
+    let mut c = LocalCluster::new();
+    let _cleanup = Cleanup { tag: c.tag.clone() };
+
+    // What a user on this platform would render: the chart's images from the registry they
+    // were built for, the node's CNI folders where this node keeps them.
+    let node1 = c.run_dir.join("nodes/node1");
+    let conf_dir = node1.join("cni/net.d");
+    let bin_dir = node1.join("cni/bin");
+    let sets = [
+        format!("agent.captureBackend={backend}"),
+        format!("image.registry={registry}"),
+        format!("platform.cniConfDir={}", conf_dir.display()),
+        format!("platform.cniBinDir={}", bin_dir.display()),
+    ];
+    let mut args: Vec<&str> = Vec::new();
+    for s in &sets {
+        args.extend(["--set", s]);
+    }
+    let r = render(&args).expect("renders");
+    let spec = |name: &str| r.pod_spec(name).unwrap_or_else(|| panic!("no {name} in the rendering"));
+    let (agent_pod, proxy_pod, control_pod) = (spec("ambit-agent"), spec("ztunnel"), spec("ambit-control"));
+    let image_of = |p: &PodSpec| p.containers[0].image.clone().expect("image");
+    assert_eq!(image_of(&proxy_pod), format!("{registry}/ambit:{version}"));
+    assert_eq!(image_of(&agent_pod), format!("{registry}/ambit-agent:{version}"));
+
+    let (objects, capture, control) =
+        (c.run_dir.join("objects"), c.run_dir.join("capture"), c.run_dir.join("control"));
+    let scratch = c.scratch.path().to_owned();
+    let tag = c.tag.clone();
+    let xds = chart::pods::env(&proxy_pod.containers[0], "XDS_ADDRESS").expect("XDS_ADDRESS").to_owned();
+    let xds_host = xds.trim_start_matches("https://").rsplit_once(':').expect("host:port").0.to_owned();
+
+    let launches = [
+        Launch {
+            process: "control".into(),
+            pod_name: "ambit-control-0",
+            container: lit(format!("{tag}-control")),
+            container_spec: control_pod.containers[0].clone(),
+            pod: control_pod.clone(),
+            extra: Extra {
+                keep: &[
+                    "--config",
+                    "--capture-state-dir",
+                    "--secure-grpc-addr",
+                    "--grpc-addr",
+                    "--monitoring-addr",
+                    "--http-addr",
+                ],
+                // AMBIT_CONTROL_STATE_DIR is rendered.
+                drop: &["--state-dir"],
+                same_path: vec![(objects.clone(), true), (capture.clone(), true)],
+                env_override: Vec::new(),
+                env_from_up: &[],
+                stands: BTreeMap::from([
+                    // No plugged-in CA: the control plane makes its own root in its state.
+                    ("cacerts", Stand { dir: scratch.join("control-cacerts"), fill: Vec::new() }),
+                    // The state emptyDir is `ambit up`'s control folder: the node tokens and the
+                    // root the host processes of node2 read.
+                    ("state", Stand { dir: control.clone(), fill: Vec::new() }),
+                ]),
+                prepare: Vec::new(),
+                flags: Vec::new(),
+            },
+        },
+        Launch {
+            process: "agent/node1".into(),
+            pod_name: "ambit-agent-node1",
+            container: lit(format!("{tag}-agent-node1")),
+            container_spec: agent_pod.containers[0].clone(),
+            pod: agent_pod.clone(),
+            extra: Extra {
+                keep: &["--source-dir", "--capture-state-dir", "--source-poll"],
+                // Set by the rendered environment (NODE_NAME, CNI_AGENT_RUN_DIR, ZTUNNEL_UDS_ADDRESS,
+                // EXCLUDE_NAMESPACES, MOUNTED_CNI_NET_DIR, AMBIT_CNI_BIN_DIR, AMBIT_CNI_BINARY) or
+                // the agent's defaults, which are the chart's ports.
+                drop: &[
+                    "--node-name",
+                    "--run-dir",
+                    "--zds-socket",
+                    "--metrics-addr",
+                    "--health-addr",
+                    "--exclude-namespaces",
+                    "--cni-conf-dir",
+                    "--cni-bin-dir",
+                    "--cni-binary",
+                ],
+                same_path: vec![(objects.clone(), true), (capture.clone(), false)],
+                // The node's host network namespace is a named one on `ambit up`.
+                env_override: vec![("AMBIT_HOST_NETNS", Word::Shell("/host/var/run/netns/$netns".into()))],
+                env_from_up: &[],
+                stands: BTreeMap::new(),
+                prepare: Vec::new(),
+                flags: Vec::new(),
+            },
+        },
+        Launch {
+            process: "proxy/node1".into(),
+            pod_name: "ztunnel-node1",
+            // Two generations run side by side while one replaces the other.
+            container: Word::Shell(format!("{tag}-proxy-node1-${{AMBIT_ADMIN_ADDR##*:}}")),
+            container_spec: proxy_pod.containers[0].clone(),
+            pod: proxy_pod.clone(),
+            extra: Extra {
+                keep: &[],
+                drop: &[],
+                same_path: Vec::new(),
+                env_override: Vec::new(),
+                // The ports of the proxy's generation: during a replacement two proxies share
+                // the node's namespace here, where Kubernetes gives each pod its own.
+                env_from_up: &["AMBIT_ADMIN_ADDR", "AMBIT_STATS_ADDR", "AMBIT_READINESS_ADDR"],
+                stands: BTreeMap::from([
+                    (
+                        "istio-token",
+                        Stand {
+                            dir: scratch.join("proxy-token"),
+                            fill: vec![format!(
+                                "cp '{}' '{}'",
+                                control.join("tokens/node1.token").display(),
+                                scratch.join("proxy-token/istio-token").display()
+                            )],
+                        },
+                    ),
+                    (
+                        "istiod-ca-cert",
+                        Stand {
+                            dir: scratch.join("proxy-root"),
+                            fill: vec![format!(
+                                "cp '{}' '{}'",
+                                control.join("root-cert.pem").display(),
+                                scratch.join("proxy-root/root-cert.pem").display()
+                            )],
+                        },
+                    ),
+                ]),
+                prepare: Vec::new(),
+                // The Service name the chart's proxies dial, as cluster DNS would answer it.
+                flags: vec![
+                    lit("--add-host"),
+                    Word::Shell(format!("{xds_host}:$(a=${{XDS_ADDRESS#https://}}; echo ${{a%:*}})")),
+                ],
+            },
+        },
+    ];
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()).to_string();
+    let fields: BTreeMap<&str, Word> = BTreeMap::from([
+        ("metadata.namespace", lit(NAMESPACE)),
+        ("spec.nodeName", lit("node1")),
+        ("status.podIP", Word::Shell("$INSTANCE_IP".into())),
+        // No CPU limit: the node's cores, as the kubelet fills limits.cpu.
+        ("limits.cpu", lit(cores)),
+    ]);
+    let cases: Vec<String> = launches.iter().map(|l| l.case(&image_of(&l.pod), &fields)).collect();
+    let script = scratch.join("launcher.sh");
+    std::fs::write(&script, launcher(&cases)).expect("launcher");
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+
+    let config = c.config(CLUSTER);
+    let up = c.up_with(2, &config, &["--launcher", script.to_str().expect("path")]);
+    assert!(up.stdout.contains("ambit up: ready in"), "{up}");
+
+    // Three containers, each with what its rendered pod grants and nothing more.
+    let running = container_named(&tag);
+    assert_eq!(running.len(), 3, "{running:?}");
+    let proxy_name = |gen_port: u16| format!("{tag}-proxy-node1-{gen_port}");
+    let first_admin = c.state().proxy("node1").admin;
+    for (l, name) in
+        launches.iter().zip([format!("{tag}-control"), format!("{tag}-agent-node1"), proxy_name(first_admin)])
+    {
+        assert!(running.contains(&name), "{name} is not running: {running:?}");
+        assert_privileges(&name, l, &image_of(&l.pod));
+    }
+    let status = c.status();
+    assert_eq!(status["phase"], "ready", "{status}");
+    for p in status["pods"].as_array().into_iter().flatten() {
+        assert_eq!(p["phase"], "Ready", "{p}");
+    }
+    for n in status["nodes"].as_array().into_iter().flatten() {
+        assert!(n["agentReady"] == true && n["proxyReady"] == true, "{n}");
+    }
+    // The container agent put ambit-cni into node1's chain from its image, and captured node1's
+    // enrolled pods.
+    let chain = std::fs::read_dir(&conf_dir)
+        .expect("conf dir")
+        .flatten()
+        .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
+        .collect::<String>();
+    assert!(chain.contains("ambit-cni"), "node1's CNI chain: {chain}");
+    assert!(bin_dir.join("ambit-cni").is_file());
+    for p in ["demo/client", "demo/server-a", "demo/other", "demo/server-b"] {
+        assert!(enrolled(&c, p), "{p} is not captured: {}", pod_status(&c, p));
+    }
+    assert!(!enrolled(&c, "plain/web"));
+    // The zero-loss handoff's sysctl, set in node1's pods by the container agent through a
+    // procfs of its own (the container's /proc/sys is read-only).
+    let node1_ns = format!("{tag}-node1");
+    let (code, metrics) =
+        ambit_cluster::probe::http_get(&node1_ns, 15014, "/metrics").expect("agent metrics");
+    assert_eq!(code, 200);
+    let supported = metrics.lines().find(|l| l.contains("tcp_migrate_req_supported") && !l.starts_with('#'));
+    assert!(supported.is_some_and(|l| l.ends_with(" 1")), "{supported:?}");
+    let sysctl = std::process::Command::new("ip")
+        .args(["netns", "exec", &c.pod("demo/server-a").netns, "sysctl", "-n", "net.ipv4.tcp_migrate_req"])
+        .output()
+        .expect("sysctl");
+    assert_eq!(String::from_utf8_lossy(&sysctl.stdout).trim(), "1", "server-a's tcp_migrate_req");
+
+    // mTLS within node1, and both ways across nodes.
+    assert_mtls(&c, "demo/client", "demo/server-a", CLIENT, "within the container node");
+    assert_mtls(&c, "demo/client", "demo/server-b", CLIENT, "from the container node");
+    assert_mtls(&c, "demo/other", "demo/server-a", OTHER, "to the container node");
+
+    // A policy: the container proxy counts the denial.
+    c.apply("deny.yaml", DENY_CLIENT);
+    assert!(
+        wait_for(|| try_denied(&c, "demo/client", "demo/server-a").is_ok(), CONVERGE),
+        "the DENY policy was not in force on node1\n{}",
+        c.logs()
+    );
+    assert_mtls(&c, "demo/other", "demo/server-a", OTHER, "the policy names only client");
+    c.delete("deny.yaml", DENY_CLIENT);
+    assert!(wait_for(|| connect(&c, "demo/client", "demo/server-a").get("reply").is_some(), CONVERGE));
+
+    // Enrolled live by the container agent, then released.
+    let plain_on = "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: plain\n  labels:\n    istio.io/dataplane-mode: ambient\n";
+    c.apply("plain.yaml", plain_on);
+    assert!(
+        wait_for(|| enrolled(&c, "plain/web") && enrolled(&c, "plain/outsider"), CONVERGE),
+        "enrolling plain did not capture its pods:\n{}",
+        c.ambit(&["status"])
+    );
+    // Both proxies learn the pods' new state from the control plane: until then a connection
+    // may still go in plaintext.
+    let mtls = wait_for(
+        || {
+            let before = c.counters();
+            connect(&c, "plain/outsider", "plain/web").get("reply").is_some()
+                && wait_counted(&c, &before, Duration::from_secs(1), |g| g.mtls >= 1.0).mtls == 1.0
+        },
+        CONVERGE,
+    );
+    assert!(mtls, "enrolled outsider → web is not mTLS\n{}", c.logs());
+    assert_mtls(&c, "plain/outsider", "plain/web", PLAIN, "enrolled live on the container node");
+    c.apply("plain.yaml", "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: plain\n");
+    assert!(
+        wait_for(|| !enrolled(&c, "plain/web") && !enrolled(&c, "plain/outsider"), CONVERGE),
+        "un-enrolling plain did not release its pods:\n{}",
+        c.ambit(&["status"])
+    );
+    assert_plaintext(&c, "plain/outsider", "plain/web", "released live");
+
+    // The container agent restarted: the new one finds node1's running pods through the host's
+    // /proc (their namespaces: SYS_PTRACE) and keeps their capture.
+    let rules_before = ruleset(&c, "demo/server-a");
+    assert!(rules_before.contains("table"), "no capture rules in server-a:\n{rules_before}");
+    let restarted = c.ambit(&["restart", "agent/node1"]);
+    assert_eq!(restarted.code, Some(0), "{restarted}");
+    assert!(
+        wait_for(|| ambit_cluster::probe::ready(&node1_ns, 8000, "/readyz"), Duration::from_secs(20)),
+        "the container agent did not become ready again\n{}",
+        c.logs()
+    );
+    assert_eq!(ruleset(&c, "demo/server-a"), rules_before, "the agent restart changed server-a's capture");
+    assert_privileges(&format!("{tag}-agent-node1"), &launches[1], &image_of(&agent_pod));
+    assert_mtls(&c, "demo/client", "demo/server-a", CLIENT, "after the agent restart");
+
+    // The container proxy replaced under 200 connections/s: none fails; the new one is a
+    // container too, with the same privileges.
+    let load = Load::start(&c.pod("demo/client").netns, c.addr("demo/server-a", 8080), 200, 20, app_echo);
+    assert!(wait_for(|| load.ok() >= 100, Duration::from_secs(10)), "the load made no progress");
+    let replaced = c.ambit(&["restart", "proxy/node1"]);
+    assert_eq!(replaced.code, Some(0), "{replaced}\n{}", c.logs());
+    let at_replace = load.ok();
+    assert!(
+        wait_for(|| load.ok() >= at_replace + 200, Duration::from_secs(10)),
+        "no progress after the replacement"
+    );
+    let (done, failures, _) = load.finish();
+    eprintln!(
+        "container proxy replaced: {done} connections, {} failed; {}",
+        failures.len(),
+        replaced.stdout.trim()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} of {} connections failed: {:?}",
+        failures.len(),
+        done + failures.len(),
+        &failures[..failures.len().min(10)]
+    );
+    let second = proxy_name(c.state().proxy("node1").admin);
+    assert_ne!(second, proxy_name(first_admin));
+    assert!(
+        wait_for(|| container_named(&tag).len() == 3, Duration::from_secs(15)),
+        "{:?}",
+        container_named(&tag)
+    );
+    assert_privileges(&second, &launches[2], &image_of(&proxy_pod));
+    assert_mtls(&c, "demo/other", "demo/server-a", OTHER, "after the replacement");
+
+    // `ambit down` stops the containers.
+    let down = c.down();
+    assert_eq!(down.code, Some(0), "{down}");
+    assert!(
+        wait_for(|| container_named(&tag).is_empty(), Duration::from_secs(15)),
+        "containers left after ambit down: {:?}",
+        container_named(&tag)
+    );
+}
