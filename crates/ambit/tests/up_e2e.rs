@@ -13,10 +13,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde_json::Value;
 
-const CLIENT: &str = "spiffe://cluster.local/ns/demo/sa/client";
-const OTHER: &str = "spiffe://cluster.local/ns/demo/sa/other";
-const PLAIN: &str = "spiffe://cluster.local/ns/plain/sa/default";
-
 /// How long a live change may take to be in force on both nodes.
 const CONVERGE: Duration = Duration::from_secs(10);
 
@@ -97,17 +93,6 @@ spec:
   nodeName: node2
   containers:
   - {name: echo, command: [ambit, app, echo, --port, "8080"], ports: [{containerPort: 8080}]}
-"#;
-
-const DENY_CLIENT: &str = r#"apiVersion: security.istio.io/v1
-kind: AuthorizationPolicy
-metadata: {name: deny-client, namespace: demo}
-spec:
-  selector: {matchLabels: {app: server}}
-  action: DENY
-  rules:
-  - from:
-    - source: {principals: ["cluster.local/ns/demo/sa/client"]}
 "#;
 
 /// The README's demo: every verdict row as expected (exit 0), then `ambit down` leaves nothing.

@@ -64,9 +64,6 @@ spec:
   - from: [{source: {principals: ["cluster.local/ns/demo/sa/client"]}}]
 "#;
 
-const CLIENT: &str = "spiffe://cluster.local/ns/demo/sa/client";
-const OTHER: &str = "spiffe://cluster.local/ns/demo/sa/other";
-
 /// `ambit inspect ARGS`, which must succeed: its output.
 fn inspect(c: &LocalCluster, args: &[&str]) -> String {
     let mut all = vec!["inspect"];

@@ -13,8 +13,6 @@ use std::time::Duration;
 use common::*;
 use serde_json::Value;
 
-const CLIENT: &str = "spiffe://cluster.local/ns/demo/sa/client";
-
 /// One node: a client and a server in an enrolled namespace; a plain namespace with an L7
 /// policy, which `ambit up` warns about.
 const CLUSTER: &str = r#"apiVersion: v1

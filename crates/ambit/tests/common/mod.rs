@@ -60,8 +60,9 @@ pub use process::{ChildGuard, cpu_seconds, hard_nofile, rss_kib, status_kib};
 pub use runtime::{CniFailure, CniRuntime, Sandbox, ambit_cni_path};
 pub use sockets::{connect_tcp_in, listen_tcp_in, original_dst, run_in};
 pub use up::{
-    Counted, LocalCluster, Ran, ambit_bin, app_echo, assert_mtls, assert_plaintext, cluster_tag, connect,
-    counted, desired_files, enrolled, pod_status, ruleset, try_denied, wait_counted,
+    CLIENT, Counted, DENY_CLIENT, LocalCluster, OTHER, PLAIN, Ran, ambit_bin, app_echo, assert_mtls,
+    assert_plaintext, cluster_tag, connect, counted, desired_files, enrolled, pod_status, ruleset,
+    try_denied, wait_counted,
 };
 
 /// Timeout applied to every connect made by the harness.

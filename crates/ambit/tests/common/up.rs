@@ -461,3 +461,20 @@ pub fn ruleset(c: &LocalCluster, pod: &str) -> String {
         .expect("nft");
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// The identities of the pods the `ambit up` suites (up_e2e, up_containers) name.
+pub const CLIENT: &str = "spiffe://cluster.local/ns/demo/sa/client";
+pub const OTHER: &str = "spiffe://cluster.local/ns/demo/sa/other";
+pub const PLAIN: &str = "spiffe://cluster.local/ns/plain/sa/default";
+
+/// Denies `demo/client` at the pods labelled `app: server`.
+pub const DENY_CLIENT: &str = r#"apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: deny-client, namespace: demo}
+spec:
+  selector: {matchLabels: {app: server}}
+  action: DENY
+  rules:
+  - from:
+    - source: {principals: ["cluster.local/ns/demo/sa/client"]}
+"#;
