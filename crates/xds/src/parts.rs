@@ -30,17 +30,16 @@ pub fn more_follow(version: &str) -> bool {
 /// `max_bytes` each, but at least one item per run: the index where each run after the first
 /// starts (empty: one run).
 pub(crate) fn split(sizes: impl IntoIterator<Item = usize>, max_bytes: usize) -> Vec<usize> {
-    let mut ends = Vec::new();
-    let (mut run, mut count) = (0usize, 0usize);
+    let mut starts = Vec::new();
+    let (mut run, mut start) = (0usize, 0usize);
     for (i, size) in sizes.into_iter().enumerate() {
-        if count > 0 && run.saturating_add(size) > max_bytes {
-            ends.push(i);
-            (run, count) = (0, 0);
+        if i > start && run.saturating_add(size) > max_bytes {
+            starts.push(i);
+            (run, start) = (0, i);
         }
         run = run.saturating_add(size);
-        count += 1;
     }
-    ends
+    starts
 }
 
 #[cfg(test)]

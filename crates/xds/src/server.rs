@@ -266,7 +266,6 @@ struct Sub {
     /// Subscribed names (not wildcard), each with the snapshot version it was last resolved at.
     names: HashMap<String, u64>,
     responses: u64,
-    last_nonce: String,
     /// The nonces of the last response's parts ([`crate::parts`]; one unless it was split):
     /// an ACK or NACK of any of them is current.
     in_flight: Vec<String>,
@@ -340,7 +339,7 @@ impl AdsServer {
                                 wildcard: sub.wildcard,
                                 subscriptions,
                                 responses: sub.responses,
-                                last_nonce: sub.last_nonce.clone(),
+                                last_nonce: sub.in_flight.last().cloned().unwrap_or_default(),
                                 acked_nonces: sub.acked.clone(),
                                 nacks: sub.nacks.clone(),
                             })

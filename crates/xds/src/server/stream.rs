@@ -76,7 +76,6 @@ pub(super) fn handle_request(
             base: snap.version,
             names: HashMap::new(),
             responses: 0,
-            last_nonce: String::new(),
             in_flight: Vec::new(),
             acked: Vec::new(),
             nacks: Vec::new(),
@@ -307,7 +306,6 @@ pub(super) fn response(
         from = to;
         *counter += 1;
         let nonce = format!("{version}-{counter}-{:016x}", rand::random::<u64>());
-        sub.last_nonce = nonce.clone();
         sub.in_flight.push(nonce.clone());
         sub.responses += 1;
         out.push(DeltaDiscoveryResponse {
