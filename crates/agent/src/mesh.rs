@@ -83,6 +83,12 @@ pub enum NetnsLookup {
     /// No process of the pod holds one of its addresses.
     #[error("no process of the pod found in /proc (is the pod running?)")]
     NotRunning,
+    /// The pod's processes are there, but their namespaces may not be read.
+    #[error(
+        "the network namespace of the pod's {0} process(es) in /proc cannot be read (permission denied): \
+         the agent needs CAP_SYS_PTRACE to read other processes' namespaces"
+    )]
+    Refused(usize),
     /// Found, but it does not open as a network namespace.
     #[error(transparent)]
     Open(#[from] NetnsError),
@@ -418,7 +424,11 @@ impl Mesh {
             let local = crate::addrs::local_addresses(pid_dir);
             ips.iter().any(|ip| local.contains(ip))
         });
-        let f = found.get(&pod.uid).ok_or(NetnsLookup::NotRunning)?;
+        let f = match found.found.get(&pod.uid) {
+            Some(f) => f,
+            None if found.refused > 0 => return Err(NetnsLookup::Refused(found.refused)),
+            None => return Err(NetnsLookup::NotRunning),
+        };
         let netns = Netns::open(&f.netns_path)?;
         match self.paths.host_namespaces.which(netns.id()) {
             Some(what) => Err(NetnsLookup::Host(what.to_owned())),

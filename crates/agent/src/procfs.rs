@@ -102,32 +102,47 @@ pub fn starttime(stat: &str) -> Option<u64> {
     rest.split_whitespace().nth(19)?.parse().ok()
 }
 
+/// What a scan found: per pod UID its namespace, and how many processes of the wanted pods had
+/// a namespace the agent may not read.
+#[derive(Debug, Default)]
+pub struct Scan {
+    /// The wanted pods found.
+    pub found: HashMap<String, Found>,
+    /// Processes of wanted pods whose `ns/net` refused the agent (permission denied: reading
+    /// another user's or a more privileged process's namespace needs CAP_SYS_PTRACE).
+    pub refused: usize,
+}
+
 /// Scans `proc_root` for the network namespaces of the pods in `wanted`.
 ///
 /// `owns(uid, netns_path)` confirms the namespace belongs to the pod (it holds one of its IPs);
 /// the host namespace (that of pid 1) is never returned.
-pub fn scan(
-    proc_root: &Path,
-    wanted: &HashSet<String>,
-    owns: impl Fn(&str, &Path) -> bool,
-) -> HashMap<String, Found> {
+pub fn scan(proc_root: &Path, wanted: &HashSet<String>, owns: impl Fn(&str, &Path) -> bool) -> Scan {
     let host = ambit_netns::host_id(proc_root).ok();
     let mut best: HashMap<String, Found> = HashMap::new();
+    let mut refused = 0;
     let mut accepted: HashSet<NetnsId> = HashSet::new();
-    let Ok(entries) = fs::read_dir(proc_root) else { return best };
+    let Ok(entries) = fs::read_dir(proc_root) else { return Scan::default() };
     for entry in entries.flatten() {
         let name = entry.file_name();
         let Some(pid) = name.to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
         let dir = entry.path();
+        let pod_of = || fs::read_to_string(dir.join("cgroup")).ok().and_then(|t| pod_uid_from_cgroup(&t));
         let netns_path = dir.join("ns/net");
-        let Ok(id) = NetnsId::of_path(&netns_path) else { continue };
+        let id = match NetnsId::of_path(&netns_path) {
+            Ok(id) => id,
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                if pod_of().is_some_and(|uid| wanted.contains(&uid)) {
+                    refused += 1;
+                }
+                continue;
+            }
+            Err(_) => continue,
+        };
         if Some(id) == host {
             continue;
         }
-        let Some(uid) = fs::read_to_string(dir.join("cgroup")).ok().and_then(|t| pod_uid_from_cgroup(&t))
-        else {
-            continue;
-        };
+        let Some(uid) = pod_of() else { continue };
         if !wanted.contains(&uid) {
             continue;
         }
@@ -146,7 +161,7 @@ pub fn scan(
             }
         }
     }
-    best
+    Scan { found: best, refused }
 }
 
 #[cfg(test)]

@@ -84,12 +84,72 @@ fn scan_fake_proc() {
             .into_iter()
             .map(String::from)
             .collect();
-    let found = scan(root.path(), &wanted, |uid, _| !uid.starts_with("2222"));
+    let scanned = scan(root.path(), &wanted, |uid, _| !uid.starts_with("2222"));
+    let found = scanned.found;
     assert_eq!(found.len(), 1, "{found:?}");
     let f = &found[UID];
     assert_eq!(f.pid, 102, "the oldest process wins");
     assert_eq!(f.netns_path, root.path().join("102/ns/net"));
-    assert!(scan(&root.path().join("missing"), &wanted, |_, _| true).is_empty());
+    assert_eq!(scanned.refused, 0);
+    assert!(scan(&root.path().join("missing"), &wanted, |_, _| true).found.is_empty());
+}
+
+/// A process of a wanted pod whose namespace refuses the agent is counted, so the error can say
+/// why the pod was not found (an agent without CAP_SYS_PTRACE). Here the refusal is a directory
+/// the scanning thread may not search, once it has given up its DAC override.
+#[test]
+fn a_refused_namespace_is_counted() {
+    use std::os::unix::fs::PermissionsExt;
+    if !ambit_cluster::testing::require_root() {
+        return;
+    }
+    let root = tempfile::tempdir().expect("tempdir");
+    for (pid, uid) in [(100, UID), (200, "11111111-2222-3333-4444-555555555555")] {
+        let d = root.path().join(pid.to_string());
+        fs::create_dir_all(d.join("ns")).expect("mkdir");
+        fs::write(d.join("cgroup"), format!("0::/kubepods/pod{uid}/c\n")).expect("cgroup");
+        fs::write(d.join("ns/net"), "x").expect("net");
+        fs::set_permissions(d.join("ns"), fs::Permissions::from_mode(0o000)).expect("chmod");
+    }
+    let wanted: HashSet<String> = [UID.to_owned()].into();
+    let scanned = std::thread::scope(|s| {
+        s.spawn(|| {
+            drop_dac_override();
+            scan(root.path(), &wanted, |_, _| true)
+        })
+        .join()
+        .expect("thread")
+    });
+    assert!(scanned.found.is_empty());
+    assert_eq!(scanned.refused, 1, "only the wanted pod's process counts");
+}
+
+/// Takes CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH out of the calling thread's effective set
+/// (capabilities are per thread; the thread ends with the test).
+#[allow(unsafe_code)]
+fn drop_dac_override() {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const VERSION_3: u32 = 0x2008_0522;
+    let mut header = Header { version: VERSION_3, pid: 0 };
+    let mut data = [Data::default(); 2];
+    // SAFETY: capget/capset with a version-3 header and two data words, as capget(2) documents.
+    let got = unsafe { libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) };
+    assert_eq!(got, 0, "capget: {}", std::io::Error::last_os_error());
+    data[0].effective &= !((1 << 1) | (1 << 2));
+    // SAFETY: as above.
+    let set = unsafe { libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) };
+    assert_eq!(set, 0, "capset: {}", std::io::Error::last_os_error());
 }
 
 proptest::proptest! {
