@@ -208,7 +208,6 @@ fn mesh_in_containers(registry: &str, backend: &str) {
                     // root the host processes of node2 read.
                     ("state", Stand { dir: control.clone(), fill: Vec::new() }),
                 ]),
-                prepare: Vec::new(),
                 flags: Vec::new(),
             },
         },
@@ -239,7 +238,6 @@ fn mesh_in_containers(registry: &str, backend: &str) {
                 env_override: vec![("AMBIT_HOST_NETNS", Word::Shell("/host/var/run/netns/$netns".into()))],
                 env_from_up: &[],
                 stands: BTreeMap::new(),
-                prepare: Vec::new(),
                 flags: Vec::new(),
             },
         },
@@ -282,7 +280,6 @@ fn mesh_in_containers(registry: &str, backend: &str) {
                         },
                     ),
                 ]),
-                prepare: Vec::new(),
                 // The Service name the chart's proxies dial, as cluster DNS would answer it.
                 flags: vec![
                     lit("--add-host"),

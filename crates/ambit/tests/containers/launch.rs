@@ -51,8 +51,6 @@ pub struct Extra {
     pub env_from_up: &'static [&'static str],
     /// Rendered volumes that are not host paths, by name.
     pub stands: BTreeMap<&'static str, Stand>,
-    /// Shell lines run before the container starts.
-    pub prepare: Vec<String>,
     /// More podman flags.
     pub flags: Vec<Word>,
 }
@@ -120,7 +118,8 @@ impl Launch {
             lit("--ulimit"),
             lit("nproc=4096:4096"),
         ];
-        let mut prepare = x.prepare.clone();
+        // Shell lines run before the container starts.
+        let mut prepare = Vec::new();
         let psc = pod.security_context.clone().unwrap_or_default();
         let sc = c.security_context.clone().unwrap_or_default();
         let user = sc.run_as_user.or(psc.run_as_user);
