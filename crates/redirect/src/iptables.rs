@@ -63,7 +63,11 @@ impl Xtables {
         };
         let probe = |variant: &str| {
             let save = format!("{base}-{variant}-save");
-            let out = exec::output(&save, &[], None).ok().filter(|out| out.status.success())?;
+            let out = exec::output(&save, &[], None).ok()?;
+            if let Some(why) = unreadable(&save, &out) {
+                tracing::warn!("{why}");
+                return None;
+            }
             let version =
                 exec::output(&save, &["--version"], None).map(|o| exec::stdout(&o)).unwrap_or_default();
             Some((exec::stdout(&out).matches('\n').count() >= 3, version))
@@ -581,6 +585,23 @@ pub(crate) fn save_form(spec: &str, family: Family) -> String {
 
 /// Legacy iptables ≥ 1.6.2 takes `--wait`: parses `v(\d+(\.\d+)+)` from `--version` output;
 /// unparsable output counts as 0.0.0 (no wait), as upstream assumes.
+/// Why a variant's rules could not be read, when its save command is there but was refused: the
+/// node's rules may be in that variant's tables, and taking the other one would split pods' rules
+/// from the node's. iptables-legacy needs CAP_NET_RAW (it opens a raw socket). Other failures (a
+/// kernel without that variant's tables) mean no rules there, and are not said.
+fn unreadable(save: &str, out: &std::process::Output) -> Option<String> {
+    let err = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() || !err.contains("Permission denied") {
+        return None;
+    }
+    Some(format!(
+        "cannot read the node's rules with {save} ({}: {}); the other variant is used, which splits pods' \
+         rules from the node's if the node's are in this one (iptables-legacy needs CAP_NET_RAW)",
+        out.status,
+        err.trim()
+    ))
+}
+
 fn legacy_needs_wait(version_output: &str) -> bool {
     let Some(start) = version_output.find(" v") else { return false };
     let digits: String =
@@ -590,5 +611,42 @@ fn legacy_needs_wait(version_output: &str) -> bool {
     match version {
         (Some(major), Some(minor), patch) => (major, minor, patch) >= (1, 6, 2),
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod detect_tests {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::{ExitStatus, Output};
+
+    use super::unreadable;
+
+    /// A save command that is there but refused (iptables-legacy without CAP_NET_RAW) is said,
+    /// not taken silently as "no rules of that variant".
+    #[test]
+    fn a_refused_save_is_said() {
+        let out = |code: i32, stderr: &str| Output {
+            status: ExitStatus::from_raw(code << 8),
+            stdout: Vec::new(),
+            stderr: stderr.as_bytes().to_vec(),
+        };
+        assert_eq!(unreadable("iptables-legacy-save", &out(0, "")), None);
+        let no_tables = "iptables-legacy-save v1.8.9 (legacy): Cannot initialize: Table does not exist (do you need to insmod?)";
+        assert_eq!(unreadable("iptables-legacy-save", &out(1, no_tables)), None);
+        assert_eq!(
+            unreadable(
+                "iptables-legacy-save",
+                &out(
+                    1,
+                    "iptables-save v1.8.9 (legacy): Cannot initialize: Permission denied (you must be root)\n"
+                )
+            )
+            .as_deref(),
+            Some(
+                "cannot read the node's rules with iptables-legacy-save (exit status: 1: iptables-save v1.8.9 \
+                 (legacy): Cannot initialize: Permission denied (you must be root)); the other variant is used, which \
+                 splits pods' rules from the node's if the node's are in this one (iptables-legacy needs CAP_NET_RAW)"
+            )
+        );
     }
 }
