@@ -4,8 +4,9 @@
 //! read-only root, environment and volumes of the pods `helm template` renders, read from the
 //! rendered manifests. node2's agent and proxy stay host processes. Then the mesh is driven as
 //! in tests/up_e2e.rs: mTLS within node1 and across nodes, a DENY policy counted by the
-//! container proxy, a namespace enrolled and released by the container agent, and the
-//! container proxy replaced under load without a failed connection.
+//! container proxy, a namespace enrolled and released by the container agent, the agent
+//! restarted, and the container proxy replaced under load without a failed connection; once per
+//! capture: nftables, iptables-nft, and iptables-legacy on a node whose rules are legacy ones.
 //!
 //! What `ambit up` cannot give as a kubelet would, and what stands in for it (each named where
 //! it is made): no API server, so the components keep `ambit up`'s object and capture folders
@@ -127,10 +128,58 @@ fn the_chart_s_pods_run_in_containers_on_ambit_up_and_carry_the_mesh() {
     let _images = Images(
         ["ambit", "ambit-agent", "ztunnel", "install-cni"].map(|n| format!("{registry}/{n}:{version}")),
     );
-    // One after the other: both use the chart's fixed host paths (/var/run/ambit, /var/run/ztunnel).
-    for backend in ["nftables", "iptables"] {
-        eprintln!("capture backend {backend}");
-        mesh_in_containers(&registry, backend);
+    // One after the other: all use the chart's fixed host paths (/var/run/ambit, /var/run/ztunnel).
+    for capture in [Capture::Nftables, Capture::IptablesNft, Capture::IptablesLegacy] {
+        eprintln!("capture {capture:?}");
+        mesh_in_containers(&registry, capture);
+    }
+}
+
+/// How node1's agent captures: the chart's backend, and for iptables the variant the node's
+/// own rules make it pick (legacy where they are legacy ones, else nft).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Capture {
+    Nftables,
+    IptablesNft,
+    IptablesLegacy,
+}
+
+impl Capture {
+    fn backend(self) -> &'static str {
+        match self {
+            Capture::Nftables => "nftables",
+            Capture::IptablesNft | Capture::IptablesLegacy => "iptables",
+        }
+    }
+
+    /// What the launcher does first in node1's namespace: for legacy, a chain of the node's own
+    /// in the legacy tables (both families), which makes the agent pick iptables-legacy.
+    fn seed(self) -> Vec<String> {
+        match self {
+            Capture::IptablesLegacy => ["iptables-legacy", "ip6tables-legacy"]
+                .map(|t| format!("{t} -w -t mangle -N AMBIT-NODE-RULE 2>/dev/null || {t} -w -t mangle -L AMBIT-NODE-RULE >/dev/null"))
+                .to_vec(),
+            Capture::Nftables | Capture::IptablesNft => Vec::new(),
+        }
+    }
+
+    /// A pod's capture rules as this variant keeps them (without counters and dates).
+    fn rules(self, c: &LocalCluster, pod: &str) -> String {
+        match self {
+            Capture::Nftables | Capture::IptablesNft => ruleset(c, pod),
+            Capture::IptablesLegacy => {
+                let out = std::process::Command::new("ip")
+                    .args(["netns", "exec", &c.pod(pod).netns, "iptables-legacy-save"])
+                    .output()
+                    .expect("iptables-legacy-save");
+                String::from_utf8_lossy(&out.stdout)
+                    .lines()
+                    .filter(|l| !l.starts_with('#'))
+                    .map(|l| l.split(" [").next().unwrap_or(l))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            }
+        }
     }
 }
 
@@ -145,8 +194,9 @@ impl Drop for Images {
     }
 }
 
-/// The cluster with the chart rendered for capture backend `backend`, driven through the mesh.
-fn mesh_in_containers(registry: &str, backend: &str) {
+/// The cluster with the chart rendered for `mode`'s backend, driven through the mesh.
+fn mesh_in_containers(registry: &str, mode: Capture) {
+    let backend = mode.backend();
     let version = env!("CARGO_PKG_VERSION");
     let mut c = LocalCluster::new();
     let _cleanup = Cleanup { tag: c.tag.clone() };
@@ -208,6 +258,7 @@ fn mesh_in_containers(registry: &str, backend: &str) {
                     // root the host processes of node2 read.
                     ("state", Stand { dir: control.clone(), fill: Vec::new() }),
                 ]),
+                before: Vec::new(),
                 flags: Vec::new(),
             },
         },
@@ -238,6 +289,7 @@ fn mesh_in_containers(registry: &str, backend: &str) {
                 env_override: vec![("AMBIT_HOST_NETNS", Word::Shell("/host/var/run/netns/$netns".into()))],
                 env_from_up: &[],
                 stands: BTreeMap::new(),
+                before: mode.seed(),
                 flags: Vec::new(),
             },
         },
@@ -280,6 +332,7 @@ fn mesh_in_containers(registry: &str, backend: &str) {
                         },
                     ),
                 ]),
+                before: Vec::new(),
                 // The Service name the chart's proxies dial, as cluster DNS would answer it.
                 flags: vec![
                     lit("--add-host"),
@@ -397,8 +450,9 @@ fn mesh_in_containers(registry: &str, backend: &str) {
 
     // The container agent restarted: the new one finds node1's running pods through the host's
     // /proc (their namespaces: SYS_PTRACE) and keeps their capture.
-    let rules_before = ruleset(&c, "demo/server-a");
-    assert!(rules_before.contains("table"), "no capture rules in server-a:\n{rules_before}");
+    let rules_before = mode.rules(&c, "demo/server-a");
+    let mark = if mode == Capture::IptablesLegacy { "ISTIO_PRERT" } else { "table" };
+    assert!(rules_before.contains(mark), "no capture rules in server-a ({mode:?}):\n{rules_before}");
     let restarted = c.ambit(&["restart", "agent/node1"]);
     assert_eq!(restarted.code, Some(0), "{restarted}");
     assert!(
@@ -406,7 +460,7 @@ fn mesh_in_containers(registry: &str, backend: &str) {
         "the container agent did not become ready again\n{}",
         c.logs()
     );
-    assert_eq!(ruleset(&c, "demo/server-a"), rules_before, "the agent restart changed server-a's capture");
+    assert_eq!(mode.rules(&c, "demo/server-a"), rules_before, "the agent restart changed server-a's capture");
     assert_privileges(&format!("{tag}-agent-node1"), &launches[1], &image_of(&agent_pod));
     assert_mtls(&c, "demo/client", "demo/server-a", CLIENT, "after the agent restart");
 

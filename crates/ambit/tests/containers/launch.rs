@@ -51,6 +51,8 @@ pub struct Extra {
     pub env_from_up: &'static [&'static str],
     /// Rendered volumes that are not host paths, by name.
     pub stands: BTreeMap<&'static str, Stand>,
+    /// Shell lines run first, in the component's network namespace.
+    pub before: Vec<String>,
     /// More podman flags.
     pub flags: Vec<Word>,
 }
@@ -119,7 +121,7 @@ impl Launch {
             lit("nproc=4096:4096"),
         ];
         // Shell lines run before the container starts.
-        let mut prepare = Vec::new();
+        let mut prepare = x.before.clone();
         let psc = pod.security_context.clone().unwrap_or_default();
         let sc = c.security_context.clone().unwrap_or_default();
         let user = sc.run_as_user.or(psc.run_as_user);
