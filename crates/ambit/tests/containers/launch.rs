@@ -12,6 +12,7 @@ use crate::common::hard_nofile;
 
 /// A word of the launcher script: literal (quoted) or expanded by the shell when the component
 /// starts (`ambit up`'s environment for it, the network namespace).
+#[derive(Clone)]
 pub enum Word {
     Lit(String),
     Shell(String),
@@ -87,18 +88,7 @@ impl Launch {
     /// The `podman run` words for this component, from the rendered pod.
     pub fn podman(&self, image: &str, node_fields: &BTreeMap<&str, Word>) -> (Vec<Word>, Vec<String>) {
         let (pod, c, x) = (&self.pod, &self.container_spec, &self.extra);
-        let mut fields: BTreeMap<&str, Word> = node_fields
-            .iter()
-            .map(|(k, v)| {
-                (
-                    *k,
-                    match v {
-                        Word::Lit(s) => lit(s),
-                        Word::Shell(s) => Word::Shell(s.clone()),
-                    },
-                )
-            })
-            .collect();
+        let mut fields = node_fields.clone();
         fields.insert("metadata.name", lit(self.pod_name));
         fields.insert("spec.serviceAccountName", lit(pod.service_account_name.clone().unwrap_or_default()));
         let mut w = vec![
@@ -106,9 +96,7 @@ impl Launch {
             lit("--rm"),
             lit("--replace"),
             lit("--name"),
-            Word::Shell(match &self.container {
-                Word::Lit(s) | Word::Shell(s) => s.clone(),
-            }),
+            self.container.clone(),
             lit("--pull"),
             lit("never"),
             lit("--network"),
@@ -247,10 +235,7 @@ impl Launch {
             let d = dir.display();
             w.extend([lit("--volume"), lit(format!("{d}:{d}{}", if *ro { ":ro" } else { "" }))]);
         }
-        w.extend(x.flags.iter().map(|f| match f {
-            Word::Lit(s) => lit(s),
-            Word::Shell(s) => Word::Shell(s.clone()),
-        }));
+        w.extend(x.flags.iter().cloned());
         let command: Vec<String> = c.command.clone().unwrap_or_default();
         w.extend([lit("--entrypoint"), lit(serde_json::to_string(&command).expect("JSON"))]);
         w.push(lit(image));
