@@ -279,6 +279,9 @@ impl Cluster {
             "annotations": t.annotations,
         });
         if let Some(d) = &t.deployment {
+            // As a ReplicaSet names its pods: the control plane takes a generated pod's workload
+            // name from its controller (the Deployment), as istiod does, not from the pod's name.
+            metadata["generateName"] = json!(format!("{d}-"));
             metadata["ownerReferences"] = json!([{ "apiVersion": "apps/v1", "kind": "Deployment", "name": d, "uid": d, "controller": true }]);
         }
         json!({ "apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec, "status": status })
