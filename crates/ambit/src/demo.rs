@@ -527,6 +527,10 @@ pub fn run(at: &Target) -> ExitCode {
         }
     }
     println!();
+    let dashboard = std::fs::read_to_string(at.run_dir.join(crate::up::DASHBOARD_FILE)).unwrap_or_default();
+    if dashboard.starts_with("http://") {
+        println!("The mesh in a browser, these flows drawn: {}\n", dashboard.trim());
+    }
     if bad == 0 {
         println!(
             "every flow behaved as expected. The cluster is still up: `{}`, then `{}`.",

@@ -12,6 +12,7 @@ use clap::{Parser, Subcommand};
 mod app;
 mod config_reference;
 mod context;
+mod dashboard;
 mod demo;
 mod inspect;
 mod policies;
@@ -58,6 +59,11 @@ enum Command {
     /// connections, denials, log level, sync. On the local cluster's nodes or any proxy's admin
     /// address.
     Inspect(inspect::InspectArgs),
+    /// A picture of the mesh in the browser: workloads and Services with live edges (rate,
+    /// bytes, mTLS, denials); a click shows pods, certificates, policies in words, denials and
+    /// recent connections. Read-only, on localhost; from the local cluster, or from a cluster's
+    /// control plane and Prometheus.
+    Dashboard(dashboard::DashboardArgs),
     /// Adds or changes the objects of a YAML file in the local cluster (checked first).
     Apply(up::ApplyArgs),
     /// Removes the objects of a YAML file from the local cluster (checked first).
@@ -231,6 +237,7 @@ fn run(command: Command) -> ExitCode {
         Command::Down(args) => up::down(args),
         Command::Status(args) => up::status(args),
         Command::Inspect(args) => inspect::inspect(args),
+        Command::Dashboard(args) => dashboard::dashboard(args),
         Command::Apply(args) => up::apply(args, false),
         Command::Delete(args) => up::apply(args, true),
         Command::Restart(args) => up::request("restart", args),

@@ -92,6 +92,14 @@ pub struct UpArgs {
     /// runs the component or what stands for it, e.g. a container from Ambit's images.
     #[arg(long, value_name = "PROGRAM")]
     pub launcher: Option<PathBuf>,
+    /// Where the cluster's owner serves `ambit dashboard`'s page while the cluster is up (a
+    /// loopback address; port 0 picks one). Taken already: the cluster comes up without it,
+    /// and says so.
+    #[arg(long, value_name = "ADDRESS", default_value = "127.0.0.1:15600", conflicts_with = "no_dashboard")]
+    pub dashboard: std::net::SocketAddr,
+    /// Serve no dashboard.
+    #[arg(long)]
+    pub no_dashboard: bool,
     /// Run as the cluster's owner (what `ambit up` starts in the background).
     #[arg(long, hide = true)]
     pub supervise: bool,
@@ -284,6 +292,16 @@ pub fn up(args: UpArgs) -> ExitCode {
         Ok(p) => p,
         Err(e) => return fail("up", e),
     };
+    if !args.no_dashboard && !args.dashboard.ip().is_loopback() {
+        return fail(
+            "up",
+            format!(
+                "--dashboard {}: the cluster's dashboard is served on loopback addresses only (it has no \
+                 login); `ambit dashboard --address … --allow-remote` serves it elsewhere",
+                args.dashboard
+            ),
+        );
+    }
     // The objects, checked before anything is created.
     let nodes = node_names(args.nodes);
     let (documents, errors) = if args.demo {
@@ -338,6 +356,11 @@ pub fn up(args: UpArgs) -> ExitCode {
         )
         .args(node_proxy.iter().flat_map(|p| [std::ffi::OsStr::new("--node-proxy"), p.as_os_str()]))
         .args(launcher.iter().flat_map(|p| [std::ffi::OsStr::new("--launcher"), p.as_os_str()]))
+        .args(if args.no_dashboard {
+            vec!["--no-dashboard".to_owned()]
+        } else {
+            vec!["--dashboard".to_owned(), args.dashboard.to_string()]
+        })
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(log_err);
@@ -467,17 +490,22 @@ fn summary(s: &ClusterState, layout: &Layout, at: &Target) -> String {
             p.netns
         );
     }
+    let dashboard = std::fs::read_to_string(at.run_dir.join(DASHBOARD_FILE)).unwrap_or_default();
     out += &format!(
-        "\nlogs        {}\nobjects     {} (edit with `{}` / `{}`)\nstatus      {}\nin a pod    ip netns exec <netns> <command>\nremove all  {}\n",
+        "\nlogs        {}\nobjects     {} (edit with `{}` / `{}`)\nstatus      {}\ndashboard   {}\nin a pod    ip netns exec <netns> <command>\nremove all  {}\n",
         layout.logs().display(),
         layout.desired().display(),
         at.command("apply -f FILE"),
         at.command("delete -f FILE"),
         at.command("status"),
+        dashboard.trim(),
         at.command("down")
     );
     out
 }
+
+/// The run directory's file where the cluster's owner says where its dashboard is.
+pub const DASHBOARD_FILE: &str = "dashboard";
 
 fn supervise(args: &UpArgs) -> ExitCode {
     ambit_admin::logging::init("info", false);
@@ -509,6 +537,19 @@ fn supervise(args: &UpArgs) -> ExitCode {
         node_proxy: args.node_proxy.clone(),
         launcher: args.launcher.clone(),
     };
+    let dashboard = if args.no_dashboard {
+        "not served (--no-dashboard)".to_owned()
+    } else {
+        let target = Target { run_dir: at.run_dir.clone(), tag: at.tag.clone(), remembered: false };
+        match crate::dashboard::spawn_local(target, args.dashboard) {
+            Ok(addr) => format!("http://{addr}/"),
+            Err(e) => {
+                tracing::warn!("the dashboard is not served: {e}");
+                format!("not served: {e} (`ambit dashboard --port N` serves it on another port)")
+            }
+        }
+    };
+    let _ = std::fs::write(at.run_dir.join(DASHBOARD_FILE), &dashboard);
     match up::run(cfg, &STOP) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail("up", e),

@@ -205,7 +205,7 @@ fn live_cluster(
 }
 
 /// `http://HOST:PORT` (or `HOST:PORT`) as a socket address.
-fn address(url: &str) -> Result<SocketAddr, String> {
+pub(crate) fn address(url: &str) -> Result<SocketAddr, String> {
     let rest = url.strip_prefix("http://").unwrap_or(url);
     if rest.starts_with("https://") || url.starts_with("https://") {
         return Err(format!("{url}: the admin endpoints are plain HTTP; use http://"));
@@ -218,7 +218,8 @@ fn address(url: &str) -> Result<SocketAddr, String> {
         .ok_or_else(|| format!("{url} resolves to no address"))
 }
 
-fn get(netns: Option<&str>, addr: SocketAddr, path: &str) -> Result<String, String> {
+/// `GET path` on `addr` (from inside `netns` when given): the body of a 200, else what went wrong.
+pub(crate) fn get(netns: Option<&str>, addr: SocketAddr, path: &str) -> Result<String, String> {
     match probe::request(netns, addr, "GET", path) {
         Ok((200, body)) => Ok(body),
         Ok((code, body)) => Err(format!("GET {path} on {addr}: {code} {}", body.trim())),
@@ -226,7 +227,7 @@ fn get(netns: Option<&str>, addr: SocketAddr, path: &str) -> Result<String, Stri
     }
 }
 
-fn json_of(body: &str) -> Result<Value, String> {
+pub(crate) fn json_of(body: &str) -> Result<Value, String> {
     serde_json::from_str(body).map_err(|e| format!("the answer is not JSON: {e}"))
 }
 
