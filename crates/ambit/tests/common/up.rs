@@ -136,8 +136,15 @@ impl LocalCluster {
 
     /// `ambit up --demo` (its outcome is the caller's to check).
     pub fn up_demo(&mut self) -> Ran {
+        self.up_demo_with(&[])
+    }
+
+    /// `ambit up --demo` with `extra` flags (its outcome is the caller's to check).
+    pub fn up_demo_with(&mut self, extra: &[&str]) -> Ran {
         self.up = true;
-        self.ambit(&["up", "--demo"])
+        let mut args = vec!["up", "--demo"];
+        args.extend_from_slice(extra);
+        self.ambit(&args)
     }
 
     /// Writes `text` to the scratch file `name` and returns its path.
