@@ -36,6 +36,8 @@ pub struct Report {
     pub owner: u32,
     /// The run directory.
     pub run_dir: String,
+    /// Where the owner serves the dashboard (`http://…/`), or why it does not.
+    pub dashboard: String,
     /// The supervised processes, with the ports of the components.
     pub processes: Vec<Process>,
     /// The nodes.
@@ -316,6 +318,9 @@ pub fn gather(state: &ClusterState, layout: &Layout) -> Report {
         problems,
         owner: state.owner,
         run_dir: state.run_dir.display().to_string(),
+        dashboard: std::fs::read_to_string(state.run_dir.join(crate::up::DASHBOARD_FILE))
+            .map(|d| d.trim().to_owned())
+            .unwrap_or_default(),
         processes,
         nodes,
         pods,
@@ -539,6 +544,9 @@ pub fn table(r: &Report) -> String {
     let mut out = format!("cluster: {}  (owner pid {}, run dir {})\n", r.phase, r.owner, r.run_dir);
     for p in &r.problems {
         out += &format!("  {p}\n");
+    }
+    if !r.dashboard.is_empty() {
+        out += &format!("dashboard: {}\n", r.dashboard);
     }
     out += &format!(
         "\n{:<8} {:<16} {:<12} {:<15} {:<6} {:<6}\n",

@@ -103,6 +103,7 @@ fn the_dashboard_draws_the_demo_and_follows_a_live_policy_in_a_browser() {
     assert!(url.starts_with("http://127.0.0.1:"), "the dashboard is not served: {url}");
     assert!(r.stdout.contains(&format!("dashboard   {url}")), "the summary shows the dashboard:\n{r}");
     assert!(r.stdout.contains(&format!("The mesh in a browser, these flows drawn: {url}")), "{r}");
+    assert_eq!(c.status()["dashboard"], url.as_str(), "ambit status says where the dashboard is");
     let addr: SocketAddr =
         url.trim_start_matches("http://").trim_end_matches('/').parse().expect("an address");
 
@@ -149,6 +150,12 @@ fn the_dashboard_draws_the_demo_and_follows_a_live_policy_in_a_browser() {
             "workload/demo/client->service/demo/api", "service/demo/api->workload/demo/api-v1",
         ],
         "plaintextEdges": ["workload/demo/client->workload/plain/web", "workload/plain/outsider->service/demo/server"],
+        // A workload's panel: its pods and nodes, identity, certificates, policies in words, denials.
+        "nodePanels": [{"id": "workload/demo/server", "contains": [
+            "server-0", "server-1", "node1", "node2", "spiffe://cluster.local/ns/demo/sa/server",
+            "Available", "server-allow-client", "allows from principal cluster.local/ns/demo/sa/client",
+            "mTLS required: plaintext connections are refused", "allow policies exist, but none allowed",
+        ]}],
         "deniedEdges": [
             {"id": "workload/demo/other->service/demo/server", "count": 1, "policy": "demo/server-allow-client"},
             {"id": "workload/plain/outsider->service/demo/server", "count": 1, "policy": "demo/strict"},

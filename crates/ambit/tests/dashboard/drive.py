@@ -13,6 +13,8 @@ EXPECT.json (every key optional):
   kinds            {node id: kind}         its data-kind
   mtlsEdges        [edge id]               data-mtls="all" and a .lock
   plaintextEdges   [edge id]               data-mtls="none"
+  nodePanels       [{id, contains}]        clicking the node opens #details with every string of
+                                           `contains` in its text
   deniedEdges      [{id, count, policy}]   class denied, .denied-count showing exactly `count`;
                                            clicking the first one shows `policy` in #details .policy-name
   live             {command, node, policies, then, edge, denied, within}
@@ -201,6 +203,28 @@ def main():
 
     driver.execute_script("window.__ambitNoReload = 1;")
     driver.save_screenshot(shot_graph)
+
+    for want in exp.get("nodePanels", []):
+        clicked = driver.execute_script("""
+            const g = [...document.querySelectorAll('#graph g.node')].find(x => x.getAttribute('data-id') === arguments[0]);
+            if (!g) return false;
+            g.dispatchEvent(new MouseEvent('click', {bubbles: true, cancelable: true, view: window}));
+            return true;""", want["id"])
+        if not clicked:
+            fails.add("node %s: cannot click it, it is not drawn" % want["id"])
+            continue
+        text = [""]
+
+        def panel_says(drv):
+            text[0] = drv.execute_script("const p = document.querySelector('#details');"
+                                         "return p && !p.hidden ? p.innerText : ''")
+            return all(w in text[0] for w in want["contains"])
+        try:
+            WebDriverWait(driver, 5, poll_frequency=0.05).until(panel_says)
+        except TimeoutException:
+            missing = [w for w in want["contains"] if w not in text[0]]
+            fails.add("node %s: its panel lacks %s; it says: %s"
+                      % (want["id"], missing, text[0][:400].replace("\n", " | ")))
 
     denied = exp.get("deniedEdges", [])
     if denied:

@@ -448,7 +448,8 @@
     lab.appendChild(s('rect', { class: 'label-box', width: w, height: hgt, rx: 4 }));
     if (mtls !== 'none') {
       lab.appendChild(s('use', { class: 'lock' + (mtls === 'some' ? ' half' : ''), href: mtls === 'all' ? '#i-lock' : '#i-lock-open', x: 6, y: 3, width: 10, height: 12 },
-        title(mtls === 'all' ? 'mutual TLS on every connection' : 'mutual TLS on some connections only')));
+        title((mtls === 'all' ? 'mutual TLS on every connection' : 'mutual TLS on some connections only') +
+          (e.identities && e.identities.length ? '; peer identity ' + e.identities.join(', ') : ''))));
     }
     lab.appendChild(s('text', { class: 'label', x: 6 + lockW, y: 13, text }));
     if (line2) lab.appendChild(s('text', { class: 'denied-count', x: 6, y: 27, text: line2 }));
