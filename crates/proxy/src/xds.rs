@@ -180,7 +180,11 @@ impl<M: prost::Message + Default + Send + 'static> Handler for Apply<M> {
                 if !delta.is_empty() {
                     rejected.extend(store.apply(delta).rejected.into_iter().map(rejection));
                 }
+                let bytes: usize = updates.iter().map(|u| u.resource.value.len()).sum();
                 drop(updates);
+                if bytes >= crate::state::RELEASE_AFTER {
+                    crate::state::release_freed();
+                }
                 rejected
             });
             match job.await {

@@ -45,6 +45,7 @@ pub use model::{DEFAULT_SERVICE_ACCOUNT, EndpointSet, IpFamily, Protocol, Servic
 pub use model::{HealthStatus, Locality, NetworkAddress, NetworkMode, Visibility};
 pub use proto::{Address, ProtoError};
 pub use route::{Route, RouteKind};
+pub(crate) use store::{RELEASE_AFTER, release_freed};
 pub use store::{StateStore, load_local_file, watch_local_file};
 
 /// An index key (shared with the values it names, so a copied index node copies no string).

@@ -136,3 +136,43 @@ async fn file_reloads_keep_what_xds_delivered() {
     assert!(st.workload_by_uid("x1").is_some(), "the file reload dropped the workload xDS delivered");
     task.abort();
 }
+
+/// The process's resident set, in bytes (`/proc/self/statm`'s second field, in pages).
+fn rss() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[test]
+fn pages_a_load_freed_go_back_to_the_system() {
+    // What a large load leaves behind: many small blocks, freed, with a few live ones among
+    // them (the state), so the heap cannot shrink from its top alone.
+    let run = std::thread::spawn(|| {
+        let mut blocks: Vec<Vec<u8>> = (0..400_000).map(|i| vec![(i % 251) as u8; 200]).collect();
+        let kept: Vec<Vec<u8>> = blocks.iter().step_by(1000).cloned().collect();
+        let loaded = rss();
+        blocks.clear();
+        blocks.shrink_to_fit();
+        let freed = rss();
+        release_freed();
+        let released = rss();
+        drop(kept);
+        (loaded, freed, released)
+    });
+    let (loaded, freed, released) = run.join().unwrap();
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    assert!(
+        freed + (32 << 20) > loaded,
+        "freeing alone is expected to keep the pages: {:.1} MiB loaded, {:.1} MiB after the free",
+        mib(loaded),
+        mib(freed)
+    );
+    assert!(
+        released + (32 << 20) < freed,
+        "{:.1} MiB after the free, {:.1} MiB after release_freed: want at least 32 MiB back",
+        mib(freed),
+        mib(released)
+    );
+}
