@@ -10,7 +10,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ambit_hbone::{ConnectRequest, H2Settings, PeerBudget, Pool, ServerConfig, Shutdown, StreamIo, Windows};
@@ -73,6 +73,10 @@ pub struct Limits {
     pub sniff_timeout: Duration,
     /// Request bodies up to this size are buffered so that a retry can send them again.
     pub max_replay_body: usize,
+    /// Once the drain starts, how long an HTTP/1.1 connection still takes requests (each
+    /// answered with `Connection: close`) before it is closed if idle: a request already on its
+    /// way when the drain began is answered, not lost with the connection.
+    pub drain_grace: Duration,
 }
 
 impl Default for Limits {
@@ -87,6 +91,7 @@ impl Default for Limits {
             idle_timeout: Duration::from_secs(300),
             sniff_timeout: Duration::from_secs(5),
             max_replay_body: 64 * 1024,
+            drain_grace: Duration::from_secs(1),
         }
     }
 }
@@ -311,10 +316,15 @@ async fn on_connect<S: Shutdown>(
     }
 }
 
-/// Serves HTTP/1.1 or HTTP/2 (detected) over the stream. When the drain starts, the HTTP
-/// connection shuts down gracefully (HTTP/2 GOAWAY; HTTP/1.1 closes after the response in
-/// flight), so requests in flight finish and idle connections do not hold the drain until its
-/// deadline.
+/// Serves HTTP/1.1 or HTTP/2 (detected) over the stream, and follows the drain:
+/// - HTTP/2: GOAWAY at once; the requests in flight finish, and the client knows which it must
+///   send again.
+/// - HTTP/1.1, or nothing read yet: for [`Limits::drain_grace`] the connection still takes
+///   requests, each answered with `Connection: close` (the client's next one goes to a new
+///   connection), then it closes after the response in flight, or at once when idle. A request
+///   that was on its way as the drain began (a new connection's first, or the next one on a
+///   keep-alive connection) is answered instead of meeting a close, which a client cannot tell
+///   from a request lost after it was read.
 async fn http<S: Shutdown>(
     shared: Arc<Shared>,
     downstream: Arc<Downstream>,
@@ -339,17 +349,45 @@ async fn http<S: Shutdown>(
         .max_concurrent_streams(limits.max_concurrent_streams)
         .max_pending_accept_reset_streams(limits.max_pending_accept_reset_streams)
         .max_local_error_reset_streams(limits.max_local_error_reset_streams);
-    let service = service_fn(move |req| {
-        let (shared, downstream, conflict) = (shared.clone(), downstream.clone(), conflict.clone());
-        async move { Ok::<_, std::convert::Infallible>(proxy::handle(shared, downstream, conflict, req).await) }
+    let closing = Arc::new(AtomicBool::new(false));
+    let http2 = Arc::new(AtomicBool::new(false));
+    let (c, h2) = (closing.clone(), http2.clone());
+    let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+        let (shared, downstream, conflict, closing, http2) =
+            (shared.clone(), downstream.clone(), conflict.clone(), c.clone(), h2.clone());
+        async move {
+            let http1 = req.version() < http::Version::HTTP_2;
+            if !http1 {
+                http2.store(true, Ordering::Relaxed);
+            }
+            let connect = req.method() == http::Method::CONNECT;
+            let mut resp = proxy::handle(shared, downstream, conflict, req).await;
+            let upgraded =
+                resp.status() == StatusCode::SWITCHING_PROTOCOLS || (connect && resp.status().is_success());
+            if http1 && !upgraded && closing.load(Ordering::Relaxed) {
+                resp.headers_mut().insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            Ok::<_, std::convert::Infallible>(resp)
+        }
     });
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
     tokio::pin!(conn);
     let ended = tokio::select! {
         r = conn.as_mut() => r,
         () = drain.started() => {
-            conn.as_mut().graceful_shutdown();
-            conn.await
+            closing.store(true, Ordering::Relaxed);
+            let within = if http2.load(Ordering::Relaxed) {
+                None
+            } else {
+                tokio::time::timeout(limits.drain_grace, conn.as_mut()).await.ok()
+            };
+            match within {
+                Some(r) => r,
+                None => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            }
         }
     };
     if let Err(e) = ended {

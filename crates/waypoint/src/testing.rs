@@ -301,6 +301,8 @@ pub struct Harness {
     pub addr: SocketAddr,
     /// The source node proxy's pool to the waypoint.
     pub client_pool: Arc<Pool>,
+    /// The waypoint's drain: [`TestDrain::begin`] starts it.
+    pub drain: TestDrain,
 }
 
 impl Harness {
@@ -314,11 +316,12 @@ impl Harness {
         let waypoint = Waypoint::new(waypoint_settings, certs, pool);
         let l = TcpListener::bind("127.0.0.1:0").await.expect("bind waypoint");
         let addr = l.local_addr().expect("addr");
-        let w = waypoint.clone();
-        tokio::spawn(async move { w.run(l, Arc::new(TestDrain::default())).await });
+        let (w, drain) = (waypoint.clone(), TestDrain::default());
+        let d = Arc::new(drain.clone());
+        tokio::spawn(async move { w.run(l, d).await });
         let client_certs = CertManager::new(signer, Duration::from_secs(3600));
         let client_pool = Pool::new(client_certs, Box::new(TcpDialer), settings(), Duration::from_secs(300));
-        Harness { ca, waypoint, addr, client_pool }
+        Harness { ca, waypoint, addr, client_pool, drain }
     }
 
     /// The settings of a test waypoint: round-robin balancing, short limits.
