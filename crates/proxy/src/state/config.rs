@@ -250,7 +250,7 @@ impl LocalConfig {
     /// The first duplicate uid, address, service key or policy key, by item index.
     fn duplicate(&self) -> Option<Duplicate> {
         let mut uids: HashMap<&str, usize> = HashMap::with_capacity(self.workloads.len());
-        let mut addresses: HashMap<(&str, IpAddr), usize> = HashMap::new();
+        let mut addresses: HashMap<(&str, IpAddr), usize> = HashMap::with_capacity(self.workloads.len());
         for (i, w) in self.workloads.iter().enumerate() {
             if let Some(first) = uids.insert(&*w.uid, i) {
                 return Some(Duplicate::Uid { uid: w.uid.to_string(), first, second: i });
