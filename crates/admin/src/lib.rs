@@ -6,16 +6,17 @@
 //! control plane; each adds its own paths.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::convert::Infallible;
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 
@@ -29,29 +30,111 @@ pub use profile::ProfileError;
 /// A response body.
 pub type Body = Full<Bytes>;
 
-/// Serves HTTP/1.1 on `listener` with `handler` until the process ends.
+/// Most connections one listener serves at once; further ones wait in the kernel's backlog
+/// until one ends.
+pub const MAX_CONNECTIONS: usize = 256;
+
+/// Most connections one peer address may hold on one listener; one more is closed at once.
+/// A peer that opens connections and leaves them idle cannot take every slot from the kubelet's
+/// probes and Prometheus, which come from other addresses.
+pub const MAX_CONNECTIONS_PER_PEER: usize = 32;
+
+/// A request's head must arrive within this, and a keep-alive connection idle for this long is
+/// closed: a connection that sends nothing does not hold its slot.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves HTTP/1.1 on `listener` with `handler` until the process ends, within
+/// [`MAX_CONNECTIONS`], [`MAX_CONNECTIONS_PER_PEER`] and [`HEADER_READ_TIMEOUT`].
 pub async fn serve<F, Fut>(listener: TcpListener, handler: F)
 where
     F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Response<Body>> + Send + 'static,
 {
+    serve_within(listener, Limits::default(), handler).await;
+}
+
+/// What one listener's peers may hold.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    connections: usize,
+    per_peer: usize,
+    header_read_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            connections: MAX_CONNECTIONS,
+            per_peer: MAX_CONNECTIONS_PER_PEER,
+            header_read_timeout: HEADER_READ_TIMEOUT,
+        }
+    }
+}
+
+async fn serve_within<F, Fut>(listener: TcpListener, limits: Limits, handler: F)
+where
+    F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Response<Body>> + Send + 'static,
+{
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.connections));
+    let peers = Arc::new(Mutex::new(HashMap::<IpAddr, usize>::new()));
     loop {
-        let (stream, _) = match listener.accept().await {
+        let Ok(slot) = slots.clone().acquire_owned().await else { return };
+        let (stream, peer) = match listener.accept().await {
             Ok(s) => s,
             Err(_) => {
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 continue;
             }
         };
+        let Some(held) = PeerSlot::take(&peers, peer.ip(), limits.per_peer) else {
+            tracing::debug!(%peer, "connection closed: the peer holds {} already", limits.per_peer);
+            continue;
+        };
         let h = handler.clone();
         tokio::spawn(async move {
+            let _held = (slot, held);
             let svc = hyper::service::service_fn(move |req| {
                 let h = h.clone();
                 async move { Ok::<_, Infallible>(h(req).await) }
             });
-            let _ =
-                hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
+            let _ = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_read_timeout)
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
         });
+    }
+}
+
+/// One of a peer's connections, counted while it lives.
+struct PeerSlot {
+    peers: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    ip: IpAddr,
+}
+
+impl PeerSlot {
+    /// Counts a connection of `ip`, or `None` when it holds `most` already.
+    fn take(peers: &Arc<Mutex<HashMap<IpAddr, usize>>>, ip: IpAddr, most: usize) -> Option<PeerSlot> {
+        let mut map = peers.lock().unwrap_or_else(PoisonError::into_inner);
+        let held = map.entry(ip).or_default();
+        if *held >= most {
+            return None;
+        }
+        *held += 1;
+        Some(PeerSlot { peers: peers.clone(), ip })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut map = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(held) = map.get_mut(&self.ip) {
+            *held -= 1;
+            if *held == 0 {
+                map.remove(&self.ip);
+            }
+        }
     }
 }
 

@@ -292,3 +292,102 @@ async fn a_profile_whose_client_goes_away_stops() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// A connection from `ip` (a loopback address) to `addr`.
+async fn connect_from(ip: &str, addr: SocketAddr) -> tokio::net::TcpStream {
+    let s = tokio::net::TcpSocket::new_v4().unwrap();
+    s.bind(SocketAddr::new(ip.parse().unwrap(), 0)).unwrap();
+    s.connect(addr).await.unwrap()
+}
+
+/// Reads until the peer closes; `Ok(bytes)` when it did within `limit`.
+async fn closed_within(s: &mut tokio::net::TcpStream, limit: Duration) -> Result<Vec<u8>, &'static str> {
+    let mut raw = Vec::new();
+    match tokio::time::timeout(limit, s.read_to_end(&mut raw)).await {
+        Ok(Ok(_)) => Ok(raw),
+        Ok(Err(_)) => Ok(raw),
+        Err(_) => Err("still open"),
+    }
+}
+
+#[tokio::test]
+async fn one_peer_holds_at_most_its_share_of_connections_and_others_are_still_served() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let limits = Limits { connections: 8, per_peer: 3, header_read_timeout: Duration::from_secs(30) };
+    tokio::spawn(serve_within(listener, limits, |_req: Request<Incoming>| async {
+        Response::new(Body::from("ok"))
+    }));
+    // Three idle connections from 127.0.0.1 are held; the fourth is closed at once, unread.
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(connect_from("127.0.0.1", addr).await);
+    }
+    let mut fourth = connect_from("127.0.0.1", addr).await;
+    assert_eq!(closed_within(&mut fourth, Duration::from_secs(5)).await, Ok(Vec::new()));
+    // Another address is served meanwhile.
+    let mut other = connect_from("127.0.0.2", addr).await;
+    other.write_all(b"GET / HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n").await.unwrap();
+    let answer = closed_within(&mut other, Duration::from_secs(5)).await.unwrap();
+    assert!(answer.starts_with(b"HTTP/1.1 200 OK\r\n"), "{}", String::from_utf8_lossy(&answer));
+    // Once one of the three ends, 127.0.0.1 is served again.
+    drop(held.pop());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let mut again = connect_from("127.0.0.1", addr).await;
+        again.write_all(b"GET / HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n").await.unwrap();
+        let answer = closed_within(&mut again, Duration::from_secs(5)).await.unwrap();
+        if answer.starts_with(b"HTTP/1.1 200 OK\r\n") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "127.0.0.1 is not served after one of its connections ended");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_head_that_does_not_arrive_in_time_closes_the_connection() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let limits = Limits { connections: 8, per_peer: 8, header_read_timeout: Duration::from_millis(300) };
+    tokio::spawn(serve_within(listener, limits, |_req: Request<Incoming>| async {
+        Response::new(Body::from("ok"))
+    }));
+    let mut slow = connect_from("127.0.0.1", addr).await;
+    slow.write_all(b"GET / HTTP/1.1\r\nhost: ad").await.unwrap();
+    let started = Instant::now();
+    assert!(
+        closed_within(&mut slow, Duration::from_secs(10)).await.is_ok(),
+        "a partial head held the connection"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(250),
+        "closed before the timeout: {:?}",
+        started.elapsed()
+    );
+    // An idle keep-alive connection is closed after the same time.
+    let mut idle = connect_from("127.0.0.1", addr).await;
+    idle.write_all(b"GET / HTTP/1.1\r\nhost: admin\r\n\r\n").await.unwrap();
+    let answer = closed_within(&mut idle, Duration::from_secs(10)).await.unwrap();
+    assert!(answer.starts_with(b"HTTP/1.1 200 OK\r\n"), "{}", String::from_utf8_lossy(&answer));
+}
+
+#[tokio::test]
+async fn a_full_listener_serves_the_next_connection_once_one_ends() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let limits = Limits { connections: 2, per_peer: 8, header_read_timeout: Duration::from_secs(30) };
+    tokio::spawn(serve_within(listener, limits, |_req: Request<Incoming>| async {
+        Response::new(Body::from("ok"))
+    }));
+    let first = connect_from("127.0.0.1", addr).await;
+    let _second = connect_from("127.0.0.2", addr).await;
+    // The third waits in the backlog: no answer while both slots are held…
+    let mut third = connect_from("127.0.0.3", addr).await;
+    third.write_all(b"GET / HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n").await.unwrap();
+    assert_eq!(closed_within(&mut third, Duration::from_millis(300)).await, Err("still open"));
+    // …and is answered once one ends.
+    drop(first);
+    let answer = closed_within(&mut third, Duration::from_secs(5)).await.unwrap();
+    assert!(answer.starts_with(b"HTTP/1.1 200 OK\r\n"), "{}", String::from_utf8_lossy(&answer));
+}
