@@ -117,11 +117,16 @@ pub struct EdgeDetails {
 /// Most recent connections an edge's panel lists.
 pub const MAX_CONNECTIONS: usize = 50;
 
-/// Who is who in a snapshot: pods by address and by name, Services by hostname.
+/// Who is who in a snapshot: pods by address, by name and by workload; policy reports by
+/// kind and name, and by the waypoints that enforce them. Built once per refresh, so that
+/// what each of the graph's nodes asks costs a lookup, not a pass over every pod and report.
 pub struct Index<'a> {
     s: &'a Snapshot,
     by_ip: BTreeMap<&'a str, &'a Workload>,
     by_pod: BTreeMap<(&'a str, &'a str), &'a Workload>,
+    by_workload: BTreeMap<(&'a str, &'a str), Vec<&'a Workload>>,
+    reports: BTreeMap<(&'a str, &'a str, &'a str), &'a Value>,
+    at_waypoint: BTreeMap<&'a str, Vec<&'a Value>>,
 }
 
 impl<'a> Index<'a> {
@@ -129,13 +134,27 @@ impl<'a> Index<'a> {
     pub fn new(s: &'a Snapshot) -> Index<'a> {
         let mut by_ip = BTreeMap::new();
         let mut by_pod = BTreeMap::new();
+        let mut by_workload: BTreeMap<_, Vec<_>> = BTreeMap::new();
         for w in &s.workloads {
             for a in &w.addresses {
                 by_ip.insert(a.as_str(), w);
             }
             by_pod.insert((w.namespace.as_str(), w.pod.as_str()), w);
+            by_workload.entry((w.namespace.as_str(), w.workload.as_str())).or_default().push(w);
         }
-        Index { s, by_ip, by_pod }
+        let mut reports = BTreeMap::new();
+        let mut at_waypoint: BTreeMap<_, Vec<_>> = BTreeMap::new();
+        for r in &s.reports {
+            if let (Some(kind), Some(ns), Some(name)) =
+                (r["kind"].as_str(), r["namespace"].as_str(), r["name"].as_str())
+            {
+                reports.entry((kind, ns, name)).or_insert(r);
+            }
+            for w in r["waypoints"].as_array().into_iter().flatten().filter_map(Value::as_str) {
+                at_waypoint.entry(w).or_default().push(r);
+            }
+        }
+        Index { s, by_ip, by_pod, by_workload, reports, at_waypoint }
     }
 
     /// The node of the workload at `ip`, else the outside.
@@ -184,7 +203,7 @@ impl<'a> Index<'a> {
         let s = self.s;
         let mut out = Vec::new();
         if let Some((ns, name)) = id.strip_prefix("workload/").and_then(|r| r.split_once('/')) {
-            let pods = s.workloads.iter().filter(|w| w.namespace == ns && w.workload == name);
+            let pods = self.by_workload.get(&(ns, name)).into_iter().flatten();
             let mut named: BTreeSet<&str> =
                 pods.flat_map(|w| w.policies.iter().map(String::as_str)).collect();
             for (key, scope) in &s.scopes {
@@ -211,24 +230,14 @@ impl<'a> Index<'a> {
 
     /// The reports of the policies a waypoint (`namespace/name`) enforces.
     fn at_waypoint(&self, gateway: &str) -> Vec<Policy> {
-        self.s
-            .reports
-            .iter()
-            .filter(|r| r["waypoints"].as_array().is_some_and(|w| w.iter().any(|x| x == gateway)))
-            .map(policy)
-            .collect()
+        self.at_waypoint.get(gateway).into_iter().flatten().map(|r| policy(r)).collect()
     }
 
     /// What a published policy (`namespace/name`) comes from, for a workload in `namespace`.
     fn published(&self, key: &str, namespace: &str) -> Vec<Policy> {
         let (ns, name) = split_key(key);
         let reports = &self.s.reports;
-        let find = |kind: &str, ns: &str, name: &str| {
-            reports
-                .iter()
-                .find(|r| r["kind"] == kind && r["namespace"] == ns && r["name"] == name)
-                .map(policy)
-        };
+        let find = |kind: &str, ns: &str, name: &str| self.reports.get(&(kind, ns, name)).map(|r| policy(r));
         if name == STATIC_STRICT {
             let strict: Vec<Policy> = reports
                 .iter()
@@ -265,7 +274,7 @@ impl<'a> Index<'a> {
         let pods: Vec<&Workload> = match n.kind {
             "service" => self.members(id),
             "external" => Vec::new(),
-            _ => s.workloads.iter().filter(|w| w.namespace == n.namespace && w.workload == n.name).collect(),
+            _ => self.by_workload.get(&(n.namespace.as_str(), n.name.as_str())).cloned().unwrap_or_default(),
         };
         let pod_names: BTreeSet<String> = pods.iter().map(|w| format!("{}/{}", w.namespace, w.pod)).collect();
         let services = match n.kind {
