@@ -293,6 +293,26 @@ async fn a_profile_whose_client_goes_away_stops() {
     }
 }
 
+/// Serves `ok` to every request within `limits` on 127.0.0.1; returns the address.
+async fn start_within(limits: Limits) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(serve_within(listener, limits, |_req: Request<Incoming>| async {
+        Response::new(Body::from("ok"))
+    }));
+    addr
+}
+
+/// A request that asks the server to close after its answer.
+const GET_CLOSE: &[u8] = b"GET / HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n";
+
+/// How [`start_within`]'s answers begin.
+const OK: &[u8] = b"HTTP/1.1 200 OK\r\n";
+
+fn assert_ok(answer: &[u8]) {
+    assert!(answer.starts_with(OK), "{}", String::from_utf8_lossy(answer));
+}
+
 /// A connection from `ip` (a loopback address) to `addr`.
 async fn connect_from(ip: &str, addr: SocketAddr) -> tokio::net::TcpStream {
     let s = tokio::net::TcpSocket::new_v4().unwrap();
@@ -312,12 +332,9 @@ async fn closed_within(s: &mut tokio::net::TcpStream, limit: Duration) -> Result
 
 #[tokio::test]
 async fn one_peer_holds_at_most_its_share_of_connections_and_others_are_still_served() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let limits = Limits { connections: 8, per_peer: 3, header_read_timeout: Duration::from_secs(30) };
-    tokio::spawn(serve_within(listener, limits, |_req: Request<Incoming>| async {
-        Response::new(Body::from("ok"))
-    }));
+    let addr =
+        start_within(Limits { connections: 8, per_peer: 3, header_read_timeout: Duration::from_secs(30) })
+            .await;
     // Three idle connections from 127.0.0.1 are held; the fourth is closed at once, unread.
     let mut held = Vec::new();
     for _ in 0..3 {
@@ -327,17 +344,16 @@ async fn one_peer_holds_at_most_its_share_of_connections_and_others_are_still_se
     assert_eq!(closed_within(&mut fourth, Duration::from_secs(5)).await, Ok(Vec::new()));
     // Another address is served meanwhile.
     let mut other = connect_from("127.0.0.2", addr).await;
-    other.write_all(b"GET / HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n").await.unwrap();
-    let answer = closed_within(&mut other, Duration::from_secs(5)).await.unwrap();
-    assert!(answer.starts_with(b"HTTP/1.1 200 OK\r\n"), "{}", String::from_utf8_lossy(&answer));
+    other.write_all(GET_CLOSE).await.unwrap();
+    assert_ok(&closed_within(&mut other, Duration::from_secs(5)).await.unwrap());
     // Once one of the three ends, 127.0.0.1 is served again.
     drop(held.pop());
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let mut again = connect_from("127.0.0.1", addr).await;
-        again.write_all(b"GET / HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n").await.unwrap();
+        again.write_all(GET_CLOSE).await.unwrap();
         let answer = closed_within(&mut again, Duration::from_secs(5)).await.unwrap();
-        if answer.starts_with(b"HTTP/1.1 200 OK\r\n") {
+        if answer.starts_with(OK) {
             break;
         }
         assert!(Instant::now() < deadline, "127.0.0.1 is not served after one of its connections ended");
@@ -347,12 +363,9 @@ async fn one_peer_holds_at_most_its_share_of_connections_and_others_are_still_se
 
 #[tokio::test]
 async fn a_head_that_does_not_arrive_in_time_closes_the_connection() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let limits = Limits { connections: 8, per_peer: 8, header_read_timeout: Duration::from_millis(300) };
-    tokio::spawn(serve_within(listener, limits, |_req: Request<Incoming>| async {
-        Response::new(Body::from("ok"))
-    }));
+    let addr =
+        start_within(Limits { connections: 8, per_peer: 8, header_read_timeout: Duration::from_millis(300) })
+            .await;
     let mut slow = connect_from("127.0.0.1", addr).await;
     slow.write_all(b"GET / HTTP/1.1\r\nhost: ad").await.unwrap();
     let started = Instant::now();
@@ -368,26 +381,21 @@ async fn a_head_that_does_not_arrive_in_time_closes_the_connection() {
     // An idle keep-alive connection is closed after the same time.
     let mut idle = connect_from("127.0.0.1", addr).await;
     idle.write_all(b"GET / HTTP/1.1\r\nhost: admin\r\n\r\n").await.unwrap();
-    let answer = closed_within(&mut idle, Duration::from_secs(10)).await.unwrap();
-    assert!(answer.starts_with(b"HTTP/1.1 200 OK\r\n"), "{}", String::from_utf8_lossy(&answer));
+    assert_ok(&closed_within(&mut idle, Duration::from_secs(10)).await.unwrap());
 }
 
 #[tokio::test]
 async fn a_full_listener_serves_the_next_connection_once_one_ends() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let limits = Limits { connections: 2, per_peer: 8, header_read_timeout: Duration::from_secs(30) };
-    tokio::spawn(serve_within(listener, limits, |_req: Request<Incoming>| async {
-        Response::new(Body::from("ok"))
-    }));
+    let addr =
+        start_within(Limits { connections: 2, per_peer: 8, header_read_timeout: Duration::from_secs(30) })
+            .await;
     let first = connect_from("127.0.0.1", addr).await;
     let _second = connect_from("127.0.0.2", addr).await;
     // The third waits in the backlog: no answer while both slots are held…
     let mut third = connect_from("127.0.0.3", addr).await;
-    third.write_all(b"GET / HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n").await.unwrap();
+    third.write_all(GET_CLOSE).await.unwrap();
     assert_eq!(closed_within(&mut third, Duration::from_millis(300)).await, Err("still open"));
     // …and is answered once one ends.
     drop(first);
-    let answer = closed_within(&mut third, Duration::from_secs(5)).await.unwrap();
-    assert!(answer.starts_with(b"HTTP/1.1 200 OK\r\n"), "{}", String::from_utf8_lossy(&answer));
+    assert_ok(&closed_within(&mut third, Duration::from_secs(5)).await.unwrap());
 }
