@@ -7,6 +7,7 @@
 //! jittered backoff when the stream ends (reasons and waits as ztunnel, `node-proxy.md` §1.4).
 
 mod task;
+mod wire;
 
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;

@@ -4,10 +4,8 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use ambit_api::xds::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use ambit_api::xds::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Status};
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tracing::{debug, info, warn};
 
 use super::{
@@ -158,12 +156,8 @@ impl Task {
             // The queue was sized for these, and the receiver is alive.
             let _ = tx.try_send(initial_request(&self.cfg, ts));
         }
-        let mut client = AggregatedDiscoveryServiceClient::new(channel)
-            .max_decoding_message_size(self.cfg.max_message_bytes);
-        let mut request = tonic::Request::new(ReceiverStream::new(rx));
-        *request.metadata_mut() = metadata;
-        let mut responses = match client.delta_aggregated_resources(request).await {
-            Ok(r) => r.into_inner(),
+        let mut responses = match super::wire::open(channel, rx, metadata, self.cfg.max_message_bytes).await {
+            Ok(r) => r,
             Err(status) => {
                 return (
                     Ended {
