@@ -6,7 +6,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use ambit_identity::Identity;
-use http::{HeaderMap, HeaderValue, StatusCode};
+use http::{HeaderMap, StatusCode};
 use tokio::net::TcpStream;
 
 use crate::authz::{self, Connection, Decision};
@@ -202,7 +202,7 @@ impl StreamCtx {
         };
         let registration = inputs.connections.register(conn, local.clone(), self.peer, upstream);
         let mut headers = HeaderMap::new();
-        if let Ok(v) = HeaderValue::from_str(&crate::outbound::baggage(&local)) {
+        if let Some(v) = crate::outbound::baggage_header(&local) {
             headers.insert("baggage", v);
         }
         if let Err(e) = req.stream.respond(StatusCode::OK.as_u16(), &headers, false) {

@@ -639,11 +639,11 @@ fn direction(r: Reporter) -> &'static str {
 fn access_log(info: &ConnectionInfo, t: crate::copy::Transferred, elapsed: Duration, error: Option<&str>) {
     let src_w = info.src_workload.as_deref();
     let dst_w = info.dst_workload.as_deref();
-    let src_id = info.src_identity.as_ref().map(|i| clip(&i.to_string(), MAX_LOG_FIELD).into_owned());
-    let dst_id = info.dst_identity.as_ref().map(|i| clip(&i.to_string(), MAX_LOG_FIELD).into_owned());
+    let src_id = info.src_identity.as_ref().map(clipped);
+    let dst_id = info.dst_identity.as_ref().map(clipped);
     let error = error.map(|e| clip(e, MAX_LOG_FIELD));
     let hbone = info.hbone_addr.map(|a| a.to_string());
-    let duration = format!("{}ms", elapsed.as_millis());
+    let duration = Millis(elapsed);
     macro_rules! line {
         ($lvl:ident, $msg:literal) => {
             tracing::$lvl!(target: "access", {
@@ -669,6 +669,21 @@ fn access_log(info: &ConnectionInfo, t: crate::copy::Transferred, elapsed: Durat
         line!(error, "connection complete");
     } else {
         line!(info, "connection complete");
+    }
+}
+
+/// An identity as the access log writes it: cut at [`MAX_LOG_FIELD`] (copied again only then).
+fn clipped(id: &ambit_identity::Identity) -> String {
+    let s = id.to_string();
+    if s.len() <= MAX_LOG_FIELD { s } else { clip(&s, MAX_LOG_FIELD).into_owned() }
+}
+
+/// A duration as the access log writes it, `<whole milliseconds>ms`, formatted into the line.
+struct Millis(Duration);
+
+impl std::fmt::Display for Millis {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}ms", self.0.as_millis())
     }
 }
 

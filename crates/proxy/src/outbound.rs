@@ -132,9 +132,9 @@ fn flag_of(e: &TunnelError) -> Flag {
 }
 
 /// Request headers of a CONNECT: baggage, forwarded, traceparent.
-fn request_headers(src: &Workload, client: SocketAddr, service_host: Option<&str>) -> HeaderMap {
+fn request_headers(src: &Arc<Workload>, client: SocketAddr, service_host: Option<&str>) -> HeaderMap {
     let mut h = HeaderMap::new();
-    if let Ok(v) = HeaderValue::from_str(&baggage(src)) {
+    if let Some(v) = baggage_header(src) {
         h.insert("baggage", v);
     }
     let mut fwd = format!("for=\"{client}\"");
@@ -151,6 +151,35 @@ fn request_headers(src: &Workload, client: SocketAddr, service_host: Option<&str
         h.insert("traceparent", v);
     }
     h
+}
+
+/// Workloads whose `baggage` header a thread keeps ([`baggage_header`]).
+const BAGGAGE_CACHED: usize = 16;
+
+/// The `baggage` header of a workload's CONNECTs and their answers ([`baggage`] as a header
+/// value; `None` if it is not a valid one). Both proxies of every connection send it, and its
+/// text depends on the workload alone, so each thread keeps it for the last
+/// [`BAGGAGE_CACHED`] workloads it served instead of formatting it per connection (nine small
+/// allocations and a join). An entry holds its workload, so its address cannot be taken by
+/// another workload while it is cached; a changed workload is a new object and misses.
+pub fn baggage_header(w: &Arc<Workload>) -> Option<HeaderValue> {
+    type Entries = (usize, Vec<(Arc<Workload>, Option<HeaderValue>)>);
+    thread_local! {
+        static CACHE: std::cell::RefCell<Entries> = const { std::cell::RefCell::new((0, Vec::new())) };
+    }
+    CACHE.with_borrow_mut(|(next, entries)| {
+        if let Some((_, v)) = entries.iter().find(|(k, _)| Arc::ptr_eq(k, w)) {
+            return v.clone();
+        }
+        let v = HeaderValue::from_str(&baggage(w)).ok();
+        if entries.len() < BAGGAGE_CACHED {
+            entries.push((w.clone(), v.clone()));
+        } else {
+            entries[*next] = (w.clone(), v.clone());
+            *next = (*next + 1) % BAGGAGE_CACHED;
+        }
+        v
+    })
 }
 
 /// The W3C baggage describing a workload (empty items omitted).
@@ -176,4 +205,50 @@ pub fn baggage(w: &Workload) -> String {
     push("cloud.region", &w.locality.region);
     push("cloud.availability_zone", &w.locality.zone);
     parts.join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn workload(name: &str, namespace: &str, service: &str) -> Arc<Workload> {
+        Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "name": name, "namespace": namespace, "workloadName": name,
+                "canonicalName": service, "clusterId": "Kubernetes", "workloadIps": [],
+            }))
+            .expect("workload"),
+        )
+    }
+
+    #[test]
+    fn the_cached_baggage_is_each_workloads_own_across_evictions() {
+        let first = workload("a", "ns-a", "svc-a");
+        let want =
+            "k8s.cluster.name=Kubernetes,k8s.namespace.name=ns-a,k8s.deployment.name=a,service.name=svc-a";
+        assert_eq!(baggage(&first), want);
+        assert_eq!(baggage_header(&first).expect("valid").to_str().expect("ascii"), want);
+        // A workload that changed is a new object with its own text, while the old one is cached.
+        let changed = workload("a", "ns-b", "svc-a");
+        assert_eq!(
+            baggage_header(&changed).expect("valid").to_str().expect("ascii"),
+            want.replace("ns-a", "ns-b")
+        );
+        // More workloads than the cache holds, twice round: every answer is its own workload's.
+        let many: Vec<_> =
+            (0..BAGGAGE_CACHED * 2 + 3).map(|i| workload(&format!("w{i}"), "ns", "s")).collect();
+        for _ in 0..2 {
+            for w in &many {
+                assert_eq!(baggage_header(w).expect("valid").to_str().expect("ascii"), baggage(w));
+            }
+        }
+        assert_eq!(baggage_header(&first).expect("valid").to_str().expect("ascii"), want);
+    }
+
+    #[test]
+    fn a_baggage_that_is_no_header_value_is_left_out() {
+        let w = workload("a", "ns", "bad\nname");
+        assert_eq!(baggage_header(&w), None);
+        assert!(!request_headers(&w, "10.0.0.1:5000".parse().expect("addr"), None).contains_key("baggage"));
+    }
 }
